@@ -1,0 +1,363 @@
+"""Staged evaluation of one candidate: build, correctness, timing; the first failure decides.
+
+The candidate runs in a sandboxed worker (ksearch_ray.sandbox). This process, which never
+runs candidate code, regenerates every input from its seed, computes the reference (TF32 off)
+and judges the outputs the worker wrote; it also computes every statistic from the raw
+per-call times. Exceptions become statuses here and in the worker, nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import shutil
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ksearch_ray.compare import Comparison, compare_outputs
+from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
+from ksearch_ray.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
+from ksearch_ray.sandbox.client import Sandbox, WorkerHandle
+from ksearch_ray.seeds import call_seed, derive_seed, new_secret
+from ksearch_ray.task import Task, Workload
+
+Mode = Literal["fresh", "reuse"]
+
+
+@dataclass
+class Limits:
+    """Seconds. A worker that sends nothing for `idle` seconds (a hang) is killed."""
+
+    setup: float = 300.0
+    build_python: float = 300.0
+    build_cuda: float = 900.0
+    idle: float = 180.0
+    total: float = 3600.0
+
+
+@dataclass
+class TimingPolicy:
+    """GPUMode's stop rule: up to max_calls, stop once std/sqrt(n)/mean < target_rel_err, or
+    n*mean > max_total_s, or max_wall_s have passed (always at least 3 calls)."""
+
+    max_calls: int = 100
+    target_rel_err: float = 1e-3
+    max_total_s: float = 10.0
+    max_wall_s: float = 120.0
+    warmup_calls: int = 2
+    flush_l2: bool = True
+    # Work hidden from the timing stream (side streams) shows as host wall time beyond the events.
+    wall_slack_ratio: float = 1.25
+    wall_slack_ms: float = 0.1
+
+
+@dataclass
+class _Run:
+    task: Task
+    solution: Solution
+    device: str
+    options: frozenset[str]
+    mode: Mode
+    workloads: list[Workload]
+    check_seeds: list[int]
+    time_seeds: list[int]
+    results: list[WorkloadResult] = field(default_factory=list)
+
+
+class Failure(Exception):
+    def __init__(self, status: Status, message: str, log: str = "", workload: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.log, self.workload = status, message, log, workload
+
+
+@contextlib.contextmanager
+def reference_precision() -> Iterator[None]:
+    """References compute in true fp32: TF32 off for the duration, restored after."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return "cpu (Triton interpreter, host timings)"
+
+
+class Evaluator:
+    """Owns one sandbox on one device; evaluates candidates one at a time."""
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        work_root: Path | None = None,
+        *,
+        limits: Limits | None = None,
+        timing: TimingPolicy | None = None,
+        secret: int | None = None,
+    ):
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device cuda requested but no CUDA GPU is visible")
+        self.device = device
+        self.work_root = Path(work_root) if work_root else Path.cwd() / ".ksearch" / "sandbox"
+        self.limits = limits or Limits()
+        self.timing = timing or TimingPolicy()
+        self.secret = new_secret() if secret is None else secret
+        self.sandbox = Sandbox(device, self.work_root)
+        self.keep_workdirs = False
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- public -----------------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        task: Task,
+        solution: Solution,
+        *,
+        workload_set: str = "benchmarks",
+        mode: Mode = "fresh",
+        timed: bool | None = None,
+        options: frozenset[str] | set[str] = frozenset(),
+    ) -> EvalResult:
+        timed = (workload_set != "tests") if timed is None else timed
+        workloads = task.workloads(workload_set, self.device)
+        run = _Run(
+            task, solution, self.device, frozenset(options), mode, workloads,
+            [derive_seed(self.secret, w.name, w.params.get("seed"), "check") for w in workloads],
+            [derive_seed(self.secret, w.name, w.params.get("seed"), "time") for w in workloads],
+        )
+        result = EvalResult(
+            solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
+            workload_set=task.workload_set_name(workload_set, self.device), mode=mode, device=self.device,
+            device_name=device_name(self.device), compat=sorted(options), timed=timed,
+        )
+        t0 = time.monotonic()
+        workdir = self._workdir(solution)
+        self._current_workdir = workdir
+        worker = self.sandbox.start(self._job(run, workdir))
+        busy = 0.0
+        try:
+            busy = self._drive(run, worker, timed, workdir)
+        except Failure as failure:
+            result.status, result.message, result.log = failure.status, failure.message, failure.log
+            self._mark_failed(run, failure)
+        finally:
+            self.sandbox.kill(worker)
+            self.sandbox.reap(worker)
+            if not self.keep_workdirs:
+                shutil.rmtree(workdir, ignore_errors=True)
+        result.workloads = run.results
+        result.seconds = time.monotonic() - t0
+        result.overhead_seconds = max(0.0, result.seconds - busy)
+        if result.status is Status.PASSED and timed:
+            result.score = geomean([r.timing.mean_ms for r in run.results if r.timing])
+            result.score_kind = "geomean of mean latency (ms)"
+        return result
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _workdir(self, solution: Solution) -> Path:
+        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
+        src = workdir / "src"
+        src.mkdir(parents=True)
+        for name, text in solution.sources.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"solution file name {name!r} is not a plain file name")
+            (src / name).write_text(text)
+        return workdir
+
+    def _job(self, run: _Run, workdir: Path) -> dict[str, Any]:
+        sol = run.solution
+        return {
+            "workdir": str(workdir),
+            "triton_cache_dir": str(self.work_root / "cache" / sol.id / "triton"),
+            "task_root": str(run.task.root),
+            "device": run.device,
+            "options": sorted(run.options),
+            "solution_id": sol.id,
+            "language": sol.language,
+            "entry_file": sol.entry_file,
+            "entry_point": sol.entry_point,
+            "check": [
+                {"index": i, "workload": w.model_dump(), "seed": s}
+                for i, (w, s) in enumerate(zip(run.workloads, run.check_seeds, strict=True))
+            ],
+        }
+
+    def _recv(self, worker: WorkerHandle, timeout: float, phase: str, deadline: float) -> dict[str, Any]:
+        remaining = deadline - time.monotonic()
+        try:
+            msg = worker.chan.recv(min(timeout, max(remaining, 0.001)))
+        except ChannelTimeout:
+            self.sandbox.kill(worker)
+            limit = timeout if timeout < remaining else self.limits.total
+            raise Failure(Status.TIMEOUT, f"no progress for {limit:.0f} s during {phase}", self._logs()) from None
+        except ChannelClosed:
+            self.sandbox.kill(worker)
+            code, sig = self.sandbox.reap(worker)
+            how = f"killed by signal {sig}" if sig else f"exited with code {code}"
+            raise Failure(Status.CRASHED, f"worker process {how} during {phase}", self._logs()) from None
+        except ChannelForgery as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"forged message on the result channel ({exc})") from None
+        if msg.get("type") == "fail":
+            where = msg.get("workload")
+            message = f"{where}: {msg['message']}" if where else msg["message"]
+            raise Failure(Status(msg["status"]), message, msg.get("log", ""), workload=where)
+        return msg
+
+    def _logs(self) -> str:
+        """Tail of what the worker printed: CUDA errors, aborts and tracebacks surface here."""
+        tails = []
+        for name in ("stderr.log", "stdout.log"):
+            with contextlib.suppress(OSError):
+                text = (self._current_workdir / name).read_text(errors="replace").strip()
+                if text:
+                    tails.append(text[-1500:])
+        return "\n".join(tails)
+
+    def _drive(self, run: _Run, worker: WorkerHandle, timed: bool, workdir: Path) -> float:
+        """Talk to the worker through all stages; returns seconds of candidate work (build+calls)."""
+        lim = self.limits
+        deadline = time.monotonic() + lim.total
+        self._recv(worker, lim.setup, "sandbox start-up", deadline)
+        build_limit = lim.build_cuda if run.solution.language == "cuda" else lim.build_python
+        built = self._recv(worker, build_limit, "build", deadline)
+        busy = float(built.get("seconds", 0.0))
+        t_check = time.monotonic()
+        for i, workload in enumerate(run.workloads):
+            msg = self._recv(worker, lim.idle, f"correctness check of {workload.name}", deadline)
+            outputs = self._load_outputs(msg, workload.name)
+            verdict = self._judge(run, workload, run.check_seeds[i], outputs)
+            if verdict.status is not Status.PASSED:
+                raise Failure(verdict.status, f"{workload.name}: {verdict.message}", workload=workload.name)
+            run.results.append(WorkloadResult(
+                workload=workload.name, status=Status.PASSED, max_abs_error=verdict.max_abs_error,
+                max_rel_error=verdict.max_rel_error, fraction_ok=verdict.fraction_ok,
+            ))
+        self._recv(worker, lim.idle, "correctness checks", deadline)  # "checked"
+        busy += time.monotonic() - t_check
+        if not timed:
+            worker.chan.send({"cmd": "stop"})
+            return busy
+        return busy + self._time(run, worker, deadline)
+
+    def _time(self, run: _Run, worker: WorkerHandle, deadline: float) -> float:
+        pol = self.timing
+        worker.chan.send({
+            "cmd": "time", "mode": run.mode, "max_calls": pol.max_calls, "target_rel_err": pol.target_rel_err,
+            "max_total_s": pol.max_total_s, "max_wall_s": pol.max_wall_s, "warmup_calls": pol.warmup_calls,
+            "flush_l2": pol.flush_l2,
+            "workloads": [
+                {"index": i, "workload": w.model_dump(), "seed": s}
+                for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))
+            ],
+        })
+        t0 = time.monotonic()
+        reported_ms = 0.0
+        for i, workload in enumerate(run.workloads):
+            while True:
+                msg = self._recv(worker, self.limits.idle, f"timing of {workload.name}", deadline)
+                if msg["type"] == "timing":
+                    break
+            if msg["index"] != i:
+                raise Failure(Status.INTEGRITY_VIOLATION, "timing results arrived out of order")
+            # Re-check the output of the last timed call on inputs regenerated here.
+            seed = call_seed(run.time_seeds[i], int(msg["seed_index"]))
+            verdict = self._judge(run, workload, seed, self._load_outputs(msg, workload.name))
+            if verdict.status is not Status.PASSED:
+                raise Failure(verdict.status, f"{workload.name} (during timing): {verdict.message}", workload=workload.name)
+            run.results[i].timing = self._stats(workload.name, msg["times_ms"], msg["wall_ms"])
+            reported_ms += sum(msg["times_ms"])
+        elapsed_ms = (time.monotonic() - t0) * 1e3
+        if reported_ms > elapsed_ms:
+            # A compromised worker could report anything; it cannot make time pass faster here.
+            raise Failure(Status.INTEGRITY_VIOLATION, f"reported {reported_ms:.0f} ms of timed calls in {elapsed_ms:.0f} ms of wall time")
+        worker_done = self._recv(worker, self.limits.idle, "timing", deadline)
+        if worker_done.get("type") != "done":
+            raise Failure(Status.INTEGRITY_VIOLATION, f"unexpected message {worker_done.get('type')!r} after timing")
+        return elapsed_ms / 1e3
+
+    def _stats(self, name: str, times: list[float], walls: list[float]) -> Timing:
+        if not times or len(times) != len(walls) or any(not math.isfinite(t) or t < 0 for t in times):
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: malformed timing report")
+        median = statistics.median(times)
+        wall_median = statistics.median(walls)
+        cuda = self.device == "cuda"
+        if cuda and wall_median > median * self.timing.wall_slack_ratio + self.timing.wall_slack_ms:
+            raise Failure(
+                Status.INTEGRITY_VIOLATION,
+                f"{name}: host wall time per call ({wall_median:.3f} ms) far exceeds the timed GPU work ({median:.3f} ms): "
+                "work escapes the timing stream (side streams or threads)",
+            )
+        return Timing(
+            mean_ms=statistics.fmean(times), median_ms=median, min_ms=min(times),
+            std_ms=statistics.stdev(times) if len(times) > 1 else 0.0, count=len(times),
+            wall_median_ms=wall_median, clock="cuda_events" if cuda else "host_wall",
+        )
+
+    def _load_outputs(self, msg: dict[str, Any], name: str) -> dict[str, torch.Tensor]:
+        if msg.get("type") not in {"output", "timing"}:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: unexpected message {msg.get('type')!r}")
+        path = Path(msg["file"])
+        if path.parent != self._current_workdir:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: output file outside the job directory")
+        data = path.read_bytes()  # read once: hash and load the same bytes
+        if hashlib.sha256(data).hexdigest() != msg["sha256"]:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: output file changed after it was reported")
+        try:
+            loaded = torch.load(io.BytesIO(data), map_location=self.device, weights_only=True)
+        except (RuntimeError, ValueError, EOFError) as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: unreadable output file ({exc})") from None
+        path.unlink(missing_ok=True)
+        return loaded
+
+    def _judge(self, run: _Run, workload: Workload, seed: int, outputs: dict[str, torch.Tensor]) -> Comparison:
+        task = run.task
+        inputs = task.generate_inputs(workload, seed, run.device, run.options)
+        with reference_precision(), torch.no_grad():
+            expected = task.reference(inputs)
+        del inputs
+        relaxed = task.definition.tolerance.relaxed_dtype_option
+        verdict = compare_outputs(
+            outputs, expected, task.definition.outputs, task.definition.tolerance,
+            any_float_dtype=relaxed is not None and relaxed in run.options,
+        )
+        del expected, outputs
+        return verdict
+
+    def _mark_failed(self, run: _Run, failure: Failure) -> None:
+        name = failure.workload or "(build)"
+        for r in run.results:
+            if r.workload == name:
+                r.status, r.message = failure.status, failure.message
+                return
+        run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
+
+
+def geomean(values: list[float]) -> float | None:
+    if not values or any(v <= 0 for v in values):
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))

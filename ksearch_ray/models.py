@@ -1,0 +1,116 @@
+"""Typed records shared by every part of ksearch-ray: solutions, statuses, evaluation results.
+
+Everything that crosses a process or actor boundary, or lands in a run directory, is one of
+these models. Code branches on `Status`, never on strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Language = Literal["python", "triton", "cuda"]
+
+
+class Status(StrEnum):
+    """The one outcome of an evaluation (of a whole candidate, or of one workload)."""
+
+    PASSED = "PASSED"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    INCORRECT_SHAPE = "INCORRECT_SHAPE"
+    INCORRECT_DTYPE = "INCORRECT_DTYPE"
+    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+    TIMEOUT = "TIMEOUT"
+    CRASHED = "CRASHED"
+    INTEGRITY_VIOLATION = "INTEGRITY_VIOLATION"
+
+    @property
+    def passed(self) -> bool:
+        return self is Status.PASSED
+
+
+class Solution(BaseModel):
+    """A candidate kernel: source files plus how to call them. Frozen and content-addressed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="Human-readable name; not part of the identity.")
+    task: str = Field(description="Name of the task this solution implements.")
+    language: Language = Field(description="python (incl. Triton) or cuda (C++ built with torch's extension builder).")
+    entry_file: str = Field(description="Source file that defines the entry point (a .py module, or the binding .cpp/.cu).")
+    entry_point: str = Field(description="Function the evaluator calls, e.g. custom_kernel or run.")
+    sources: dict[str, str] = Field(description="File name -> file text. Names are flat, relative, no '..'.")
+    author: str = Field(default="unknown", description="Who or what wrote it: a model string, 'offline-policy', a person.")
+    description: str = Field(default="", description="What the code does, for reports and prompts.")
+    parent_id: str | None = Field(default=None, description="Solution this one was derived from, if any.")
+
+    @property
+    def id(self) -> str:
+        """Hash of everything that changes behaviour: language, entry point and sources."""
+        canonical = json.dumps(
+            {
+                "language": self.language,
+                "entry_file": self.entry_file,
+                "entry_point": self.entry_point,
+                "sources": dict(sorted(self.sources.items())),
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class Timing(BaseModel):
+    """Latency statistics of one workload, in milliseconds."""
+
+    mean_ms: float
+    median_ms: float
+    min_ms: float
+    std_ms: float
+    count: int = Field(description="Number of timed calls.")
+    wall_median_ms: float = Field(description="Median host wall-clock per call (sync to sync), the cross-check.")
+    clock: Literal["cuda_events", "host_wall"] = Field(
+        description="cuda_events on a GPU; host_wall on the CPU path, where numbers are not GPU latencies."
+    )
+
+
+class WorkloadResult(BaseModel):
+    """The verdict on one workload."""
+
+    workload: str
+    status: Status
+    message: str = Field(default="", description="Short, specific reason when not PASSED.")
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    fraction_ok: float | None = Field(default=None, description="Share of elements within tolerance.")
+    timing: Timing | None = None
+
+
+class EvalResult(BaseModel):
+    """The verdict on a whole candidate: the first failure decides the status."""
+
+    solution_id: str
+    solution_name: str
+    task: str
+    status: Status
+    message: str = Field(default="", description="One line: what went wrong, and where.")
+    log: str = Field(default="", description="Excerpt an LLM can fix the code from (compiler errors, traceback tail).")
+    workload_set: str
+    mode: Literal["fresh", "reuse"]
+    device: str = Field(description="'cuda' or 'cpu'.")
+    device_name: str = Field(default="", description="GPU name, or 'cpu (Triton interpreter)'.")
+    compat: list[str] = Field(default_factory=list, description="Compatibility options in force, e.g. gpumode-mask.")
+    workloads: list[WorkloadResult] = Field(default_factory=list)
+    score: float | None = Field(default=None, description="Task score (lower is better for latency scores).")
+    score_kind: str = Field(default="", description="What the score is, e.g. 'geomean latency (ms)'.")
+    timed: bool = Field(default=False, description="Whether latencies were measured.")
+    seconds: float = Field(default=0.0, description="Wall time of the evaluation, sandbox start to verdict.")
+    overhead_seconds: float = Field(default=0.0, description="Sandbox cost: fork, setup and teardown.")
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASSED

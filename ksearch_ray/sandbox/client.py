@@ -1,0 +1,172 @@
+"""The evaluator's handle on its sandbox: a zygote process and the workers it forks.
+
+The zygote runs with a scrubbed environment (no API keys, tokens or cloud credentials) and,
+on the CPU path, with no GPU visible and Triton's interpreter on. Workers are killed by process
+group. If anything kills the zygote (a candidate can signal its parent), the next job starts
+a new one: a dead sandbox costs one candidate, never the evaluator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ksearch_ray.sandbox.channel import Channel
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE)
+_SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCLOUD_", "HF_", "HUGGING", "OPENAI", "ANTHROPIC",
+                    "LITELLM", "RAY_", "GITHUB_", "GH_", "KSEARCH_")
+
+
+def scrubbed_environment(device: str, visible_gpu: str | None = None) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items()
+        if not _SECRET_NAME.search(k) and not k.upper().startswith(_SECRET_PREFIXES)
+    }
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env.pop("TRITON_INTERPRET", None)
+        if visible_gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpu
+    return env
+
+
+class SandboxError(Exception):
+    """The sandbox itself (not a candidate) failed: the zygote would not start."""
+
+
+@dataclass
+class WorkerHandle:
+    pid: int
+    chan: Channel
+
+
+class Sandbox:
+    def __init__(self, device: str, work_root: Path, *, startup_timeout: float = 300.0):
+        self.device = device
+        self.work_root = Path(work_root)
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        self.startup_timeout = startup_timeout
+        self.visible_gpu = self._current_gpu() if device == "cuda" else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctrl: socket.socket | None = None
+        self.zygote_starts = 0
+
+    @staticmethod
+    def _current_gpu() -> str | None:
+        # Ray pins an actor to its GPU through CUDA_VISIBLE_DEVICES; keep that pinning.
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    # --- zygote lifecycle -----------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _start_zygote(self) -> None:
+        self.close()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = open(self.work_root / "zygote.log", "ab")  # noqa: SIM115  (owned by the child process)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "ksearch_ray.sandbox.zygote", str(child.fileno())],
+                pass_fds=[child.fileno()],
+                env=scrubbed_environment(self.device, self.visible_gpu),
+                cwd=self.work_root,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        finally:
+            child.close()
+            log.close()
+        self._ctrl = parent
+        parent.settimeout(self.startup_timeout)
+        try:
+            hello = json.loads(parent.recv(65536) or b"{}")
+        except (TimeoutError, ValueError):
+            hello = {}
+        if not hello.get("ready"):
+            tail = (self.work_root / "zygote.log").read_text(errors="replace")[-2000:]
+            self.close()
+            raise SandboxError(f"sandbox zygote failed to start: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
+        self.zygote_starts += 1
+
+    def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
+        assert self._ctrl is not None
+        self._ctrl.settimeout(60.0)
+        if fds:
+            socket.send_fds(self._ctrl, [json.dumps(message).encode()], fds)
+        else:
+            self._ctrl.send(json.dumps(message).encode())
+        data = self._ctrl.recv(65536)
+        if not data:
+            raise ConnectionError("zygote closed its control socket")
+        return json.loads(data)
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def start(self, job: dict[str, Any]) -> WorkerHandle:
+        for attempt in (1, 2):
+            if not self._alive():
+                self._start_zygote()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                reply = self._request({"cmd": "run"}, [theirs.fileno()])
+            except (OSError, ConnectionError, ValueError):
+                ours.close()
+                if attempt == 2:
+                    raise
+                self.close()  # a zygote that cannot answer is replaced, once
+                continue
+            finally:
+                theirs.close()
+            key = os.urandom(32)
+            ours.sendall(key)
+            chan = Channel(ours, key)
+            chan.send(job)
+            return WorkerHandle(reply["pid"], chan)
+        raise SandboxError("unreachable")
+
+    def kill(self, worker: WorkerHandle) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+
+    def reap(self, worker: WorkerHandle) -> tuple[int, int]:
+        """(exit code, signal number) of a finished worker; (-1, 0) if the zygote is gone."""
+        worker.chan.close()
+        if not self._alive():
+            return -1, 0
+        try:
+            reply = self._request({"cmd": "wait", "pid": worker.pid})
+        except (OSError, ConnectionError, ValueError):
+            self.close()
+            return -1, 0
+        return int(reply["code"]), int(reply["signal"])
+
+    def close(self) -> None:
+        if self._ctrl is not None:
+            with contextlib.suppress(OSError):
+                self._ctrl.close()
+            self._ctrl = None
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+            self._proc = None

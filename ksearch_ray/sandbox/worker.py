@@ -1,0 +1,282 @@
+"""The sandboxed side of an evaluation: runs in a process forked from the zygote for one candidate.
+
+It builds the candidate, calls it on inputs it generates from the seeds it is given, writes
+the outputs to files for the evaluator to judge, and times it. It never sees an expected
+output: the evaluator computes references itself, in its own process, after the fact.
+
+Protocol (framed by channel.Channel):
+  worker -> ready {setup_s} ; built {seconds} | fail {status, message, log}
+  worker -> output {workload, file, sha256, wall_ms}   (one per correctness workload)
+  worker -> checked
+  evaluator -> time {workloads, mode, ...} | stop
+  worker -> tick {n} ... timing {workload, times_ms, wall_ms, file, sha256, seed_index}
+  worker -> done
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ksearch_ray.sandbox import integrity
+from ksearch_ray.sandbox.build import BuildError, load_entry
+from ksearch_ray.sandbox.channel import Channel
+from ksearch_ray.seeds import call_seed
+
+_perf = integrity.perf_counter
+_save = torch.save
+_sync = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_elapsed = torch.cuda.Event.elapsed_time
+
+
+class CandidateFailure(Exception):
+    def __init__(self, status: str, message: str, log: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.log = log
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _candidate_traceback(exc: BaseException, candidate_dir: Path) -> str:
+    """Traceback frames from the candidate's own files only, plus the error line."""
+    frames = [
+        f"  {Path(fs.filename).name}:{fs.lineno} in {fs.name}: {(fs.line or '').strip()}"
+        for fs in traceback.extract_tb(exc.__traceback__)
+        if str(candidate_dir) in fs.filename
+    ]
+    lines = frames[-8:] + [f"{type(exc).__name__}: {str(exc).strip()[:1500]}"]
+    return "\n".join(lines)
+
+
+class Worker:
+    def __init__(self, chan: Channel, job: dict[str, Any]):
+        self.chan = chan
+        self.job = job
+        self.workdir = Path(job["workdir"])
+        self.src = self.workdir / "src"
+        self.device = job["device"]
+        self.options = frozenset(job.get("options", []))
+        self.cuda = self.device == "cuda"
+        from ksearch_ray.task import Task
+
+        self.task = Task.load(job["task_root"])
+        self.task.module  # noqa: B018  (load the trusted reference module before any candidate code)
+        self.guard: integrity.Guard | None = None
+        self.entry: Any = None
+        self.current: str | None = None  # workload being run, for failure messages
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        if self.cuda:
+            _sync()
+
+    def integrity_check(self, when: str) -> None:
+        assert self.guard is not None
+        problems = self.guard.check_and_restore()
+        threads = self.guard.lingering_threads()
+        if threads:
+            problems.append(f"left threads running: {', '.join(threads)}")
+        if problems:
+            raise CandidateFailure("INTEGRITY_VIOLATION", f"{when}: " + "; ".join(problems))
+
+    def inputs_for(self, workload: dict[str, Any], seed: int) -> dict[str, Any]:
+        from ksearch_ray.task import Workload
+
+        return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)
+
+    def call(self, inputs: dict[str, Any]) -> Any:
+        try:
+            return self.task.call(self.entry, inputs)
+        except CandidateFailure:
+            raise
+        except Exception as exc:  # the candidate boundary: any exception becomes a status
+            status = "COMPILE_ERROR" if type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"} else "RUNTIME_ERROR"
+            if "out of memory" in str(exc).lower():
+                status = "RUNTIME_ERROR"
+            raise CandidateFailure(status, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
+                                   _candidate_traceback(exc, self.src)) from None
+
+    def check_outputs(self, result: Any, inputs: dict[str, Any], pristine: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Integrity checks that only the candidate's own process can make."""
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and not integrity.bitwise_equal(value, pristine[name]):
+                raise CandidateFailure("INTEGRITY_VIOLATION", f"the candidate modified its input `{name}`")
+        try:
+            outputs = self.task.normalize_outputs(result)
+        except ValueError as exc:
+            raise CandidateFailure("INCORRECT_SHAPE", str(exc)) from None
+        checked = {}
+        for name, value in outputs.items():
+            if not isinstance(value, torch.Tensor):
+                raise CandidateFailure("INCORRECT_SHAPE", f"output `{name}` is a {type(value).__name__}, not a tensor")
+            if not integrity.is_plain_tensor(value):
+                raise CandidateFailure("INTEGRITY_VIOLATION", f"output `{name}` is a tensor subclass ({type(value).__name__})")
+            alias = integrity.aliases_any(value, inputs)
+            if alias is not None:
+                raise CandidateFailure("INTEGRITY_VIOLATION", f"output `{name}` shares memory with input `{alias}`")
+            checked[name] = value
+        return checked
+
+    def save(self, outputs: dict[str, torch.Tensor], stem: str) -> tuple[str, str]:
+        path = self.workdir / f"{stem}.pt"
+        _save({k: v.detach().to("cpu") for k, v in outputs.items()}, path)
+        return str(path), _sha256(path)
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        t0 = _perf()
+        try:
+            self.entry = load_entry(
+                self.src, self.job["language"], self.job["entry_file"], self.job["entry_point"], f"ks_{self.job['solution_id']}"
+            )
+        except BuildError as exc:
+            raise CandidateFailure("COMPILE_ERROR", "build failed", str(exc)) from None
+        except SyntaxError as exc:
+            raise CandidateFailure("COMPILE_ERROR", f"SyntaxError: {exc.msg} ({Path(exc.filename or '').name}:{exc.lineno})",
+                                   (exc.text or "").rstrip()) from None
+        except Exception as exc:  # import-time failure of candidate code
+            raise CandidateFailure("COMPILE_ERROR", f"import failed: {type(exc).__name__}: {exc}",
+                                   _candidate_traceback(exc, self.src)) from None
+        self.integrity_check("at import")
+        self.chan.send({"type": "built", "seconds": _perf() - t0})
+
+    def correctness(self) -> None:
+        for item in self.job["check"]:
+            self.current = item["workload"]["name"]
+            inputs = self.inputs_for(item["workload"], item["seed"])
+            pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            self.sync()
+            t0 = _perf()
+            result = self.call(inputs)
+            self.sync()
+            wall_ms = (_perf() - t0) * 1e3
+            self.integrity_check(f"workload {item['workload']['name']}")
+            outputs = self.check_outputs(result, inputs, pristine)
+            path, digest = self.save(outputs, f"check_{item['index']}")
+            self.chan.send({"type": "output", "index": item["index"], "file": path, "sha256": digest, "wall_ms": wall_ms})
+            del inputs, pristine, result, outputs
+        self.chan.send({"type": "checked"})
+
+    def timing(self, cmd: dict[str, Any]) -> None:
+        items = cmd["workloads"]
+        fresh = cmd["mode"] == "fresh"
+        flush = self._l2_flusher() if (self.cuda and cmd.get("flush_l2", True)) else None
+        # Warm-up over every benchmark shape first (compilation, autotuning, caches).
+        for item in items:
+            self.current = item["workload"]["name"]
+            inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+            for _ in range(cmd.get("warmup_calls", 2)):
+                self.call(inputs)
+            self.sync()
+            self.integrity_check(f"warm-up of {item['workload']['name']}")
+        for item in items:
+            self._time_one(item, fresh, flush, cmd)
+        self.current = None
+        self.chan.send({"type": "done"})
+
+    def _time_one(self, item: dict[str, Any], fresh: bool, flush: Any, cmd: dict[str, Any]) -> None:
+        name = self.current = item["workload"]["name"]
+        max_calls, target_err = cmd.get("max_calls", 100), cmd.get("target_rel_err", 1e-3)
+        max_total_s, max_wall_s = cmd.get("max_total_s", 10.0), cmd.get("max_wall_s", 120.0)
+        times: list[float] = []
+        walls: list[float] = []
+        seed_index = 0
+        inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+        start_wall = _perf()
+        result: Any = None
+        for i in range(max_calls):
+            if fresh and i > 0:  # new inputs and weights for every call, generated outside the timed region
+                del result
+                seed_index = i
+                inputs = self.inputs_for(item["workload"], call_seed(item["seed"], i))
+            if flush is not None:
+                flush()
+            self.sync()
+            t0 = _perf()
+            if self.cuda:
+                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                start.record()
+                result = self.call(inputs)
+                end.record()
+                _sync()
+                t1 = _perf()
+                times.append(_elapsed(start, end))
+            else:
+                result = self.call(inputs)
+                t1 = _perf()
+                times.append((t1 - t0) * 1e3)
+            walls.append((t1 - t0) * 1e3)
+            self.integrity_check(f"timed call {i} of {name}")
+            self.chan.send({"type": "tick", "n": i + 1})
+            n = len(times)
+            mean = sum(times) / n
+            if n >= 3:
+                std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1))
+                if std / math.sqrt(n) / mean < target_err or n * mean > max_total_s * 1e3 or _perf() - start_wall > max_wall_s:
+                    break
+        pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        outputs = self.check_outputs(result, inputs, pristine)
+        path, digest = self.save(outputs, f"timed_{item['index']}")
+        self.chan.send({"type": "timing", "index": item["index"], "times_ms": times, "wall_ms": walls,
+                        "file": path, "sha256": digest, "seed_index": seed_index})
+
+    def _l2_flusher(self) -> Any:
+        # Twice the H100/H200 L2 (50/60 MB): writing it evicts whatever the last call left there.
+        buf = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+        return lambda: buf.zero_()
+
+
+def _redirect_output(workdir: Path) -> None:
+    for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+        f = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def serve(chan: Channel, job: dict[str, Any]) -> int:
+    """Run one job to the end; returns the process exit code."""
+    workdir = Path(job["workdir"])
+    os.chdir(workdir)
+    _redirect_output(workdir)
+    os.environ["TRITON_CACHE_DIR"] = job["triton_cache_dir"]
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
+    os.environ["HOME"] = str(workdir)
+    t0 = _perf()
+    try:
+        worker = Worker(chan, job)
+        if worker.cuda:
+            torch.cuda.init()
+            torch.empty(1, device="cuda")  # context creation belongs to sandbox overhead, not to the candidate
+        worker.guard = integrity.Guard()
+        chan.send({"type": "ready", "setup_s": _perf() - t0})
+        worker.build()
+        worker.correctness()
+        cmd = chan.recv()
+        if cmd.get("cmd") == "time":
+            worker.timing(cmd)
+    except CandidateFailure as failure:
+        where = worker.current if "worker" in locals() else None
+        chan.send({"type": "fail", "status": failure.status, "message": failure.message, "log": failure.log, "workload": where})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0

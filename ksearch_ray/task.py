@@ -1,0 +1,308 @@
+"""Task bundles: a directory holding everything needed to judge a kernel.
+
+Layout of a bundle (see docs/architecture.md, "Task bundles"):
+
+    task.json        definition: axes, inputs, outputs, constraints, prose, tolerance, score,
+                     calling convention, named workload sets
+    reference.py     trusted code: generate_inputs(workload, seed, device) and reference(inputs)
+    workloads/*.jsonl
+    solutions/<name>/solution.json + source files   (baseline and seed kernels)
+
+Bundles are found by path, never imported by name: the bundle's reference.py is loaded from
+its file under a private module name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Iterable
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from ksearch_ray.models import Solution
+
+
+class TaskError(Exception):
+    """A task bundle, workload set or solution that cannot be used; the message is one line for a user."""
+
+
+class TensorSpec(BaseModel):
+    shape: list[str | int] | None = Field(default=None, description="Axis names or sizes; None for a scalar.")
+    dtype: str
+    description: str = ""
+
+
+class Tolerance(BaseModel):
+    rule: Literal["gpumode", "flashinfer"] = Field(
+        description="gpumode: |x-y| <= atol + rtol|y| elementwise, non-finite positions must match. "
+        "flashinfer: an element fails when |x-y| > atol AND |x-y|/(|y|+1e-8) > rtol; no NaN/inf allowed."
+    )
+    atol: float
+    rtol: float
+    required_fraction: float = Field(default=1.0, description="Share of elements that must pass (flashinfer rule).")
+    relaxed_dtype_option: str | None = Field(
+        default=None, description="A compat option under which any float output dtype is accepted."
+    )
+
+
+class ScoreRule(BaseModel):
+    kind: Literal["geomean_latency", "mean_speedup"] = Field(
+        description="geomean_latency: geometric mean of mean latencies (ms, lower is better). "
+        "mean_speedup: arithmetic mean of baseline/candidate latency (higher is better)."
+    )
+
+
+class TaskDefinition(BaseModel):
+    """The contents of task.json."""
+
+    name: str
+    description: str = Field(description="Prose shown to an LLM: what to compute and what matters.")
+    axes: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    constraints: list[str] = Field(default_factory=list)
+    interface: Literal["gpumode", "flashinfer"] = Field(
+        description="gpumode: entry(data) with data from the bundle's pack_data(); flashinfer: entry(*inputs)."
+    )
+    entry_point: str
+    tolerance: Tolerance
+    score: ScoreRule
+    workload_sets: dict[str, str] = Field(description="Set name -> JSONL file inside the bundle.")
+    baseline: str = Field(description="Name of the solution under solutions/ that scores compare against.")
+    compat_options: dict[str, str] = Field(default_factory=dict, description="Option name -> what it changes.")
+
+
+class Workload(BaseModel):
+    """One problem instance: axis sizes plus generator parameters."""
+
+    name: str
+    axes: dict[str, int] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def _load_module(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise TaskError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Task:
+    """A loaded bundle. Cheap to construct; reference code is loaded on first use."""
+
+    def __init__(self, root: Path, definition: TaskDefinition):
+        self.root = root
+        self.definition = definition
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @classmethod
+    def load(cls, root: str | Path) -> Task:
+        root = Path(root).resolve()
+        spec_file = root / "task.json"
+        if not spec_file.is_file():
+            raise TaskError(f"{root} is not a task bundle: no task.json")
+        try:
+            definition = TaskDefinition.model_validate_json(spec_file.read_text())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise TaskError(f"{spec_file}: {where}: {first['msg']}") from None
+        return cls(root, definition)
+
+    # --- trusted reference code ---------------------------------------------------------
+
+    @cached_property
+    def module(self) -> ModuleType:
+        path = self.root / "reference.py"
+        if not path.is_file():
+            raise TaskError(f"task {self.name}: missing reference.py")
+        return _load_module(path, f"ksearch_task_{self.name}")
+
+    def generate_inputs(
+        self, workload: Workload, seed: int, device: str, options: frozenset[str] = frozenset()
+    ) -> dict[str, Any]:
+        return self.module.generate_inputs(workload, seed, device, options)
+
+    def reference(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return self.normalize_outputs(self.module.reference(inputs))
+
+    def call(self, entry: Callable[..., Any], inputs: dict[str, Any]) -> Any:
+        """Call a candidate's entry point with the task's calling convention."""
+        if self.definition.interface == "gpumode":
+            return entry(self.module.pack_data(inputs))
+        return entry(*inputs.values())
+
+    def normalize_outputs(self, result: Any) -> dict[str, Any]:
+        """A single tensor, a tuple in output order, or a dict by name -> dict by name."""
+        names = list(self.definition.outputs)
+        if isinstance(result, dict):
+            return dict(result)
+        if isinstance(result, (tuple, list)):
+            if len(result) != len(names):
+                raise ValueError(f"expected {len(names)} outputs ({', '.join(names)}), got {len(result)}")
+            return dict(zip(names, result, strict=True))
+        return {names[0]: result} if len(names) == 1 else {"__single__": result}
+
+    # --- workloads ----------------------------------------------------------------------
+
+    def workload_set_name(self, name: str, device: str) -> str:
+        """On the CPU a set `X` means its reduced variant `X-cpu` where the bundle has one."""
+        if device == "cpu" and f"{name}-cpu" in self.definition.workload_sets:
+            return f"{name}-cpu"
+        return name
+
+    def workloads(self, name: str, device: str = "cuda") -> list[Workload]:
+        resolved = self.workload_set_name(name, device)
+        rel = self.definition.workload_sets.get(resolved)
+        if rel is None:
+            known = ", ".join(sorted(s for s in self.definition.workload_sets if not s.endswith("-cpu")))
+            raise TaskError(f"task {self.name} has no workload set '{name}' (known: {known})")
+        return read_workloads(self.root / rel)
+
+    # --- solutions ----------------------------------------------------------------------
+
+    def solution_names(self) -> list[str]:
+        sol_dir = self.root / "solutions"
+        if not sol_dir.is_dir():
+            return []
+        return sorted(p.name for p in sol_dir.iterdir() if (p / "solution.json").is_file())
+
+    def solution(self, name: str) -> Solution:
+        path = self.root / "solutions" / name
+        if not (path / "solution.json").is_file():
+            raise TaskError(f"task {self.name} has no solution '{name}' (known: {', '.join(self.solution_names())})")
+        return load_solution_dir(path, self.name)
+
+    def baseline(self) -> Solution:
+        return self.solution(self.definition.baseline)
+
+
+def read_workloads(path: Path) -> list[Workload]:
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Workload.model_validate_json(line))
+        except ValidationError as exc:
+            raise TaskError(f"{path}:{lineno}: not a workload: {exc.errors()[0]['msg']}") from None
+    return out
+
+
+class _SolutionMeta(BaseModel):
+    name: str
+    language: Literal["python", "triton", "cuda"]
+    entry_file: str
+    entry_point: str
+    author: str = "ksearch-ray"
+    description: str = ""
+
+
+def load_solution_dir(path: Path, task_name: str) -> Solution:
+    try:
+        meta = _SolutionMeta.model_validate_json((path / "solution.json").read_text())
+    except ValidationError as exc:
+        raise TaskError(f"{path / 'solution.json'}: {exc.errors()[0]['msg']}") from None
+    sources = {
+        p.name: p.read_text()
+        for p in sorted(path.iterdir())
+        if p.is_file() and p.name != "solution.json" and p.suffix in SOURCE_SUFFIXES
+    }
+    if meta.entry_file not in sources:
+        raise TaskError(f"{path}: entry file {meta.entry_file} is missing")
+    return Solution(task=task_name, sources=sources, **meta.model_dump())
+
+
+SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp"}
+
+
+def solution_from_file(path: Path, task: Task, *, name: str | None = None) -> Solution:
+    """A candidate given on the command line: a solution directory, or one source file."""
+    if not path.exists():
+        raise TaskError(f"no such file: {path}")
+    if path.is_dir():
+        return load_solution_dir(path, task.name)
+    if path.suffix == ".json":
+        from ksearch_ray.flashinfer_format import solution_from_json  # FlashInfer-Bench solution JSON
+
+        return solution_from_json(path, task)
+    if path.suffix not in SOURCE_SUFFIXES:
+        raise TaskError(f"{path}: not a source file (expected one of {', '.join(sorted(SOURCE_SUFFIXES))})")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise TaskError(f"{path}: not a text file") from None
+    language = "cuda" if path.suffix in {".cu", ".cpp", ".cc"} else "python"
+    return Solution(
+        name=name or path.stem,
+        task=task.name,
+        language=language,
+        entry_file=path.name,
+        entry_point=task.definition.entry_point,
+        sources={path.name: text},
+        author="user",
+    )
+
+
+# --- finding bundles -----------------------------------------------------------------------
+
+TASK_PATH_ENV = "KSEARCH_TASK_PATH"
+
+
+def bundled_tasks_dir() -> Path:
+    """`tasks/` of a checkout, or the copy installed as ksearch_ray.bundled_tasks."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "tasks", here / "bundled_tasks"):
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "tasks"
+
+
+def search_dirs(extra: Iterable[str | Path] = ()) -> list[Path]:
+    dirs = [Path(p) for p in extra]
+    dirs += [Path(p) for p in os.environ.get(TASK_PATH_ENV, "").split(os.pathsep) if p]
+    dirs.append(bundled_tasks_dir())
+    return dirs
+
+
+def discover(extra: Iterable[str | Path] = ()) -> dict[str, Path]:
+    """Task name -> bundle directory; earlier search directories win."""
+    found: dict[str, Path] = {}
+    for base in search_dirs(extra):
+        if (base / "task.json").is_file():
+            found.setdefault(_peek_name(base), base)
+            continue
+        if not base.is_dir():
+            continue
+        for spec in sorted(base.glob("**/task.json")):
+            found.setdefault(_peek_name(spec.parent), spec.parent)
+    return found
+
+
+def _peek_name(root: Path) -> str:
+    try:
+        return str(json.loads((root / "task.json").read_text())["name"])
+    except (OSError, ValueError, KeyError):
+        return root.name
+
+
+def find_task(name_or_path: str, extra: Iterable[str | Path] = ()) -> Task:
+    path = Path(name_or_path)
+    if (path / "task.json").is_file():
+        return Task.load(path)
+    found = discover(extra)
+    if name_or_path not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise TaskError(f"unknown task '{name_or_path}' (known: {known})")
+    return Task.load(found[name_or_path])

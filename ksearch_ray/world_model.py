@@ -1,0 +1,284 @@
+"""The world model: a tree of optimization actions for one kernel task (K-Search's intrinsic world model).
+
+Pure data and queries; no Ray and no I/O beyond JSON. The parts:
+
+* this module: the records (`Tree`, `RootNode`, `ActionNode`, ...), the invariants, and queries
+  (`best_solution`, `path_to`, `measured_over_parent`);
+* `wm_ops`: the edit-op language and `apply_ops`, the only way a planner changes the tree;
+* `wm_select`: the open frontier, the deterministic selection policy, and leases;
+* `wm_render`: short plain-text views for prompts and `ksearch show`.
+
+Every function takes a tree and returns a new one, leaving its input untouched, so the actor that
+holds the state can snapshot any version and replay edits from the event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ksearch_ray.models import Status
+
+ROOT_ID = "root"
+LOG_LIMIT = 600
+"""Characters of evaluation log kept in the tree; the full log lives in the run directory."""
+
+Difficulty = Annotated[int, Field(ge=1, le=5, description="1 = a one-line change ... 5 = a research project.")]
+Unit = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Speedup = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+Rating = Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)]
+
+
+class WorldModelError(Exception):
+    """Misuse of the world model by the program (not by the planner: its mistakes become rejected ops)."""
+
+
+class InvariantError(WorldModelError):
+    """A tree that breaks a structural rule; the message lists every problem found."""
+
+
+class NodeStatus(StrEnum):
+    OPEN = "open"
+    """Waiting to be picked by the selection policy."""
+    LEASED = "leased"
+    """A running action cycle is implementing it; see `Tree.leases`."""
+    DONE = "done"
+    """Holds a passing solution."""
+    TOO_HARD = "too_hard"
+    """A cycle ended without a passing attempt; the notes say why."""
+    SPLIT = "split"
+    """Replaced by finer alternatives (its siblings with `split_from` set); kept as a record."""
+
+
+class NoteKind(StrEnum):
+    NOTE = "note"
+    TOO_HARD = "too_hard"
+    MEASURED = "measured"
+    SPLIT = "split"
+
+
+class Note(BaseModel):
+    """One piece of evidence attached to a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: NoteKind
+    text: str = Field(description="One or two sentences; shown to the planner.")
+    version: int = Field(description="Tree version that recorded it.")
+
+
+class EvalSummary(BaseModel):
+    """What the planner needs to know about an evaluation; the full record is in the run directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status
+    score: float | None = Field(default=None, description="Task score, in the task's own unit.")
+    latency_ms: float | None = Field(default=None, description="Representative latency (ms), if timed.")
+    speedup: Speedup | None = Field(default=None, description="Speedup over the task's baseline solution.")
+    log: str = Field(default="", description=f"Tail of the evaluation log, at most {LOG_LIMIT} characters.")
+
+    @field_validator("log")
+    @classmethod
+    def _keep_tail(cls, log: str) -> str:
+        # Errors and summaries sit at the end of a log, so the tail is the part worth keeping.
+        return log if len(log) <= LOG_LIMIT else "..." + log[-(LOG_LIMIT - 3) :]
+
+
+class SolutionRef(BaseModel):
+    """A pointer into the solution store plus the evaluation that justified attaching it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    solution_id: str = Field(min_length=1, description="Content hash of the solution (`Solution.id`).")
+    evaluation: EvalSummary
+
+
+class ActionFields(BaseModel):
+    """The part of an action the planner writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=1, max_length=200, description="A few words naming the optimization.")
+    description: str = Field(default="", description="What to change in the code, concretely.")
+    difficulty: Difficulty
+    score: Unit = Field(description="Planner's estimate of how promising the action is, 0..1.")
+    expected_speedup: Speedup = Field(description="Predicted speedup over the parent's solution.")
+    rationale: str = Field(default="", description="Why the planner expects it to help.")
+    rating: Rating | None = Field(default=None, description="Planner's 0-10 rating, if it gave one.")
+    confidence: Unit | None = Field(default=None, description="Planner's confidence in its estimate, 0..1.")
+
+
+class ActionNode(ActionFields):
+    """An optimization action: a child of the root or of another action."""
+
+    id: str = Field(description="Allocated by the tree: 'n' + seq.")
+    parent: str = Field(description="Id of the parent node ('root' or an action id).")
+    seq: int = Field(ge=1, description="Creation order; the last tie-break of selection.")
+    status: NodeStatus = NodeStatus.OPEN
+    solution: SolutionRef | None = Field(default=None, description="Set exactly when status is done.")
+    notes: list[Note] = Field(default_factory=list, description="Evidence: reasons, predicted vs measured.")
+    split_from: str | None = Field(default=None, description="Id of the split node this one replaces.")
+    created_at_version: int = Field(ge=0, description="Tree version whose batch created the node.")
+
+
+class RootNode(BaseModel):
+    """The task itself; its solution, if any, is the seed the first actions start from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Literal["root"] = ROOT_ID
+    title: str = Field(description="Task name.")
+    description: str = Field(default="", description="The task specification, as prompts show it.")
+    solution: SolutionRef | None = Field(default=None, description="The seed kernel, if the search has one.")
+    notes: list[Note] = Field(default_factory=list)
+
+
+class Lease(BaseModel):
+    """A claim by one running cycle on one node; times are on the caller's clock, in seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str
+    holder: str = Field(min_length=1, description="Who runs the cycle, e.g. 'cycle-12'.")
+    granted_at: float
+    expires_at: float
+
+
+class Tree(BaseModel):
+    """The whole world model of one run. Edit it only through `wm_ops` and `wm_select`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: RootNode
+    nodes: dict[str, ActionNode] = Field(default_factory=dict, description="Action nodes by id.")
+    leases: dict[str, Lease] = Field(default_factory=dict, description="Live leases by node id.")
+    version: int = Field(default=0, ge=0, description="Incremented once per call that changed the tree.")
+    next_seq: int = Field(default=1, ge=1, description="Counter for node ids; never reused, even after a prune.")
+
+    def get(self, node_id: str) -> ActionNode | RootNode | None:
+        return self.root if node_id == ROOT_ID else self.nodes.get(node_id)
+
+    def children(self, node_id: str) -> list[ActionNode]:
+        return sorted((n for n in self.nodes.values() if n.parent == node_id), key=lambda n: n.seq)
+
+
+def new_tree(title: str, description: str = "", seed: SolutionRef | None = None) -> Tree:
+    return Tree(root=RootNode(title=title, description=description, solution=seed))
+
+
+# ----------------------------------------------------------------------------------------- invariants
+
+
+def invariant_problems(tree: Tree, solution_exists: Callable[[str], bool] | None = None) -> list[str]:
+    """Every broken rule, one line each; solution ids are checked only when `solution_exists` is given."""
+    problems: list[str] = []
+    for key, node in tree.nodes.items():
+        if key != node.id or node.id != f"n{node.seq}":
+            problems.append(f"node stored as {key!r} has id {node.id!r} and seq {node.seq}")
+        if node.seq >= tree.next_seq:
+            problems.append(f"{node.id}: seq {node.seq} not below the id counter {tree.next_seq}")
+        if tree.get(node.parent) is None:
+            problems.append(f"{node.id}: parent {node.parent} does not exist")
+        if (node.status is NodeStatus.DONE) != (node.solution is not None):
+            problems.append(f"{node.id}: status {node.status} but solution is {'set' if node.solution else 'missing'}")
+        if (node.status is NodeStatus.LEASED) != (node.id in tree.leases):
+            problems.append(f"{node.id}: status {node.status} disagrees with the lease table")
+    problems += _cycle_problems(tree)
+    for node_id, lease in tree.leases.items():
+        if node_id != lease.node_id or node_id not in tree.nodes:
+            problems.append(f"lease on {node_id!r} names a missing node or the wrong one")
+    for holder in (tree.root, *tree.nodes.values()):
+        if holder.solution is None:
+            continue
+        if holder.solution.evaluation.status is not Status.PASSED:
+            problems.append(f"{holder.id}: attached solution did not pass ({holder.solution.evaluation.status})")
+        if solution_exists is not None and not solution_exists(holder.solution.solution_id):
+            problems.append(f"{holder.id}: solution {holder.solution.solution_id} is not in the store")
+    return problems
+
+
+def _cycle_problems(tree: Tree) -> list[str]:
+    problems = []
+    for start in tree.nodes.values():
+        seen = {start.id}
+        parent = start.parent
+        while parent in tree.nodes:
+            if parent in seen:
+                problems.append(f"{start.id}: its ancestors form a cycle through {parent}")
+                break
+            seen.add(parent)
+            parent = tree.nodes[parent].parent
+    return problems
+
+
+def check_invariants(tree: Tree, solution_exists: Callable[[str], bool] | None = None) -> None:
+    problems = invariant_problems(tree, solution_exists)
+    if problems:
+        raise InvariantError("; ".join(problems))
+
+
+# -------------------------------------------------------------------------------------------- queries
+
+
+def path_to(tree: Tree, node_id: str) -> list[ActionNode | RootNode]:
+    """Root first, `node_id` last. Raises KeyError for a missing node."""
+    node = tree.get(node_id)
+    if node is None:
+        raise KeyError(node_id)
+    path: list[ActionNode | RootNode] = [node]
+    while isinstance(node, ActionNode):
+        node = tree.get(node.parent)
+        if node is None or any(node.id == seen.id for seen in path):
+            raise InvariantError(f"the path from {node_id} does not reach the root")
+        path.append(node)
+    return path[::-1]
+
+
+def subtree_ids(tree: Tree, node_id: str) -> list[str]:
+    """`node_id` and all its descendants, parents before children."""
+    out = [node_id]
+    for current in out:  # the list grows while we walk it: a breadth-first traversal
+        out += [child.id for child in tree.children(current)]
+    return out
+
+
+def solution_speedup(node: ActionNode | RootNode) -> float | None:
+    """Measured speedup over the baseline of the node's solution, if both exist."""
+    return node.solution.evaluation.speedup if node.solution else None
+
+
+def parent_speedup(tree: Tree, node: ActionNode) -> float | None:
+    """Speedup over the baseline that `node.expected_speedup` multiplies.
+
+    A root without a seed means the actions start from the baseline itself, hence 1.0.
+    """
+    parent = tree.get(node.parent)
+    if parent is None:
+        return None
+    if isinstance(parent, RootNode) and parent.solution is None:
+        return 1.0
+    return solution_speedup(parent)
+
+
+def measured_over_parent(tree: Tree, node: ActionNode) -> float | None:
+    """The measured counterpart of `expected_speedup`, when both speedups are known."""
+    mine, theirs = solution_speedup(node), parent_speedup(tree, node)
+    return mine / theirs if mine is not None and theirs is not None else None
+
+
+def best_solution(tree: Tree) -> ActionNode | None:
+    """The done action with the highest speedup over the baseline; the oldest wins a tie.
+
+    Solutions whose evaluation carries no speedup cannot be ranked and are skipped.
+    """
+    ranked = [n for n in tree.nodes.values() if solution_speedup(n) is not None]
+    return min(ranked, key=lambda n: (-(solution_speedup(n) or 0.0), n.seq), default=None)
+
+
+def best_speedup(tree: Tree) -> float | None:
+    best = best_solution(tree)
+    return solution_speedup(best) if best else None

@@ -26,15 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ksearch_ray.models import Status
 from ksearch_ray.world_model import (
-    ROOT_ID,
     ActionFields,
     ActionNode,
     Difficulty,
     EvalSummary,
     InvariantError,
+    NodeStatus,
     Note,
     NoteKind,
-    NodeStatus,
     Rating,
     RootNode,
     SolutionRef,
@@ -46,8 +45,12 @@ from ksearch_ray.world_model import (
     subtree_ids,
 )
 
-NodeRef = Annotated[str, Field(min_length=1, description="A node id ('n7'), 'root', or a placeholder ('$a').")]
-RefName = Annotated[str, Field(pattern=r"^\$?[A-Za-z0-9_-]{1,32}$", description="Placeholder name, e.g. 'a'.")]
+NodeRef = Annotated[
+    str, Field(min_length=1, description="A node id ('n7'), 'root', or a placeholder ('$a').")
+]
+RefName = Annotated[
+    str, Field(pattern=r"^\$?[A-Za-z0-9_-]{1,32}$", description="Placeholder name, e.g. 'a'.")
+]
 
 
 class NewAction(ActionFields):
@@ -83,7 +86,9 @@ class UpdateOp(BaseModel):
     rating: Rating | None = None
     confidence: Unit | None = None
     status: Literal["open"] | None = None
-    note: str | None = Field(default=None, min_length=1, description="Evidence to append to the node's notes.")
+    note: str | None = Field(
+        default=None, min_length=1, description="Evidence to append to the node's notes."
+    )
 
 
 class SplitOp(BaseModel):
@@ -248,7 +253,9 @@ def _apply_one(tree: Tree, op: BaseModel, batch: _Batch) -> tuple[list[str], lis
 def _insert(tree: Tree, op: InsertOp, batch: _Batch) -> list[str]:
     parent = _resolve(tree, op.parent, batch)
     if isinstance(parent, ActionNode) and parent.status is NodeStatus.SPLIT:
-        raise OpRejected(f"{parent.id} was split; insert under {parent.parent} or under one of its alternatives")
+        raise OpRejected(
+            f"{parent.id} was split; insert under {parent.parent} or under one of its alternatives"
+        )
     _check_new_refs([op], batch)
     return [_add_node(tree, op, parent.id, batch)]
 
@@ -298,7 +305,9 @@ def _mark_too_hard(tree: Tree, op: MarkTooHardOp, batch: _Batch) -> None:
 def _attach_solution(tree: Tree, op: AttachSolutionOp, batch: _Batch) -> None:
     target = _resolve(tree, op.node, batch)
     if op.evaluation.status is not Status.PASSED:
-        raise OpRejected(f"only a PASSED solution can be attached (got {op.evaluation.status}); use mark_too_hard")
+        raise OpRejected(
+            f"only a PASSED solution can be attached (got {op.evaluation.status}); use mark_too_hard"
+        )
     if not batch.solution_exists(op.solution_id):
         raise OpRejected(f"solution {op.solution_id} is not in the solution store")
     ref = SolutionRef(solution_id=op.solution_id, evaluation=op.evaluation)
@@ -330,7 +339,9 @@ def _prune(tree: Tree, op: PruneOp, batch: _Batch) -> list[str]:
     ):
         hits = [i for i in doomed if tree.nodes[i].status in statuses]
         if hits:
-            raise OpRejected(f"the subtree of {node.id} holds {kind} ({', '.join(hits)}); it cannot be pruned")
+            raise OpRejected(
+                f"the subtree of {node.id} holds {kind} ({', '.join(hits)}); it cannot be pruned"
+            )
     for node_id in doomed:
         del tree.nodes[node_id]
     return doomed
@@ -339,7 +350,9 @@ def _prune(tree: Tree, op: PruneOp, batch: _Batch) -> list[str]:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _add_node(tree: Tree, action: NewAction, parent: str, batch: _Batch, split_from: str | None = None) -> str:
+def _add_node(
+    tree: Tree, action: NewAction, parent: str, batch: _Batch, split_from: str | None = None
+) -> str:
     node_id = f"n{tree.next_seq}"
     tree.nodes[node_id] = ActionNode(
         **action.model_dump(include=set(ActionFields.model_fields)),
@@ -368,7 +381,9 @@ def _resolve(tree: Tree, ref: str, batch: _Batch) -> ActionNode | RootNode:
         if name in batch.dead_refs:
             raise OpRejected(f"placeholder {ref} was not created: op {batch.dead_refs[name]} was rejected")
         if name not in batch.refs:
-            raise OpRejected(f"unknown placeholder {ref}; define it with \"ref\" on an earlier insert of this batch")
+            raise OpRejected(
+                f'unknown placeholder {ref}; define it with "ref" on an earlier insert of this batch'
+            )
         ref = batch.refs[name]
     node = tree.get(ref)
     if node is None:
@@ -389,7 +404,9 @@ def _bury_refs(raw: object, index: int, batch: _Batch) -> None:
         raw = raw.model_dump()
     if not isinstance(raw, Mapping):
         return
-    wanted = [raw.get("ref")] + [a.get("ref") for a in raw.get("alternatives") or [] if isinstance(a, Mapping)]
+    wanted = [raw.get("ref")] + [
+        a.get("ref") for a in raw.get("alternatives") or [] if isinstance(a, Mapping)
+    ]
     for ref in wanted:
         if isinstance(ref, str) and ref.lstrip("$") not in batch.refs:
             batch.dead_refs.setdefault(ref.lstrip("$"), index)

@@ -6,6 +6,12 @@ its first sentences; the full record is the tree's JSON.
 
 from __future__ import annotations
 
+from ksearch_ray.wm_select import (
+    DEFAULT_MAX_DIFFICULTY,
+    DEFAULT_RELAX_AT_SPEEDUP,
+    difficulty_limit,
+    frontier,
+)
 from ksearch_ray.world_model import (
     ROOT_ID,
     ActionNode,
@@ -16,12 +22,6 @@ from ksearch_ray.world_model import (
     measured_over_parent,
     path_to,
     solution_speedup,
-)
-from ksearch_ray.wm_select import (
-    DEFAULT_MAX_DIFFICULTY,
-    DEFAULT_RELAX_AT_SPEEDUP,
-    difficulty_limit,
-    frontier,
 )
 
 TITLE_LIMIT = 80
@@ -93,7 +93,9 @@ def render_best(tree: Tree, n: int = 5) -> str:
             f"[solution {node.solution.solution_id}]"
         )
     if tree.root.solution is not None:
-        lines.append(f"seed: {_x(solution_speedup(tree.root))} vs baseline [solution {tree.root.solution.solution_id}]")
+        lines.append(
+            f"seed: {_x(solution_speedup(tree.root))} vs baseline [solution {tree.root.solution.solution_id}]"
+        )
     return "\n".join(lines) if lines else "(no passing solutions yet)"
 
 
@@ -103,7 +105,11 @@ def render_failures(tree: Tree) -> str:
     for node in sorted(tree.nodes.values(), key=lambda node: node.seq):
         if node.status is not NodeStatus.TOO_HARD:
             continue
-        evidence = [_trim(note.text, NOTE_LIMIT) for note in node.notes if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE)]
+        evidence = [
+            _trim(note.text, NOTE_LIMIT)
+            for note in node.notes
+            if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE)
+        ]
         lines.append(
             f"{node.id} {_title(node)} (difficulty {node.difficulty}, expected {_x(node.expected_speedup)}): "
             + ("; ".join(evidence) or "no reason recorded")

@@ -163,7 +163,9 @@ def expire_leases(tree: Tree, now: float) -> tuple[Tree, list[str]]:
 
 
 def leases_of(tree: Tree, holder: str) -> list[str]:
-    return sorted((i for i, held in tree.leases.items() if held.holder == holder), key=lambda i: tree.nodes[i].seq)
+    return sorted(
+        (i for i, held in tree.leases.items() if held.holder == holder), key=lambda i: tree.nodes[i].seq
+    )
 
 
 def _held(tree: Tree, node_id: str, holder: str) -> Lease:

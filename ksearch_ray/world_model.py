@@ -16,17 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ksearch_ray.models import Status
 
-ROOT_ID = "root"
+ROOT_ID: Final = "root"
 LOG_LIMIT = 600
 """Characters of evaluation log kept in the tree; the full log lives in the run directory."""
 
-Difficulty = Annotated[int, Field(ge=1, le=5, description="1 = a one-line change ... 5 = a research project.")]
+Difficulty = Annotated[
+    int, Field(ge=1, le=5, description="1 = a one-line change ... 5 = a research project.")
+]
 Unit = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Speedup = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Rating = Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)]
@@ -157,7 +159,9 @@ class Tree(BaseModel):
     nodes: dict[str, ActionNode] = Field(default_factory=dict, description="Action nodes by id.")
     leases: dict[str, Lease] = Field(default_factory=dict, description="Live leases by node id.")
     version: int = Field(default=0, ge=0, description="Incremented once per call that changed the tree.")
-    next_seq: int = Field(default=1, ge=1, description="Counter for node ids; never reused, even after a prune.")
+    next_seq: int = Field(
+        default=1, ge=1, description="Counter for node ids; never reused, even after a prune."
+    )
 
     def get(self, node_id: str) -> ActionNode | RootNode | None:
         return self.root if node_id == ROOT_ID else self.nodes.get(node_id)
@@ -184,18 +188,23 @@ def invariant_problems(tree: Tree, solution_exists: Callable[[str], bool] | None
         if tree.get(node.parent) is None:
             problems.append(f"{node.id}: parent {node.parent} does not exist")
         if (node.status is NodeStatus.DONE) != (node.solution is not None):
-            problems.append(f"{node.id}: status {node.status} but solution is {'set' if node.solution else 'missing'}")
+            problems.append(
+                f"{node.id}: status {node.status} but solution is {'set' if node.solution else 'missing'}"
+            )
         if (node.status is NodeStatus.LEASED) != (node.id in tree.leases):
             problems.append(f"{node.id}: status {node.status} disagrees with the lease table")
     problems += _cycle_problems(tree)
     for node_id, lease in tree.leases.items():
         if node_id != lease.node_id or node_id not in tree.nodes:
             problems.append(f"lease on {node_id!r} names a missing node or the wrong one")
-    for holder in (tree.root, *tree.nodes.values()):
+    holders: list[ActionNode | RootNode] = [tree.root, *tree.nodes.values()]
+    for holder in holders:
         if holder.solution is None:
             continue
         if holder.solution.evaluation.status is not Status.PASSED:
-            problems.append(f"{holder.id}: attached solution did not pass ({holder.solution.evaluation.status})")
+            problems.append(
+                f"{holder.id}: attached solution did not pass ({holder.solution.evaluation.status})"
+            )
         if solution_exists is not None and not solution_exists(holder.solution.solution_id):
             problems.append(f"{holder.id}: solution {holder.solution.solution_id} is not in the store")
     return problems

@@ -106,6 +106,8 @@ class Worker:
             return self.task.call(self.entry, inputs)
         except CandidateFailure:
             raise
+        except SystemExit as exc:
+            raise CandidateFailure("CRASHED", f"the candidate called sys.exit({exc.code!r}) instead of returning") from None
         except Exception as exc:  # the candidate boundary: any exception becomes a status
             status = "COMPILE_ERROR" if type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"} else "RUNTIME_ERROR"
             if "out of memory" in str(exc).lower():
@@ -115,9 +117,6 @@ class Worker:
 
     def check_outputs(self, result: Any, inputs: dict[str, Any], pristine: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Integrity checks that only the candidate's own process can make."""
-        for name, value in inputs.items():
-            if isinstance(value, torch.Tensor) and not integrity.bitwise_equal(value, pristine[name]):
-                raise CandidateFailure("INTEGRITY_VIOLATION", f"the candidate modified its input `{name}`")
         try:
             outputs = self.task.normalize_outputs(result)
         except ValueError as exc:
@@ -132,6 +131,9 @@ class Worker:
             if alias is not None:
                 raise CandidateFailure("INTEGRITY_VIOLATION", f"output `{name}` shares memory with input `{alias}`")
             checked[name] = value
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and not integrity.bitwise_equal(value, pristine[name]):
+                raise CandidateFailure("INTEGRITY_VIOLATION", f"the candidate modified its input `{name}`")
         return checked
 
     def save(self, outputs: dict[str, torch.Tensor], stem: str) -> tuple[str, str]:
@@ -152,6 +154,8 @@ class Worker:
         except SyntaxError as exc:
             raise CandidateFailure("COMPILE_ERROR", f"SyntaxError: {exc.msg} ({Path(exc.filename or '').name}:{exc.lineno})",
                                    (exc.text or "").rstrip()) from None
+        except SystemExit as exc:
+            raise CandidateFailure("CRASHED", f"the candidate called sys.exit({exc.code!r}) at import") from None
         except Exception as exc:  # import-time failure of candidate code
             raise CandidateFailure("COMPILE_ERROR", f"import failed: {type(exc).__name__}: {exc}",
                                    _candidate_traceback(exc, self.src)) from None

@@ -1,0 +1,3 @@
+def run(x, a, b):
+    while True:
+        pass

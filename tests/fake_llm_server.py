@@ -1,0 +1,221 @@
+"""A real OpenAI-compatible HTTP server on loopback, driven by a script, for testing the LLM layer.
+
+The point is to exercise litellm's real HTTP client (status mapping, timeouts, JSON decoding)
+rather than a mock of it. Each incoming chat request takes the next step of the script:
+
+    with FakeLLMServer([RateLimited(retry_after_s=0), Completion("hello")]) as server:
+        ...  # point a client at server.api_base
+        assert len(server.requests) == 2
+
+A script is either a list of steps (consumed in order; once exhausted, every further request
+gets a 500 that says so) or a function from the recorded request to a step.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A normal chat completion."""
+
+    text: str
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    delay_s: float = 0.0
+    model: str | None = None  # echo the requested model when None
+
+
+@dataclass(frozen=True)
+class HTTPError:
+    """An error status with an OpenAI-style error body."""
+
+    status: int
+    message: str = "fake server error"
+    retry_after_s: float | None = None
+    delay_s: float = 0.0
+
+
+def RateLimited(retry_after_s: float | None = 0.0) -> HTTPError:  # noqa: N802 - reads like a step type
+    return HTTPError(429, "Rate limit reached for requests", retry_after_s=retry_after_s)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A 200 response whose body is not valid JSON."""
+
+    body: bytes = b'{"id": "chatcmpl-broken", "choices": [ {"mess'
+    delay_s: float = 0.0
+
+
+Step = Completion | HTTPError | Malformed
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    received_at: float = field(default_factory=time.monotonic)
+
+
+Script = Sequence[Step] | Callable[[RecordedRequest], Step]
+
+
+def always(step: Step) -> Callable[[RecordedRequest], Step]:
+    """A script that answers every request the same way."""
+    return lambda _request: step
+
+
+class FakeLLMServer:
+    """Serves POST /v1/chat/completions, /chat/completions and GET /v1/models on 127.0.0.1."""
+
+    def __init__(self, script: Script) -> None:
+        self._script = script
+        self._position = 0
+        self._lock = threading.Lock()
+        # Set on shutdown so that slow steps stop sleeping and the server closes promptly.
+        self._closing = threading.Event()
+        self.requests: list[RecordedRequest] = []
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-llm-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path.rstrip("/").endswith("chat/completions")]
+
+    def start(self) -> FakeLLMServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _record_and_pick(self, request: RecordedRequest) -> Step:
+        with self._lock:
+            self.requests.append(request)
+            if callable(self._script):
+                return self._script(request)
+            if self._position >= len(self._script):
+                return HTTPError(500, f"fake server: script exhausted after {len(self._script)} steps")
+            step = self._script[self._position]
+            self._position += 1
+            return step
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._closing.wait(seconds)
+
+
+def _completion_body(step: Completion, requested_model: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": step.model or requested_model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": step.text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": step.prompt_tokens,
+            "completion_tokens": step.completion_tokens,
+            "total_tokens": step.prompt_tokens + step.completion_tokens,
+        },
+    }
+
+
+def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature is http.server's
+            pass  # keep test output clean; requests are recorded on the server instead
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server naming
+            if self.path.rstrip("/") in ("/v1/models", "/models"):
+                server._record(RecordedRequest("GET", self.path, dict(self.headers), None))
+                self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            else:
+                self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body: Any = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                body = raw.decode(errors="replace")
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            step = server._record_and_pick(RecordedRequest("POST", self.path, dict(self.headers), body))
+            server._sleep(step.delay_s)
+            if server._closing.is_set():
+                return
+            match step:
+                case Completion():
+                    model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
+                    self._send_json(200, _completion_body(step, model))
+                case HTTPError():
+                    headers = {}
+                    if step.retry_after_s is not None:
+                        headers["Retry-After"] = f"{step.retry_after_s:g}"
+                    error = {"error": {"message": step.message, "type": "fake_error", "code": step.status}}
+                    self._send_json(step.status, error, headers)
+                case Malformed():
+                    self._send_raw(200, step.body, "application/json")
+
+        def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+            self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
+
+        def _send_raw(
+            self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # The client gave up (e.g. its timeout fired during a slow step); that is the test's point.
+                pass
+
+    return Handler

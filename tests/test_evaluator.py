@@ -1,0 +1,191 @@
+"""The evaluator against real candidates that fail, crash, hang and cheat, in a real sandbox.
+
+Every candidate here is a file under tests/data/candidates, run through the same zygote and
+worker processes a search uses, on the CPU path (Triton interpreter, no GPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ksearch_ray.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.models import Status
+from ksearch_ray.seeds import derive_seed
+from ksearch_ray.task import Task, solution_from_file
+
+DATA = Path(__file__).parent / "data"
+CANDIDATES = DATA / "candidates"
+
+
+@pytest.fixture(scope="module")
+def toy() -> Task:
+    return Task.load(DATA / "toy")
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory: pytest.TempPathFactory):
+    ev = Evaluator(
+        "cpu",
+        tmp_path_factory.mktemp("sandbox"),
+        limits=Limits(setup=120, build_python=60, idle=4, total=120),
+        timing=TimingPolicy(max_calls=10),
+    )
+    yield ev
+    ev.close()
+
+
+def evaluate(ev: Evaluator, task: Task, name: str, **kw):
+    return ev.evaluate(task, solution_from_file(CANDIDATES / f"{name}.py", task), **kw)
+
+
+def test_good_candidate_passes_with_timings_and_a_score(evaluator, toy):
+    result = evaluator.evaluate(toy, toy.baseline(), workload_set="benchmarks")
+    assert result.status is Status.PASSED, result.message
+    assert [w.workload for w in result.workloads] == ["n1000", "n4096"]
+    assert all(w.timing and w.timing.count >= 3 and w.timing.clock == "host_wall" for w in result.workloads)
+    assert result.score is not None and result.score > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "fragment"),
+    [
+        ("syntax_error", Status.COMPILE_ERROR, "SyntaxError"),
+        ("import_error", Status.COMPILE_ERROR, "module_that_does_not_exist"),
+        ("no_entry", Status.COMPILE_ERROR, "no callable `run`"),
+        ("runtime_error", Status.RUNTIME_ERROR, "TypeError"),
+        ("wrong_shape", Status.INCORRECT_SHAPE, "shape [999]"),
+        ("wrong_dtype", Status.INCORRECT_DTYPE, "torch.float64"),
+        ("wrong_values", Status.INCORRECT_NUMERICAL, "first value outside tolerance at [7]"),
+        ("hang", Status.TIMEOUT, "no progress for 4 s"),
+        ("abort", Status.CRASHED, "signal 6"),
+        ("segfault", Status.CRASHED, "signal 11"),
+        ("exit_early", Status.CRASHED, "called sys.exit(0)"),
+    ],
+)
+def test_each_failure_earns_its_status_with_a_specific_message(evaluator, toy, name, status, fragment):
+    result = evaluate(evaluator, toy, name)
+    assert result.status is status, (result.message, result.log)
+    assert fragment in result.message + result.log
+
+
+def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):
+    result = evaluate(evaluator, toy, "runtime_error")
+    assert "runtime_error.py:2" in result.log
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("mutate_input", "modified its input `a`"),
+        ("alias_output", "shares memory with input `x`"),
+        ("subclass_output", "tensor subclass (Sneaky)"),
+        ("flip_tf32", "changed torch.backends.cuda.matmul.allow_tf32"),
+        ("patch_timer", "replaced time.perf_counter"),
+        ("leave_thread", "left threads running: hidden-worker"),
+        ("forge_channel", "forged message"),
+    ],
+)
+def test_cheats_are_integrity_violations(evaluator, toy, name, fragment):
+    result = evaluate(evaluator, toy, name)
+    assert result.status is Status.INTEGRITY_VIOLATION, (result.message, result.log)
+    assert fragment in result.message
+
+
+def test_global_state_is_restored_for_the_next_candidate(evaluator, toy):
+    assert evaluate(evaluator, toy, "flip_tf32").status is Status.INTEGRITY_VIOLATION
+    # A fresh worker per candidate: the next one starts from a clean process either way.
+    assert evaluator.evaluate(toy, toy.baseline()).status is Status.PASSED
+
+
+def test_printed_verdicts_are_ignored(evaluator, toy):
+    result = evaluate(evaluator, toy, "print_verdict")
+    assert result.status is Status.INCORRECT_NUMERICAL
+
+
+def test_reference_is_absent_from_the_candidate_process(evaluator, toy):
+    result = evaluate(evaluator, toy, "steal_reference", workload_set="tests")
+    assert result.status is Status.INCORRECT_NUMERICAL
+
+
+def test_published_seed_does_not_pay_because_seeds_are_mixed_with_a_secret(evaluator, toy):
+    result = evaluate(evaluator, toy, "published_seed", workload_set="tests")
+    assert result.status is Status.INCORRECT_NUMERICAL
+    assert derive_seed(1, "n1000", 1, "check") != derive_seed(2, "n1000", 1, "check")
+
+
+def test_memorized_answers_fail_in_both_timing_modes(evaluator, toy):
+    fresh = evaluate(evaluator, toy, "memorize", mode="fresh")
+    assert fresh.status is Status.INCORRECT_NUMERICAL
+    assert "during timing" in fresh.message
+    # reuse times one input set, but not the one the correctness check used: still caught.
+    reuse = evaluate(evaluator, toy, "memorize", mode="reuse")
+    assert reuse.status is Status.INCORRECT_NUMERICAL
+    assert "during timing" in reuse.message
+
+
+def test_reuse_mode_times_a_good_candidate(evaluator, toy):
+    result = evaluator.evaluate(toy, toy.baseline(), mode="reuse")
+    assert result.status is Status.PASSED, result.message
+    assert result.mode == "reuse" and all(w.timing for w in result.workloads)
+
+
+@pytest.mark.parametrize("bad", ["abort", "segfault", "hang", "kill_parent"])
+def test_a_crash_costs_only_that_candidate(evaluator, toy, bad):
+    first = evaluate(evaluator, toy, bad)
+    assert first.status in {Status.CRASHED, Status.TIMEOUT}, first.message
+    healthy = evaluator.evaluate(toy, toy.baseline())
+    assert healthy.status is Status.PASSED, healthy.message
+
+
+def test_killed_zygote_is_restarted(evaluator, toy):
+    starts = evaluator.sandbox.zygote_starts
+    evaluate(evaluator, toy, "kill_parent")
+    assert evaluator.evaluate(toy, toy.baseline()).status is Status.PASSED
+    assert evaluator.sandbox.zygote_starts == starts + 1
+
+
+def test_secrets_are_scrubbed_from_the_sandbox(evaluator, toy, tmp_path, monkeypatch):
+    probe = tmp_path / "env_probe.py"
+    probe.write_text(
+        "import os\n"
+        "def run(x, a, b):\n"
+        "    leaked = [k for k in os.environ if 'OPENAI' in k or 'MY_SERVICE_TOKEN' in k]\n"
+        "    assert not leaked, leaked\n"
+        "    assert os.environ['TRITON_INTERPRET'] == '1'\n"
+        "    assert os.getcwd().endswith(tuple('0123456789abcdef'))\n"
+        "    return a * x + b\n"
+    )
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "t0k3n")
+    fresh = Evaluator("cpu", tmp_path / "sb", limits=Limits(idle=30))
+    try:
+        result = fresh.evaluate(toy, solution_from_file(probe, toy), workload_set="tests")
+    finally:
+        fresh.close()
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+def test_each_candidate_gets_its_own_triton_cache_and_workdir(evaluator, toy, tmp_path):
+    probe = tmp_path / "cache_probe.py"
+    probe.write_text(
+        "import os\n"
+        "def run(x, a, b):\n"
+        "    assert os.environ['TRITON_CACHE_DIR'].endswith('/triton')\n"
+        "    assert os.path.basename(os.path.dirname(os.environ['TRITON_CACHE_DIR'])) in os.getcwd()\n"
+        "    return a * x + b\n"
+    )
+    result = evaluator.evaluate(toy, solution_from_file(probe, toy), workload_set="tests")
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+def test_side_stream_work_is_caught_by_the_wall_clock_cross_check(toy, tmp_path):
+    ev = Evaluator("cuda", tmp_path)
+    try:
+        result = evaluate(ev, toy, "side_stream")
+    finally:
+        ev.close()
+    assert result.status is Status.INTEGRITY_VIOLATION, result.message
+    assert "escapes the timing stream" in result.message

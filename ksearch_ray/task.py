@@ -263,10 +263,14 @@ TASK_PATH_ENV = "KSEARCH_TASK_PATH"
 def bundled_tasks_dir() -> Path:
     """`tasks/` of a checkout, or the copy installed as ksearch_ray.bundled_tasks."""
     here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "tasks", here / "bundled_tasks"):
-        if candidate.is_dir():
-            return candidate
-    return here.parent / "tasks"
+    installed = here / "bundled_tasks"
+    if installed.is_dir():
+        return installed
+    # A checkout: tasks/ beside the package (checked by its sibling pyproject, since a stray
+    # site-packages/tasks from an unrelated project must never be mistaken for ours).
+    if (here.parent / "pyproject.toml").is_file():
+        return here.parent / "tasks"
+    return installed
 
 
 def search_dirs(extra: Iterable[str | Path] = ()) -> list[Path]:

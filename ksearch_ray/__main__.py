@@ -1,0 +1,3 @@
+from ksearch_ray.cli import main
+
+main()

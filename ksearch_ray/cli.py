@@ -1,0 +1,138 @@
+"""The `ksearch` command line.
+
+User mistakes (unknown task, missing file, bad option) end in one line on stderr and exit
+status 2; a candidate that fails evaluation exits 1; nothing here prints a traceback for
+either.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ksearch_ray.task import TaskError, discover, find_task, solution_from_file
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.")
+out = Console()
+err = Console(stderr=True)
+
+TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", help="Extra directory of task bundles (repeatable).")]
+
+
+def fail(message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@app.command()
+def tasks(task_dir: TaskDirs = None) -> None:
+    """List the task bundles that can be found, with their workloads and solutions."""
+    table = Table("task", "workload sets", "solutions", "path")
+    for name, root in sorted(discover(task_dir or []).items()):
+        try:
+            task = find_task(str(root))
+            sets = ", ".join(
+                f"{s} ({len(task.workloads(s, 'cuda'))})" for s in task.definition.workload_sets if not s.endswith("-cpu")
+            )
+            sols = ", ".join(task.solution_names())
+        except TaskError as exc:
+            sets, sols = f"[red]{exc}[/]", ""
+        table.add_row(name, sets, sols, str(root))
+    out.print(table)
+
+
+@app.command("eval")
+def eval_(
+    candidate: Annotated[str, typer.Argument(help="A source file, a solution directory, or the name of one of the task's solutions.")],
+    task_name: Annotated[str, typer.Option("--task", help="Task name or bundle path.")],
+    mode: Annotated[str, typer.Option(help="fresh: new inputs every timed call; reuse: the same inputs.")] = "fresh",
+    workloads: Annotated[str, typer.Option("--workloads", help="Workload set: tests (correctness only) or benchmarks.")] = "benchmarks",
+    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when a GPU is visible).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    compat: Annotated[list[str] | None, typer.Option("--compat", help="Compatibility option of the task (repeatable).")] = None,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also measure the task's baseline, side by side.")] = False,
+    task_dir: TaskDirs = None,
+    work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
+) -> None:
+    """Evaluate one candidate kernel: correctness on every workload, then timing."""
+    if mode not in ("fresh", "reuse"):
+        fail(f"--mode must be fresh or reuse, not {mode!r}")
+    try:
+        task = find_task(task_name, task_dir or [])
+        solution = _resolve_candidate(candidate, task)
+        options = set(compat or [])
+        unknown = options - set(task.definition.compat_options)
+        if unknown:
+            fail(f"task {task.name} has no compat option {', '.join(sorted(unknown))} (known: {', '.join(task.definition.compat_options) or 'none'})")
+        device = device or default_device()
+        if device not in ("cuda", "cpu"):
+            fail(f"--device must be cuda or cpu, not {device!r}")
+        task.workloads(workloads, device)  # validates the set name before any work starts
+    except TaskError as exc:
+        fail(str(exc))
+
+    from ksearch_ray.evaluator import Evaluator
+    from ksearch_ray.sandbox.client import SandboxError
+
+    try:
+        evaluator = Evaluator(device, work_dir)
+    except RuntimeError as exc:
+        fail(str(exc))
+    try:
+        result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options)  # type: ignore[arg-type]
+        base = evaluator.evaluate(task, task.baseline(), workload_set=workloads, mode=mode, options=options) if baseline else None  # type: ignore[arg-type]
+    except SandboxError as exc:
+        fail(str(exc))
+    finally:
+        evaluator.close()
+
+    if as_json:
+        payload = {"result": result.model_dump(mode="json")}
+        if base is not None:
+            payload["baseline"] = base.model_dump(mode="json")
+            payload["speedup"] = _speedup(base, result)
+        print(json.dumps(payload, indent=2))
+    else:
+        from ksearch_ray.report import print_eval
+
+        print_eval(out, result, base, _speedup(base, result) if base else None)
+    raise typer.Exit(0 if result.passed else 1)
+
+
+def _speedup(base, result) -> float | None:  # type: ignore[no-untyped-def]
+    if base is None or base.score is None or result.score is None:
+        return None
+    return base.score / result.score
+
+
+def _resolve_candidate(candidate: str, task):  # type: ignore[no-untyped-def]
+    path = Path(candidate)
+    if path.exists():
+        return solution_from_file(path, task)
+    if candidate in task.solution_names():
+        return task.solution(candidate)
+    raise TaskError(f"no such file or solution of task {task.name}: {candidate}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -30,7 +30,6 @@ from ksearch_ray.world_model import (
     ActionNode,
     Difficulty,
     EvalSummary,
-    InvariantError,
     NodeStatus,
     Note,
     NoteKind,
@@ -207,22 +206,20 @@ def apply_ops(
     results = []
     for index, raw in enumerate(ops):
         name = _op_name(raw)
-        refs_before = dict(batch.refs)
         try:
             op = raw if isinstance(raw, BaseModel) else _EDIT_OP.validate_python(raw)
-            # Each op works on its own copy, so a rejection half-way through leaves nothing behind.
-            candidate = work.model_copy(deep=True)
-            created, removed = _apply_one(candidate, op, batch)
-            check_invariants(candidate)
-        except (ValidationError, OpRejected, InvariantError) as exc:
-            batch.refs = refs_before
+            # Handlers check everything before they change anything, so a rejected op leaves no trace.
+            created, removed = _apply_one(work, op, batch)
+        except (ValidationError, OpRejected) as exc:
             _bury_refs(raw, index, batch)
-            results.append(OpResult(index=index, op=name, ok=False, reason=_reason(exc)))
+            reason = _one_line(exc) if isinstance(exc, ValidationError) else str(exc)
+            results.append(OpResult(index=index, op=name, ok=False, reason=reason))
             continue
-        work = candidate
         results.append(OpResult(index=index, op=name, ok=True, created=created, removed=removed))
     if work != tree:
         work.version = batch.version
+    # Handlers keep the invariants by construction; a violation here is their bug, not the
+    # planner's, and must stop the run loudly rather than be reported as a rejected op.
     check_invariants(work, solution_exists)
     report = ApplyReport(results=results, refs=batch.refs, version_before=tree.version, version=work.version)
     return work, report
@@ -415,15 +412,6 @@ def _bury_refs(raw: object, index: int, batch: _Batch) -> None:
 def _op_name(raw: object) -> str:
     tag = raw.get("op") if isinstance(raw, Mapping) else getattr(raw, "op", None)
     return tag if isinstance(tag, str) and tag in _OP_NAMES else "?"
-
-
-def _reason(exc: ValidationError | OpRejected | InvariantError) -> str:
-    if isinstance(exc, ValidationError):
-        return _one_line(exc)
-    if isinstance(exc, InvariantError):
-        # Reaching this means an op handler has a bug; the planner still gets a readable line.
-        return f"would break the tree: {exc}"
-    return str(exc)
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -133,7 +133,7 @@ def test_rejected_op_does_not_stop_the_rest_of_the_batch(tree: Tree) -> None:
     )
     assert [r.ok for r in report.results] == [True, False, True]
     assert [n.title for n in t.nodes.values()][-2:] == ["first", "last"]
-    assert "difficulty" in report.results[1].reason
+    assert report.results[1].reason == "difficulty: Input should be less than or equal to 5 (got 9)"
 
 
 @pytest.mark.parametrize(
@@ -329,6 +329,10 @@ def test_attaching_to_the_root_sets_the_seed() -> None:
     )
     assert t.root.solution is not None and t.root.solution.solution_id == "sol-seed"
     assert t.nodes["n1"].notes[-1].text == "predicted 1.20x over parent, measured 1.20x"
+
+
+def test_without_a_seed_actions_under_the_root_are_measured_against_the_baseline(tree: Tree) -> None:
+    assert tree.nodes["n1"].notes[-1].text == "predicted 1.20x over parent, measured 1.20x"
 
 
 def test_prune_removes_an_open_subtree(tree: Tree) -> None:

@@ -36,21 +36,34 @@ class LLMConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    model: str = Field(description="Any litellm model string, e.g. 'openai/gpt-5' or 'hosted_vllm/Qwen/Qwen3-32B'.")
-    api_base: str | None = Field(default=None, description="Base URL of an OpenAI-compatible server (vLLM, SGLang, Ollama).")
+    model: str = Field(
+        description="Any litellm model string, e.g. 'openai/gpt-5' or 'hosted_vllm/Qwen/Qwen3-32B'."
+    )
+    api_base: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible server (vLLM, SGLang, Ollama)."
+    )
     api_key_env: str | None = Field(
         default=None,
         description="Name of the environment variable holding the key; None lets litellm use the provider's default variable.",
     )
-    temperature: float | None = Field(default=None, description="None sends nothing: reasoning models reject most values.")
+    temperature: float | None = Field(
+        default=None, description="None sends nothing: reasoning models reject most values."
+    )
     max_tokens: int | None = Field(default=None, gt=0, description="None leaves the limit to the server.")
     reasoning_effort: str | None = Field(
-        default=None, description="e.g. 'low' / 'medium' / 'high'; dropped by litellm where the model does not take it."
+        default=None,
+        description="e.g. 'low' / 'medium' / 'high'; dropped by litellm where the model does not take it.",
     )
     timeout_s: float = Field(default=600.0, gt=0, description="Per attempt, not per call.")
-    max_retries: int = Field(default=4, ge=0, description="Retries after the first attempt, for retryable errors only.")
-    backoff_base_s: float = Field(default=2.0, ge=0, description="First retry waits about this long, then doubling.")
-    backoff_max_s: float = Field(default=60.0, ge=0, description="Cap on one wait, including a server's Retry-After.")
+    max_retries: int = Field(
+        default=4, ge=0, description="Retries after the first attempt, for retryable errors only."
+    )
+    backoff_base_s: float = Field(
+        default=2.0, ge=0, description="First retry waits about this long, then doubling."
+    )
+    backoff_max_s: float = Field(
+        default=60.0, ge=0, description="Cap on one wait, including a server's Retry-After."
+    )
     max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once from one client.")
 
     def reply_parameters(self) -> dict[str, Any]:
@@ -70,18 +83,28 @@ class LLMCall(BaseModel):
     model: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = Field(default=0.0, description="What this call cost; 0 on a cache hit or for an unpriced model.")
-    cost_known: bool = Field(default=False, description="False when litellm has no price for the model (local servers).")
+    cost_usd: float = Field(
+        default=0.0, description="What this call cost; 0 on a cache hit or for an unpriced model."
+    )
+    cost_known: bool = Field(
+        default=False, description="False when litellm has no price for the model (local servers)."
+    )
     original_cost_usd: float | None = Field(
         default=None, description="On a cache hit, what the recorded call cost when it was made."
     )
     latency_s: float = 0.0
     cached: bool = Field(default=False, description="Served from the response cache; no request was sent.")
-    attempts: int = Field(default=0, description="HTTP requests sent for this call; attempts - 1 were retries.")
+    attempts: int = Field(
+        default=0, description="HTTP requests sent for this call; attempts - 1 were retries."
+    )
     error: str | None = Field(default=None, description="None on success, else one line: '<kind>: <reason>'.")
-    finish_reason: str | None = Field(default=None, description="'length' means the reply was cut off by max_tokens.")
+    finish_reason: str | None = Field(
+        default=None, description="'length' means the reply was cut off by max_tokens."
+    )
     request_hash: str = Field(description="sha256 of model, messages and reply parameters; the cache key.")
-    sample: int = Field(default=0, description="Occurrence of this request_hash in the client's lifetime (cache slot).")
+    sample: int = Field(
+        default=0, description="Occurrence of this request_hash in the client's lifetime (cache slot)."
+    )
     started_at: float = Field(default_factory=time.time, description="Unix time the call began.")
 
 
@@ -101,12 +124,15 @@ class LLMError(Exception):
         retryable: bool,
         status_code: int | None = None,
         retry_after_s: float | None = None,
+        sent_request: bool = True,
     ) -> None:
         self.kind = kind
         self.message = " ".join(message.split())[:300]  # one line, bounded: it lands in logs and records
         self.retryable = retryable
         self.status_code = status_code
         self.retry_after_s = retry_after_s
+        self.sent_request = sent_request  # False for checks that fail before anything goes out
+        self.attempts = 0  # requests sent for the whole call, set by the retry loop
         self.call: LLMCall | None = None
         super().__init__(f"{kind}: {self.message}")
 
@@ -117,7 +143,10 @@ class LLMClient(Protocol):
 
 def request_hash(parameters: dict[str, Any], messages: list[Message]) -> str:
     canonical = json.dumps(
-        {"parameters": parameters, "messages": messages}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        {"parameters": parameters, "messages": messages},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -179,9 +208,13 @@ def classify_error(exc: BaseException) -> LLMError:
 
     http_status = next((e.response.status_code for e in chain if isinstance(e, httpx.HTTPStatusError)), None)
     if http_status == 429:
-        return LLMError("rate_limit", top, retryable=True, status_code=429, retry_after_s=_retry_after_s(chain))
+        return LLMError(
+            "rate_limit", top, retryable=True, status_code=429, retry_after_s=_retry_after_s(chain)
+        )
     if http_status is not None and (http_status in (408, 409) or http_status >= 500):
-        return LLMError("server", top, retryable=True, status_code=http_status, retry_after_s=_retry_after_s(chain))
+        return LLMError(
+            "server", top, retryable=True, status_code=http_status, retry_after_s=_retry_after_s(chain)
+        )
     if http_status in (401, 403):
         return LLMError("auth", top, retryable=False, status_code=http_status)
     if http_status is not None:
@@ -369,50 +402,49 @@ class LiteLLMClient:
     async def complete(self, kind: str, messages: list[Message]) -> LLMReply:
         key = request_hash(self.config.reply_parameters(), messages)
         sample = self.cache.claim(key) if self.cache else 0
-        started_at, started = time.time(), time.monotonic()
-        record = {"kind": kind, "model": self.config.model, "request_hash": key, "sample": sample, "started_at": started_at}
+        started = time.monotonic()
+        base = LLMCall(kind=kind, model=self.config.model, request_hash=key, sample=sample)
 
         if self.cache and (hit := self.cache.get(key, sample)):
-            call = LLMCall(
-                **record,
-                prompt_tokens=hit.prompt_tokens,
-                completion_tokens=hit.completion_tokens,
-                cost_usd=0.0,
-                cost_known=hit.cost_known,
-                original_cost_usd=hit.cost_usd,
-                finish_reason=hit.finish_reason,
-                cached=True,
-                latency_s=time.monotonic() - started,
+            call = base.model_copy(
+                update={
+                    "prompt_tokens": hit.prompt_tokens,
+                    "completion_tokens": hit.completion_tokens,
+                    "cost_known": hit.cost_known,
+                    "original_cost_usd": hit.cost_usd,
+                    "finish_reason": hit.finish_reason,
+                    "cached": True,
+                    "latency_s": time.monotonic() - started,
+                }
             )
             self._record(call)
             return LLMReply(text=hit.text, call=call)
 
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                response = await self._attempt(messages)
-                break
-            except LLMError as error:
-                if not error.retryable or attempts > self.config.max_retries:
-                    error.call = LLMCall(**record, attempts=attempts, error=str(error), latency_s=time.monotonic() - started)
-                    self._record(error.call)
-                    raise
-                delay = self._backoff_s(attempts, error.retry_after_s)
-                log.warning("%s attempt %d/%d failed (%s); retrying in %.2fs", kind, attempts, self.config.max_retries + 1, error, delay)
-                await asyncio.sleep(delay)
+        try:
+            response, attempts = await self._attempt_with_retries(kind, messages)
+        except LLMError as error:
+            error.call = base.model_copy(
+                update={
+                    "attempts": error.attempts,
+                    "error": str(error),
+                    "latency_s": time.monotonic() - started,
+                }
+            )
+            self._record(error.call)
+            raise
 
         text, finish_reason, prompt_tokens, completion_tokens = _unpack(response)
         cost_usd, cost_known = self._cost(response)
-        call = LLMCall(
-            **record,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            cost_usd=cost_usd,
-            cost_known=cost_known,
-            finish_reason=finish_reason,
-            attempts=attempts,
-            latency_s=time.monotonic() - started,
+        call = base.model_copy(
+            update={
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "cost_usd": cost_usd,
+                "cost_known": cost_known,
+                "finish_reason": finish_reason,
+                "attempts": attempts,
+                "latency_s": time.monotonic() - started,
+            }
         )
         if self.cache:
             self.cache.put(
@@ -430,6 +462,28 @@ class LiteLLMClient:
             )
         self._record(call)
         return LLMReply(text=text, call=call)
+
+    async def _attempt_with_retries(self, kind: str, messages: list[Message]) -> tuple[Any, int]:
+        """(response, requests sent); the final LLMError carries the number of requests in `attempts`."""
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return await self._attempt(messages), attempts
+            except LLMError as error:
+                error.attempts = attempts if error.sent_request else attempts - 1
+                if not error.retryable or attempts > self.config.max_retries:
+                    raise
+                delay = self._backoff_s(attempts, error.retry_after_s)
+                log.warning(
+                    "%s attempt %d/%d failed (%s); retrying in %.2fs",
+                    kind,
+                    attempts,
+                    self.config.max_retries + 1,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
     def _record(self, call: LLMCall) -> None:
         if self.ledger is not None:
@@ -455,13 +509,23 @@ class LiteLLMClient:
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
             if not key:
-                raise LLMError("auth", f"environment variable {cfg.api_key_env} (api_key_env) is not set", retryable=False)
+                raise LLMError(
+                    "auth",
+                    f"environment variable {cfg.api_key_env} (api_key_env) is not set",
+                    retryable=False,
+                    sent_request=False,
+                )
             return key
         # litellm would otherwise report a missing key as a retryable-looking 500.
-        missing = litellm.validate_environment(model=cfg.model, api_base=cfg.api_base).get("missing_keys") or []
+        missing = (
+            litellm.validate_environment(model=cfg.model, api_base=cfg.api_base).get("missing_keys") or []
+        )
         if missing:
             raise LLMError(
-                "auth", f"no credentials for {cfg.model}: set {', '.join(missing)} or config.api_key_env", retryable=False
+                "auth",
+                f"no credentials for {cfg.model}: set {', '.join(missing)} or config.api_key_env",
+                retryable=False,
+                sent_request=False,
             )
         return None
 

@@ -31,7 +31,8 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^
 _NAME = r"`?(?P<name>[\w./+-]+\.\w+)`?"
 # Marker lines before a block: "### file: a.cu", "// file: a.cu", "**File:** `a.cu`", "### `a.cu`".
 _MARKER_LABELLED = re.compile(
-    rf"^\s*(?:#{{1,6}}|//|\*\*)?\s*file(?:name)?\s*:\s*(?:\*\*)?\s*{_NAME}\s*(?:\*\*)?\s*:?\s*$", re.IGNORECASE
+    rf"^\s*(?:#{{1,6}}|//|\*\*)?\s*file(?:name)?\s*:\s*(?:\*\*)?\s*{_NAME}\s*(?:\*\*)?\s*:?\s*$",
+    re.IGNORECASE,
 )
 # A bare name counts only in a header or bold line, not inside a prose sentence.
 _MARKER_HEADER = re.compile(rf"^\s*(?:#{{1,6}}|\*\*)\s*{_NAME}\s*(?:\*\*)?\s*:?\s*$")
@@ -88,7 +89,12 @@ def _scan(text: str) -> list[_Block]:
         i += 1
         while i < len(lines):
             closing = _FENCE.match(lines[i])
-            if closing and closing["fence"][0] == fence[0] and len(closing["fence"]) >= len(fence) and not closing["info"]:
+            if (
+                closing
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+                and not closing["info"]
+            ):
                 closed = True
                 break
             body.append(lines[i].removeprefix(indent))
@@ -101,7 +107,11 @@ def _scan(text: str) -> list[_Block]:
         source = "\n".join(body).strip("\n")
         if not closed and not source.strip():
             break  # a stray fence at the very end, not a truncated answer
-        blocks.append(_Block(language=language, source=source + "\n" if source else "", name=name, closed=closed, tag=tag))
+        blocks.append(
+            _Block(
+                language=language, source=source + "\n" if source else "", name=name, closed=closed, tag=tag
+            )
+        )
     return blocks
 
 
@@ -185,7 +195,9 @@ def extract_ops(text: str) -> list[dict[str, Any]]:
         return _as_ops(value)
     value = _last_bare_json(text)
     if value is None:
-        raise ParseError(f"no ```json block and no JSON array of ops in the reply ({_describe(text, blocks)})")
+        raise ParseError(
+            f"no ```json block and no JSON array of ops in the reply ({_describe(text, blocks)})"
+        )
     return _as_ops(value)
 
 
@@ -200,12 +212,12 @@ def _last_bare_json(text: str) -> Any:
         except json.JSONDecodeError:
             position = match.start() + 1
             continue
-        if isinstance(value, dict) and "ops" in value or (
+        looks_like_ops = (isinstance(value, dict) and "ops" in value) or (
             isinstance(value, list) and all(isinstance(item, dict) for item in value)
-        ):
-            # An empty list is a valid "no edits", but a non-empty one elsewhere outranks it.
-            if value or found is None:
-                found = value
+        )
+        # An empty list is a valid "no edits", but a non-empty one elsewhere outranks it.
+        if looks_like_ops and (value or found is None):
+            found = value
         position = end
     return found
 
@@ -220,5 +232,7 @@ def _as_ops(value: Any) -> list[dict[str, Any]]:
         raise ParseError(f'expected a JSON array of ops (or {{"ops": [...]}}), got {kind}')
     for index, item in enumerate(value):
         if not isinstance(item, dict) or not isinstance(item.get("op"), str):
-            raise ParseError(f'op #{index} is not an object with a string "op" field: {json.dumps(item)[:80]}')
+            raise ParseError(
+                f'op #{index} is not an object with a string "op" field: {json.dumps(item)[:80]}'
+            )
     return value

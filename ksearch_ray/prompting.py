@@ -32,7 +32,11 @@ CALL_KINDS = (
 )
 _ROLE_MARKER = re.compile(r"^<!--\s*(system|user|assistant)\s*-->[ \t]*$", re.MULTILINE)
 # Which code-format fragment a task language gets: Triton kernels are Python modules.
-_CODE_FORMAT_FRAGMENT = {"python": "code_format_python", "triton": "code_format_python", "cuda": "code_format_cuda"}
+_CODE_FORMAT_FRAGMENT = {
+    "python": "code_format_python",
+    "triton": "code_format_python",
+    "cuda": "code_format_cuda",
+}
 
 
 class PromptError(ValueError):
@@ -54,7 +58,9 @@ def load_template(name: str, prompts_dir: Path | str | None = None) -> tuple[str
     packaged = importlib.resources.files("ksearch_ray") / "prompts" / filename
     if not packaged.is_file():
         known = ", ".join(CALL_KINDS)
-        raise PromptError(f"no prompt template {filename!r} (packaged kinds: {known}; override dir: {override})")
+        raise PromptError(
+            f"no prompt template {filename!r} (packaged kinds: {known}; override dir: {override})"
+        )
     return packaged.read_text(encoding="utf-8"), f"ksearch_ray/prompts/{filename}"
 
 
@@ -69,7 +75,9 @@ def _split_roles(text: str) -> list[tuple[str, str]]:
     return parts
 
 
-def _fragments_for(identifiers: set[str], fields: dict[str, Any], prompts_dir: Path | str | None) -> dict[str, str]:
+def _fragments_for(
+    identifiers: set[str], fields: dict[str, Any], prompts_dir: Path | str | None
+) -> dict[str, str]:
     fragments: dict[str, str] = {}
     if "ops_format" in identifiers and "ops_format" not in fields:
         fragments["ops_format"] = load_template("_ops_format", prompts_dir)[0].strip()
@@ -99,11 +107,21 @@ def render(kind: str, /, *, prompts_dir: Path | str | None = None, **fields: Any
     values = {**_fragments_for(identifiers, fields, prompts_dir), **fields}
     missing = sorted(identifiers - values.keys())
     if missing:
-        raise PromptError(f"{source} needs field(s) {', '.join(missing)}; got {', '.join(sorted(fields)) or 'none'}")
+        raise PromptError(
+            f"{source} needs field(s) {', '.join(missing)}; got {', '.join(sorted(fields)) or 'none'}"
+        )
     return [{"role": role, "content": template.substitute(values).strip() + "\n"} for role, template in roles]
 
 
-_FENCE_TAGS = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": "cpp"}
+_FENCE_TAGS = {
+    ".py": "python",
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".cpp": "cpp",
+    ".cc": "cpp",
+    ".h": "cpp",
+    ".hpp": "cpp",
+}
 
 
 def format_sources(sources: dict[str, str]) -> str:

@@ -88,7 +88,13 @@ class FakeLLMServer:
         self.requests: list[RecordedRequest] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-llm-server", daemon=True)
+        # A short poll interval: shutdown() waits up to one interval, and tests stop many servers.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name="fake-llm-server",
+            daemon=True,
+        )
 
     @property
     def port(self) -> int:

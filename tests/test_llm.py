@@ -1,0 +1,506 @@
+"""The LLM layer through litellm's real HTTP client, against a scripted server on loopback.
+
+Also covers reply parsing and prompt rendering, which need no server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
+
+from ksearch_ray.llm import Ledger, LiteLLMClient, LLMCall, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.parsing import ParseError, extract_code, extract_ops
+from ksearch_ray.prompting import CALL_KINDS, PromptError, format_sources, render
+
+MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
+KEY_ENV = "KSEARCH_TEST_LLM_KEY"
+
+
+@pytest.fixture(autouse=True)
+def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-test-dummy")
+
+
+def config_for(server: FakeLLMServer | str, **overrides: Any) -> LLMConfig:
+    api_base = server if isinstance(server, str) else server.api_base
+    settings: dict[str, Any] = {
+        "model": "openai/fake-model",
+        "api_base": api_base,
+        "api_key_env": KEY_ENV,
+        "timeout_s": 5.0,
+        "max_retries": 3,
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 0.05,
+    }
+    return LLMConfig(**(settings | overrides))
+
+
+def complete(client: LiteLLMClient, messages: list[dict[str, Any]] = MESSAGES, kind: str = "test"):
+    return asyncio.run(client.complete(kind, messages))
+
+
+def complete_error(client: LiteLLMClient, messages: list[dict[str, Any]] = MESSAGES) -> LLMError:
+    with pytest.raises(LLMError) as caught:
+        complete(client, messages)
+    return caught.value
+
+
+# --- replies and retries ---------------------------------------------------------------------
+
+
+def test_normal_reply_records_text_and_usage_tokens() -> None:
+    with FakeLLMServer([Completion("hello kernel", prompt_tokens=11, completion_tokens=7)]) as server:
+        reply = complete(LiteLLMClient(config_for(server)), kind="generate_from_spec")
+
+    assert reply.text == "hello kernel"
+    call = reply.call
+    assert (call.kind, call.model) == ("generate_from_spec", "openai/fake-model")
+    assert (call.prompt_tokens, call.completion_tokens) == (11, 7)
+    assert (call.attempts, call.cached, call.error, call.finish_reason) == (1, False, None, "stop")
+    assert (call.cost_usd, call.cost_known) == (0.0, False)  # no price for an unknown model
+    assert len(call.request_hash) == 64
+    [request] = server.chat_requests
+    assert request.body["model"] == "fake-model"
+    assert request.body["messages"] == MESSAGES
+    assert request.headers["authorization"] == "Bearer sk-test-dummy"
+
+
+def test_known_model_is_priced_from_the_local_cost_map() -> None:
+    with FakeLLMServer([Completion("x", prompt_tokens=1000, completion_tokens=1000)]) as server:
+        reply = complete(LiteLLMClient(config_for(server, model="openai/gpt-4o")))
+    assert reply.call.cost_known and reply.call.cost_usd > 0
+
+
+def test_rate_limit_then_success_is_retried_with_backoff() -> None:
+    with FakeLLMServer([RateLimited(retry_after_s=0), Completion("ok")]) as server:
+        started = time.monotonic()
+        reply = complete(LiteLLMClient(config_for(server, backoff_base_s=0.1, backoff_max_s=1.0)))
+        elapsed = time.monotonic() - started
+
+    assert reply.text == "ok"
+    assert reply.call.attempts == 2 == len(server.chat_requests)
+    assert elapsed >= 0.05  # the jittered first wait is at least half of backoff_base_s
+
+
+def test_retry_after_header_is_honoured_up_to_the_backoff_cap() -> None:
+    with FakeLLMServer([RateLimited(retry_after_s=0.3), Completion("ok")]) as server:
+        reply = complete(LiteLLMClient(config_for(server, backoff_base_s=0.01, backoff_max_s=1.0)))
+    first, second = server.chat_requests
+    assert reply.call.attempts == 2
+    assert second.received_at - first.received_at >= 0.28
+
+
+def test_two_server_errors_then_success_takes_three_attempts() -> None:
+    with FakeLLMServer([HTTPError(500), HTTPError(503), Completion("third time")]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "third time"
+    assert reply.call.attempts == 3 == len(server.chat_requests)
+
+
+def test_persistent_server_error_gives_up_after_max_retries(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "calls.jsonl")
+    with FakeLLMServer(always(HTTPError(500, "overloaded"))) as server:
+        error = complete_error(LiteLLMClient(config_for(server, max_retries=2), ledger=ledger))
+
+    assert error.retryable and error.kind == "server" and error.status_code == 500
+    assert len(server.chat_requests) == 3  # one try + max_retries
+    assert error.call is not None and error.call.attempts == 3
+    assert (
+        error.call.error is not None
+        and error.call.error.startswith("server:")
+        and "\n" not in error.call.error
+    )
+    assert ledger.totals.failed_calls == 1 and ledger.totals.attempts == 3
+
+
+def test_unauthorized_is_not_retried() -> None:
+    with FakeLLMServer(always(HTTPError(401, "invalid api key"))) as server:
+        error = complete_error(LiteLLMClient(config_for(server)))
+    assert not error.retryable and error.kind == "auth" and error.status_code == 401
+    assert len(server.chat_requests) == 1
+
+
+def test_bad_request_is_not_retried() -> None:
+    with FakeLLMServer(always(HTTPError(400, "context too long"))) as server:
+        error = complete_error(LiteLLMClient(config_for(server)))
+    assert not error.retryable and error.kind == "bad_request"
+    assert len(server.chat_requests) == 1
+
+
+def test_slow_reply_times_out_after_the_timeout_not_the_sleep() -> None:
+    with FakeLLMServer([Completion("too late", delay_s=10)]) as server:
+        client = LiteLLMClient(config_for(server, timeout_s=0.5, max_retries=0))
+        started = time.monotonic()
+        error = complete_error(client)
+        elapsed = time.monotonic() - started
+
+    assert error.kind == "timeout" and error.retryable
+    assert 0.45 <= elapsed < 2.0
+    assert error.call is not None and error.call.attempts == 1
+
+
+def test_malformed_body_is_retried() -> None:
+    with FakeLLMServer([Malformed(), Completion("fine")]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "fine" and reply.call.attempts == 2
+
+
+def test_refused_connection_is_retryable() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    error = complete_error(LiteLLMClient(config_for(f"http://127.0.0.1:{port}/v1", max_retries=1)))
+    assert error.kind == "connection" and error.retryable
+    assert error.call is not None and error.call.attempts == 2
+
+
+def test_unset_key_variable_fails_before_any_request() -> None:
+    with FakeLLMServer([Completion("never")]) as server:
+        error = complete_error(LiteLLMClient(config_for(server, api_key_env="KSEARCH_TEST_UNSET_VARIABLE")))
+    assert error.kind == "auth" and not error.retryable and "KSEARCH_TEST_UNSET_VARIABLE" in error.message
+    assert server.chat_requests == [] and error.call is not None and error.call.attempts == 0
+
+
+def test_missing_provider_key_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    # litellm itself would report this as InternalServerError(500), which looks retryable.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLMServer([Completion("never")]) as server:
+        error = complete_error(LiteLLMClient(config_for(server, api_key_env=None)))
+    assert error.kind == "auth" and not error.retryable and "OPENAI_API_KEY" in error.message
+    assert server.chat_requests == []
+
+
+def test_local_server_provider_needs_no_key() -> None:
+    with FakeLLMServer([Completion("local")]) as server:
+        reply = complete(
+            LiteLLMClient(config_for(server, model="hosted_vllm/Qwen/Qwen3-8B", api_key_env=None))
+        )
+    assert reply.text == "local" and not reply.call.cost_known
+
+
+def test_reasoning_effort_is_sent_only_to_models_that_take_it() -> None:
+    with FakeLLMServer(always(Completion("ok"))) as server:
+        complete(LiteLLMClient(config_for(server, model="openai/gpt-4o", reasoning_effort="high")))
+        complete(
+            LiteLLMClient(config_for(server, model="hosted_vllm/Qwen/Qwen3-8B", reasoning_effort="high"))
+        )
+    gpt4o, vllm = (request.body for request in server.chat_requests)
+    assert "reasoning_effort" not in gpt4o
+    assert vllm["reasoning_effort"] == "high"
+
+
+def test_concurrency_is_bounded_by_the_semaphore() -> None:
+    async def five_at_once(client: LiteLLMClient) -> None:
+        await asyncio.gather(*(client.complete("test", MESSAGES) for _ in range(5)))
+
+    with FakeLLMServer(always(Completion("ok", delay_s=0.2))) as server:
+        started = time.monotonic()
+        asyncio.run(five_at_once(LiteLLMClient(config_for(server, max_concurrency=2))))
+        elapsed = time.monotonic() - started
+    assert len(server.chat_requests) == 5
+    assert elapsed >= 0.55  # three waves of 0.2 s, not one
+
+
+def test_fake_server_lists_models_and_serves_chat_without_the_v1_prefix() -> None:
+    with FakeLLMServer([Completion("no prefix")]) as server:
+        with urllib.request.urlopen(f"{server.api_base}/models", timeout=5) as response:
+            assert json.load(response)["data"][0]["id"] == "fake-model"
+        reply = complete(LiteLLMClient(config_for(f"http://127.0.0.1:{server.port}")))
+    assert reply.text == "no prefix"
+    assert [r.path for r in server.requests] == ["/v1/models", "/chat/completions"]
+
+
+# --- response cache --------------------------------------------------------------------------
+
+
+def test_cache_hit_makes_no_request_and_replays_identical_text(tmp_path: Path) -> None:
+    with FakeLLMServer([Completion("the kernel", prompt_tokens=500, completion_tokens=800)]) as server:
+        config = config_for(server, model="openai/gpt-4o")
+        first = complete(LiteLLMClient(config, cache=ResponseCache(tmp_path / "cache")))
+        assert len(server.chat_requests) == 1
+
+        # A fresh client, as in a replayed run: same directory, new process state.
+        ledger = Ledger(tmp_path / "calls.jsonl")
+        replay = complete(LiteLLMClient(config, cache=ResponseCache(tmp_path / "cache"), ledger=ledger))
+        assert len(server.chat_requests) == 1
+
+    assert replay.text == first.text == "the kernel"
+    assert replay.call.cached and replay.call.attempts == 0
+    assert replay.call.cost_usd == 0.0 and replay.call.original_cost_usd == first.call.cost_usd > 0
+    assert (replay.call.prompt_tokens, replay.call.completion_tokens) == (500, 800)
+    assert replay.call.request_hash == first.call.request_hash
+    assert ledger.totals.cached_calls == 1 and ledger.totals.cost_usd == 0.0
+
+
+def test_repeating_a_request_draws_a_new_sample_and_replays_in_order(tmp_path: Path) -> None:
+    with FakeLLMServer([Completion("sample A"), Completion("sample B")]) as server:
+        client = LiteLLMClient(config_for(server), cache=ResponseCache(tmp_path))
+        texts = [complete(client).text, complete(client).text]
+        replayer = LiteLLMClient(config_for(server), cache=ResponseCache(tmp_path))
+        replayed = [complete(replayer), complete(replayer)]
+        assert len(server.chat_requests) == 2
+
+    assert texts == ["sample A", "sample B"]
+    assert [r.text for r in replayed] == texts
+    assert [r.call.sample for r in replayed] == [0, 1]
+
+
+def test_cache_key_includes_parameters_that_change_the_reply(tmp_path: Path) -> None:
+    with FakeLLMServer(always(Completion("ok"))) as server:
+        complete(LiteLLMClient(config_for(server, temperature=0.2), cache=ResponseCache(tmp_path)))
+        complete(LiteLLMClient(config_for(server, temperature=0.9), cache=ResponseCache(tmp_path)))
+        # Timeouts and retry settings do not change the reply, so they share an entry.
+        complete(
+            LiteLLMClient(config_for(server, temperature=0.2, timeout_s=9), cache=ResponseCache(tmp_path))
+        )
+    assert len(server.chat_requests) == 2
+
+
+def test_failed_calls_are_not_cached(tmp_path: Path) -> None:
+    with FakeLLMServer([HTTPError(400), Completion("ok")]) as server:
+        complete_error(LiteLLMClient(config_for(server), cache=ResponseCache(tmp_path)))
+        reply = complete(LiteLLMClient(config_for(server), cache=ResponseCache(tmp_path)))
+    assert reply.text == "ok" and not reply.call.cached
+
+
+# --- ledger ------------------------------------------------------------------------------------
+
+
+def test_ledger_totals_add_up_across_calls_and_reload_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "llm_calls.jsonl"
+    ledger = Ledger(path)
+    script = [Completion("a", 100, 10), Completion("b", 200, 20), HTTPError(401)]
+    with FakeLLMServer(script) as server:
+        client = LiteLLMClient(config_for(server), ledger=ledger)
+        complete(client, kind="initialize_tree")
+        complete(client, [{"role": "user", "content": "another"}], kind="generate_from_spec")
+        complete_error(client, [{"role": "user", "content": "third"}])
+
+    totals = ledger.totals
+    assert (totals.calls, totals.failed_calls, totals.attempts) == (3, 1, 3)
+    assert (totals.prompt_tokens, totals.completion_tokens) == (300, 30)
+    lines = path.read_text().splitlines()
+    assert [LLMCall.model_validate_json(line).kind for line in lines] == [
+        "initialize_tree",
+        "generate_from_spec",
+        "test",
+    ]
+    assert Ledger.load(path).totals == totals
+
+
+def test_ledger_drops_a_torn_last_line_and_keeps_appending(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    ledger = Ledger(path)
+    ledger.record(LLMCall(kind="k", model="m", prompt_tokens=5, request_hash="h"))
+    with open(path, "a") as f:
+        f.write('{"kind": "k", "model": "m", "prompt_to')  # a kill in the middle of an append
+
+    reloaded = Ledger.load(path)
+    assert reloaded.totals.calls == 1
+    reloaded.record(LLMCall(kind="k", model="m", prompt_tokens=7, request_hash="h"))
+    assert Ledger.load(path).totals.prompt_tokens == 12
+
+
+def test_budget_is_exceeded_once_recorded_cost_reaches_the_limit(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "calls.jsonl", max_cost_usd=0.01)
+    assert not ledger.over_budget()
+    with FakeLLMServer(always(Completion("x", prompt_tokens=1000, completion_tokens=1000))) as server:
+        client = LiteLLMClient(config_for(server, model="openai/gpt-4o"), ledger=ledger)
+        complete(client)
+        assert ledger.totals.cost_usd > 0
+        while not ledger.over_budget():
+            complete(client, [{"role": "user", "content": f"call {ledger.totals.calls}"}])
+    assert ledger.totals.cost_usd >= 0.01
+    assert Ledger.load(tmp_path / "calls.jsonl", max_cost_usd=0.01).over_budget()
+    assert not Ledger(tmp_path / "other.jsonl").over_budget()  # no limit, no budget
+
+
+# --- parsing code ------------------------------------------------------------------------------
+
+
+def test_extract_code_takes_the_python_block_after_prose_with_crlf() -> None:
+    reply = "Here is my plan.\r\nIt tiles the loop.\r\n\r\n```python\r\nimport torch\r\n\r\ndef run(x):\r\n    return x\r\n```\r\nDone."
+    assert extract_code(reply, "python") == {"kernel.py": "import torch\n\ndef run(x):\n    return x\n"}
+
+
+def test_extract_code_accepts_an_untagged_block_and_a_default_name() -> None:
+    reply = "Sure:\n```\nimport triton\n```\n"
+    assert extract_code(reply, "triton", default_name="solution.py") == {"solution.py": "import triton\n"}
+
+
+def test_extract_code_skips_a_trailing_usage_snippet_but_prefers_a_revision() -> None:
+    module = "import torch\n" + "x = 1\n" * 20
+    revised = "import torch\n" + "y = 2\n" * 18
+    reply = f"```python\n{module}```\nBetter:\n```python\n{revised}```\nUsage:\n```python\nrun(x)\n```\n"
+    assert extract_code(reply, "python") == {"kernel.py": revised}
+
+
+def test_extract_code_reads_multi_file_cuda_with_several_marker_styles() -> None:
+    reply = (
+        "Two files.\n\n### file: kernel.cu\n```cuda\n__global__ void k() {}\n```\n\n"
+        "// file: binding.cpp\n```cpp\n#include <torch/extension.h>\n```\n\n"
+        "```cuda\n// file: util.cuh\n#pragma once\n```\n"
+        "```cu helpers.cu\nint h;\n```\n"
+    )
+    files = extract_code(reply, "cuda")
+    assert files == {
+        "kernel.cu": "__global__ void k() {}\n",
+        "binding.cpp": "#include <torch/extension.h>\n",
+        "util.cuh": "// file: util.cuh\n#pragma once\n",
+        "helpers.cu": "int h;\n",
+    }
+
+
+def test_extract_code_round_trips_format_sources() -> None:
+    sources = {"kernel.cu": 'const char* s = "```";\n', "main.cpp": "int main() {}\n"}
+    assert extract_code(format_sources(sources), "cuda") == sources
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (
+            "I think tiling would help here, but I am not sure.",
+            "no ```python block in the reply (got 50 chars of prose)",
+        ),
+        ("```json\n[]\n```", "no ```python block in the reply (got 14 chars with 1 fenced block(s): json)"),
+        ("```python\nimport torch\ndef run(x):\n", "unclosed"),
+        ("### file: ../evil.py\n```python\nimport os\n```", "not a flat relative name"),
+        ("```python\n\n```", "no ```python block"),
+    ],
+)
+def test_extract_code_refuses_unusable_replies_with_a_one_line_reason(reply: str, reason: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        extract_code(reply, "python")
+    assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+# --- parsing ops -------------------------------------------------------------------------------
+
+INSERT = {
+    "op": "insert",
+    "parent": "root",
+    "title": "Tile",
+    "difficulty": 2,
+    "score": 0.5,
+    "expected_speedup": 1.2,
+}
+
+
+def test_extract_ops_reads_the_last_json_block() -> None:
+    reply = f"Draft:\n```json\n[]\n```\nFinal:\n```json\n{json.dumps([INSERT])}\n```\n"
+    assert extract_ops(reply) == [INSERT]
+
+
+def test_extract_ops_accepts_a_bare_array_and_an_ops_object() -> None:
+    assert extract_ops(f"My edits: {json.dumps([INSERT])} -- that is all [1].") == [INSERT]
+    assert extract_ops("```json\n" + json.dumps({"ops": [INSERT]}) + "\n```") == [INSERT]
+    assert extract_ops("No change needed: []") == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (
+            '```json\n[{"op": "insert",}]\n```',
+            "not valid JSON: Expecting property name enclosed in double quotes at line 1",
+        ),
+        ('```json\n[{"parent": "root"}]\n```', 'op #0 is not an object with a string "op" field'),
+        ('```json\n{"edits": []}\n```', "expected a JSON array of ops"),
+        ("I would add tiling.", "no ```json block and no JSON array of ops"),
+        ('```json\n[{"op": "insert", "parent": "ro', "unclosed"),
+    ],
+)
+def test_extract_ops_refuses_unusable_replies_with_a_one_line_reason(reply: str, reason: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        extract_ops(reply)
+    assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+# --- prompts -----------------------------------------------------------------------------------
+
+ALL_FIELDS = {
+    "task": "TASK-SPEC",
+    "hardware": "H200",
+    "language": "triton",
+    "seed": "none",
+    "max_actions": 4,
+    "tree": "TREE-VIEW",
+    "node": "NODE-VIEW",
+    "outcome": "predicted 1.3x, measured 1.1x",
+    "code": format_sources({"kernel.py": "import triton\n"}),
+    "attempts": "attempt 1: COMPILE_ERROR",
+    "action": "Tile the loop",
+    "interface": "custom_kernel(data) in kernel.py",
+    "base_code": format_sources({"kernel.py": "import torch\n"}),
+    "base_result": "1.0 ms",
+    "status": "INCORRECT_NUMERICAL",
+    "log": "max abs error 0.3",
+    "result": "0.8 ms",
+    "history": "attempt 1: PASSED 1.1x",
+}
+PLANNER_KINDS = {"initialize_tree", "propose_actions", "refine", "too_hard"}
+
+
+@pytest.mark.parametrize("kind", CALL_KINDS)
+def test_every_call_kind_renders_and_states_its_output_format(kind: str) -> None:
+    messages = render(kind, **ALL_FIELDS)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    text = "\n".join(m["content"] for m in messages)
+    assert "TASK-SPEC" in text
+    placeholders = "|".join([*ALL_FIELDS, "ops_format", "code_format"])
+    assert not re.search(rf"\$(?:{placeholders})\b", text)
+    assert "<!--" not in text  # the template's documentation header is not sent
+    if kind in PLANNER_KINDS:
+        assert "```json" in text and '"op": "insert"' in text
+    else:
+        assert "```python" in text
+
+
+def test_cuda_prompts_ask_for_file_headers() -> None:
+    text = render("generate_from_spec", **(ALL_FIELDS | {"language": "cuda"}))[1]["content"]
+    assert "### file: kernel.cu" in text
+
+
+def test_the_ops_example_in_the_prompt_parses() -> None:
+    user = render("too_hard", **ALL_FIELDS)[1]["content"]
+    ops = extract_ops(user)
+    assert [op["op"] for op in ops] == ["insert", "insert"] and ops[1]["parent"] == "$tiles"
+
+
+def test_missing_field_names_the_field() -> None:
+    fields = {k: v for k, v in ALL_FIELDS.items() if k != "interface"}
+    with pytest.raises(PromptError, match=r"debug\.md needs field\(s\) interface"):
+        render("debug", **fields)
+
+
+def test_unknown_kind_is_a_prompt_error() -> None:
+    with pytest.raises(PromptError, match="no prompt template 'nonsense.md'"):
+        render("nonsense", **ALL_FIELDS)
+
+
+def test_override_directory_wins_for_same_named_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "debug.md").write_text(
+        "<!-- system -->\nCustom system.\n<!-- user -->\nFix $action; it costs $$5.\n$code_format\n"
+    )
+    (tmp_path / "_code_format_python.md").write_text("ONE PYTHON BLOCK PLEASE")
+    messages = render("debug", prompts_dir=tmp_path, **ALL_FIELDS)
+    assert messages == [
+        {"role": "system", "content": "Custom system.\n"},
+        {"role": "user", "content": "Fix Tile the loop; it costs $5.\nONE PYTHON BLOCK PLEASE\n"},
+    ]
+    # Through the environment variable, and only for the files the directory has.
+    monkeypatch.setenv("KSEARCH_PROMPTS_DIR", str(tmp_path))
+    assert render("debug", **ALL_FIELDS)[0]["content"] == "Custom system.\n"
+    assert "planner" in render("refine", **ALL_FIELDS)[0]["content"]

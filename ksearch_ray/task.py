@@ -4,7 +4,8 @@ Layout of a bundle (see docs/architecture.md, "Task bundles"):
 
     task.json        definition: axes, inputs, outputs, constraints, prose, tolerance, score,
                      calling convention, named workload sets
-    reference.py     trusted code: generate_inputs(workload, seed, device) and reference(inputs)
+    reference.py     trusted code: generate_inputs(workload, seed, device, options), reference(inputs),
+                     and pack_data(inputs) for tasks with the gpumode calling convention
     workloads/*.jsonl
     solutions/<name>/solution.json + source files   (baseline and seed kernels)
 
@@ -41,7 +42,8 @@ class TensorSpec(BaseModel):
 class Tolerance(BaseModel):
     rule: Literal["gpumode", "flashinfer"] = Field(
         description="gpumode: |x-y| <= atol + rtol|y| elementwise, non-finite positions must match. "
-        "flashinfer: an element fails when |x-y| > atol AND |x-y|/(|y|+1e-8) > rtol; no NaN/inf allowed."
+        "flashinfer: an element fails when |x-y| > atol AND |x-y|/(|y|+1e-8) > rtol; no NaN, and an "
+        "infinity only where the reference has the same one."
     )
     atol: float
     rtol: float

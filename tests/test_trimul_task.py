@@ -259,6 +259,7 @@ def test_task_bundle_loads(task):
     assert list(definition.inputs)[:2] == ["x", "mask"] and len(definition.inputs) == 12
     assert list(definition.outputs) == ["output"]
     assert "gpumode-compat" in definition.compat_options
+    assert definition.tolerance.relaxed_dtype_option == "gpumode-compat"
     assert task.solution_names() == ["baseline", "triton_seed"]
     assert task.baseline().language == "python"
     assert task.solution("triton_seed").language == "triton"
@@ -274,3 +275,12 @@ def test_task_inputs_match_generated(ref, task):
     for name, spec in task.definition.inputs.items():
         assert tuple(inputs[name].shape) == tuple(axes[a] if isinstance(a, str) else a for a in spec.shape)
         assert spec.dtype == "float32"
+
+
+def test_framework_path_runs_baseline(task):
+    # The way the evaluator drives a bundle: Task.generate_inputs -> Task.call -> Task.reference.
+    wl = task.workloads("tests", device="cpu")[0]
+    inputs = task.generate_inputs(wl, seed=4, device="cpu")
+    entry = getattr(_solution_module("baseline"), task.definition.entry_point)
+    out = task.normalize_outputs(task.call(entry, inputs))["output"]
+    _assert_within_tolerance(out, task.reference(inputs)["output"])

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)" | tee -a "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"
-python3 -m pytest tests/test_evaluator.py -q 2>&1 | tail -3 | tee "$OUT/pytest_evaluator.txt"
+python3 -m pytest tests/test_evaluator.py -q 2>&1 | tail -40 > "$OUT/pytest_evaluator.txt" || true; tail -3 "$OUT/pytest_evaluator.txt"
 K="python3 -m ksearch_ray"
 for sol in baseline triton_seed; do
   $K eval --task trimul $sol --workloads tests --json > "$OUT/${sol}_tests.json" || true

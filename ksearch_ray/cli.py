@@ -111,6 +111,96 @@ def eval_(
     raise typer.Exit(0 if result.passed else 1)
 
 
+@app.command()
+def run(
+    task: Annotated[str | None, typer.Option("--task", help="Task name or bundle path.")] = None,
+    model: Annotated[str | None, typer.Option(help="litellm model string, e.g. openai/gpt-5; none = offline policy.")] = None,
+    api_base: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (vLLM, SGLang, Ollama).")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable that holds the API key.")] = None,
+    reasoning_effort: Annotated[str | None, typer.Option(help="low / medium / high, where the model supports it.")] = None,
+    width: Annotated[int | None, typer.Option(help="Action cycles in parallel (search width W).")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Budget of code generations.")] = None,
+    stagnation_window: Annotated[int | None, typer.Option(help="Non-improving attempts that end a cycle.")] = None,
+    max_difficulty: Annotated[int | None, typer.Option(help="Difficulty gate (1-5).")] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(help="LLM spending budget.")] = None,
+    max_wall_s: Annotated[float | None, typer.Option(help="Wall-clock budget, seconds.")] = None,
+    from_solution: Annotated[str | None, typer.Option(help="Start from this solution (task solution name or file).")] = None,
+    device: Annotated[str | None, typer.Option(help="cuda or cpu.")] = None,
+    evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU).")] = None,
+    workloads: Annotated[str | None, typer.Option(help="Workload set that scores candidates.")] = None,
+    mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse.")] = None,
+    language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML file with the same keys; flags override it.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Run directory (default runs/<task>-<time>-<id>).")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Attach to this Ray cluster.")] = None,
+    task_dir: TaskDirs = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress view.")] = True,
+) -> None:
+    """Search for a faster kernel: W action cycles in parallel on Ray, one shared world model."""
+    from ksearch_ray.config import ConfigError, load_config
+
+    overrides = {
+        "task": task, "model": model, "api_base": api_base, "api_key_env": api_key_env,
+        "reasoning_effort": reasoning_effort, "width": width, "rounds": rounds,
+        "stagnation_window": stagnation_window, "max_difficulty": max_difficulty, "max_cost_usd": max_cost_usd,
+        "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
+        "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
+        "ray_address": ray_address, "task_dirs": [str(p) for p in task_dir] if task_dir else None,
+    }
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+    _run_search(lambda: _runner().start(cfg, progress=progress))
+
+
+@app.command()
+def resume(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory left by `ksearch run`.")],
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Continue a run that was stopped or killed: nothing lost, nothing counted twice."""
+    _run_search(lambda: (run_dir, _runner().resume(run_dir, progress=progress)))
+
+
+@app.command()
+def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Print a run's world model, counters and best solution."""
+    from ksearch_ray.store import RunDirError
+
+    try:
+        from ksearch_ray.report import print_run
+
+        print_run(out, run_dir)
+    except RunDirError as exc:
+        fail(str(exc))
+
+
+def _runner():  # type: ignore[no-untyped-def]
+    from ksearch_ray import runner
+
+    return runner
+
+
+def _run_search(go) -> None:  # type: ignore[no-untyped-def]
+    from ksearch_ray.config import ConfigError
+    from ksearch_ray.sandbox.client import SandboxError
+    from ksearch_ray.search import SearchError
+    from ksearch_ray.store import RunDirError
+
+    try:
+        run_dir, state = go()
+    except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
+        fail(str(exc))
+    best = state.best
+    out.print(
+        f"finished ({state.finished}): {state.rounds_used} rounds, {state.evaluations} evaluations; "
+        + (f"best {best['speedup']:.3f}x over the baseline (solution {best['solution_id']})" if best else "no improvement found")
+        + f"\nrun directory: {run_dir}",
+        highlight=False,
+    )
+
+
 def _speedup(base, result) -> float | None:  # type: ignore[no-untyped-def]
     if base is None or base.score is None or result.score is None:
         return None

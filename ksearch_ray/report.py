@@ -52,3 +52,41 @@ def print_eval(console: Console, result: EvalResult, base: EvalResult | None, sp
     if base is not None and speedup is not None:
         console.print(f"baseline {base.solution_name}: {base.score:.4g}; speedup {speedup:.3f}x")
     console.print(f"evaluation took {result.seconds:.1f} s, of which sandbox overhead {result.overhead_seconds:.2f} s")
+
+
+def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def]
+    """`ksearch show`: everything comes from the run directory."""
+    from pathlib import Path
+
+    from ksearch_ray.runstate import fold
+    from ksearch_ray.store import RunStore
+    from ksearch_ray.wm_render import render_tree
+
+    store = RunStore(Path(run_dir))
+    manifest = store.manifest() if (Path(run_dir) / "manifest.json").is_file() else None
+    if manifest is None:
+        from ksearch_ray.store import RunDirError
+
+        raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
+    state = fold(store.read_events(), store.has_solution)
+    cfg = manifest["config"]
+    policy = f"llm: {cfg['model']}" if cfg.get("model") else "offline-policy (tunable search, no LLM)"
+    console.print(f"[bold]{manifest['run_id']}[/] · task {cfg['task']} · {policy} · width {cfg['width']}", highlight=False)
+    console.print(
+        f"status: {state.finished or 'not finished (resume it with ksearch resume)'}; rounds {state.rounds_used}/{cfg['rounds']}; "
+        f"evaluations {state.evaluations}; cycles {len(state.cycles)}; LLM calls {state.llm_calls} "
+        f"(${state.llm_cost_usd:.2f}, {state.llm_tokens} tokens); resumed {state.resumes}×",
+        highlight=False,
+    )
+    if state.tree is not None:
+        console.print(render_tree(state.tree), highlight=False, markup=False)
+    if state.best:
+        best = state.best
+        solution = store.load_solution(best["solution_id"])
+        console.print(f"\nbest: {best['speedup']:.3f}x over the baseline, node {best['node']}, round {best['round']}, "
+                      f"solution {best['solution_id']} ({solution.author})", highlight=False)
+        for name, text in solution.sources.items():
+            console.print(f"--- {name}", highlight=False)
+            console.print(text, highlight=False, markup=False)
+    else:
+        console.print("\nno solution better than the baseline yet", highlight=False)

@@ -76,6 +76,7 @@ class TaskDefinition(BaseModel):
     tolerance: Tolerance
     score: ScoreRule
     workload_sets: dict[str, str] = Field(description="Set name -> JSONL file inside the bundle.")
+    default_workloads: str = Field(default="benchmarks", description="The set that scores candidates by default.")
     baseline: str = Field(description="Name of the solution under solutions/ that scores compare against.")
     compat_options: dict[str, str] = Field(default_factory=dict, description="Option name -> what it changes.")
 

@@ -1,0 +1,49 @@
+"""EvaluatorActor: one per GPU (num_gpus=1), one measurement at a time, through its own sandbox."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+from ksearch_ray.evaluator import Evaluator, Limits
+from ksearch_ray.models import EvalResult, Solution
+from ksearch_ray.task import find_task
+
+
+@ray.remote(max_restarts=0)
+class EvaluatorActor:
+    def __init__(self, device: str, work_root: str, idle_timeout_s: float = 180.0):
+        self.device = device
+        self.evaluator = Evaluator(device, Path(work_root), limits=Limits(idle=idle_timeout_s))
+        self.busy_s = 0.0
+
+    def describe(self) -> dict:
+        import torch
+
+        info = {"device": self.device, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        if self.device == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            info["name"] = props.name
+            info["hardware"] = (f"{props.name} (compute capability {props.major}.{props.minor}, "
+                                f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)")
+        else:
+            info["name"] = "cpu"
+            info["hardware"] = ("no GPU: candidates run on the CPU in Triton's interpreter (TRITON_INTERPRET=1) "
+                                "on reduced workloads; timings are host wall-clock")
+        return info
+
+    def evaluate(self, task_name: str, task_dirs: list[str], solution: Solution, workload_set: str,
+                 mode: str) -> EvalResult:
+        task = find_task(task_name, task_dirs)
+        result = self.evaluator.evaluate(task, solution, workload_set=workload_set, mode=mode)  # type: ignore[arg-type]
+        self.busy_s += result.seconds
+        return result
+
+    def busy_seconds(self) -> float:
+        return self.busy_s
+
+    def shutdown(self) -> None:
+        self.evaluator.close()

@@ -1,0 +1,80 @@
+"""Run configuration: defaults, then a YAML file, then command-line flags; validated once.
+
+The resolved `RunConfig` is written into the run's manifest and handed to every actor, so a
+resumed run uses exactly the configuration it started with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message is one line for the user."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(description="Task name or bundle path.")
+    task_dirs: list[str] = Field(default_factory=list, description="Extra directories of task bundles.")
+    model: str | None = Field(default=None, description="litellm model string; none = the offline policy.")
+    api_base: str | None = Field(default=None, description="OpenAI-compatible server URL (vLLM, SGLang, Ollama).")
+    api_key_env: str | None = Field(default=None, description="Environment variable holding the API key.")
+    reasoning_effort: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
+    llm_timeout_s: float = Field(default=600.0, gt=0)
+    llm_max_retries: int = Field(default=4, ge=0)
+    llm_backoff_base_s: float = Field(default=2.0, ge=0)
+    llm_concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder actor.")
+    width: int = Field(default=2, ge=1, description="Action cycles in parallel (the search width W).")
+    rounds: int = Field(default=40, ge=1, description="Budget of code generations.")
+    stagnation_window: int = Field(default=5, ge=1)
+    max_difficulty: int = Field(default=4, ge=1, le=5)
+    relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0)
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_wall_s: float | None = Field(default=None, gt=0, description="Wall-clock budget in seconds.")
+    from_solution: str | None = Field(default=None, description="Seed: a solution name of the task, or a file.")
+    device: Literal["cuda", "cpu"] | None = Field(default=None, description="Default: cuda if Ray sees GPUs.")
+    evaluators: int | None = Field(default=None, ge=1, description="Default: one per GPU, or one on the CPU.")
+    evaluator_cpus: float = Field(default=1.0, gt=0, description="num_cpus reserved by each evaluator actor.")
+    evaluator_gpus: bool = Field(
+        default=False, description="Reserve one GPU per evaluator even on --device cpu (tests with fake GPUs)."
+    )
+    language: Literal["triton", "cuda", "python"] = Field(default="triton", description="What the LLM coder writes.")
+    workloads: str | None = Field(default=None, description="Workload set that scores candidates.")
+    mode: Literal["fresh", "reuse"] = "fresh"
+    eval_idle_timeout_s: float = Field(default=180.0, gt=0, description="A candidate silent this long is a hang.")
+    run_dir: str | None = Field(default=None, description="Default: runs/<run-id>.")
+    ray_address: str | None = Field(default=None, description="Attach to this cluster; default: auto / local.")
+    progress: bool = True
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """Defaults < YAML file < overrides (flags given on the command line; None = not given)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark else ""
+            raise ConfigError(f"{p}: not valid YAML{where}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: expected a mapping of settings at the top level")
+        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ConfigError(f"{where}: {first['msg']}") from None

@@ -1,0 +1,44 @@
+"""The world model as an event-sourced state machine.
+
+Every change to a run's tree is one named call with JSON arguments (the clock included), so
+the WorldModelActor and a resumed driver replaying events.jsonl compute exactly the same trees
+from the same pure functions in wm_ops and wm_select.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ksearch_ray.wm_ops import apply_ops
+from ksearch_ray.wm_select import expire_leases, release, renew, select_and_lease
+from ksearch_ray.world_model import Tree
+
+
+class WorldModelState:
+    def __init__(self, tree: Tree, solution_exists: Callable[[str], bool]):
+        self.tree = tree
+        self.solution_exists = solution_exists
+
+    def call(self, name: str, args: dict[str, Any]) -> Any:
+        """Apply one named change; returns what the caller needs (JSON-serialisable)."""
+        tree = self.tree
+        if name == "apply":
+            self.tree, report = apply_ops(tree, args["ops"], solution_exists=self.solution_exists)
+            return report.model_dump(mode="json")
+        if name == "select_and_lease":
+            self.tree, ids = select_and_lease(
+                tree, args["k"], args["holder"], args["now"], args["ttl"],
+                max_difficulty=args["max_difficulty"], relax_when_speedup_at_least=args["relax_at"],
+            )
+            return ids
+        if name == "renew":
+            self.tree = renew(tree, args["ids"], args["holder"], args["now"], args["ttl"])
+            return None
+        if name == "release":
+            self.tree = release(tree, args["ids"], args["holder"])
+            return None
+        if name == "expire":
+            self.tree, expired = expire_leases(tree, args["now"])
+            return expired
+        raise ValueError(f"unknown world-model call {name!r}")

@@ -1,0 +1,117 @@
+"""The LLM path end to end: real Ray actors, litellm's real HTTP client, a scripted server on
+loopback, real sandboxed evaluations of the kernels it returns."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, RecordedRequest
+from ksearch_ray.config import RunConfig
+from ksearch_ray.models import Status
+from ksearch_ray.runner import start
+from ksearch_ray.store import RunStore
+from ksearch_ray.world_model import NodeStatus
+
+DATA = Path(__file__).parent / "data"
+
+GOOD = "```python\ndef run(x, a, b):\n    return a * x + b\n```"
+GOOD_FUSED = "```python\nimport torch\n\ndef run(x, a, b):\n    return torch.addcmul(torch.full_like(x, b), a, x)\n```"
+SYNTAX = "```python\ndef run(x, a, b)\n    return a * x + b\n```"
+WRONG = "```python\ndef run(x, a, b):\n    return a * x - b\n```"
+CRASH = "```python\nimport os\n\ndef run(x, a, b):\n    os.abort()\n```"
+HANG = "```python\ndef run(x, a, b):\n    while True:\n        pass\n```"
+PROSE = "I would fuse the multiply and the add, but I will not show the code."
+
+PLAN_INIT = """Three ideas.
+```json
+[
+ {"op": "insert", "parent": "root", "title": "fuse multiply-add", "description": "use addcmul", "difficulty": 1, "score": 0.9, "expected_speedup": 1.2, "rationale": "one kernel", "ref": "a"},
+ {"op": "insert", "parent": "root", "title": "vectorize", "description": "wider loads", "difficulty": 2, "score": 0.7, "expected_speedup": 1.1, "rationale": "bandwidth"},
+ {"op": "insert", "parent": "root", "title": "bad op", "difficulty": 9, "score": 2, "expected_speedup": 1.1},
+ {"op": "insert", "parent": "$a", "title": "in-place output", "description": "reuse buffer", "difficulty": 2, "score": 0.5, "expected_speedup": 1.05, "rationale": "fewer allocs"}
+]
+```"""
+
+
+class Script:
+    """Planner calls get ops; coder calls take the next scripted reply (a 500 once exhausted)."""
+
+    def __init__(self, coder_steps):
+        self.coder_steps = list(coder_steps)
+        self.lock = threading.Lock()
+        self.planner_calls = 0
+
+    def __call__(self, request: RecordedRequest):
+        text = " ".join(m["content"] for m in request.body["messages"])
+        with self.lock:
+            if "Output format: edit ops" in text:
+                self.planner_calls += 1
+                return Completion(PLAN_INIT if self.planner_calls == 1 else "Nothing to add.\n```json\n[]\n```",
+                                  prompt_tokens=100, completion_tokens=40)
+            if self.coder_steps:
+                return self.coder_steps.pop(0)
+            return HTTPError(500, "script exhausted")
+
+
+@pytest.mark.slow
+def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_session, tmp_path):
+    script = Script([
+        RateLimited(retry_after_s=0), Completion(GOOD, prompt_tokens=200, completion_tokens=30),
+        HTTPError(500), Completion(SYNTAX, prompt_tokens=200, completion_tokens=30),
+        Completion(PROSE, prompt_tokens=200, completion_tokens=20),
+        Completion(WRONG, prompt_tokens=200, completion_tokens=30),
+        Completion(CRASH, prompt_tokens=200, completion_tokens=30),
+        Completion(HANG, prompt_tokens=200, completion_tokens=30),
+        Malformed(),
+        Completion(GOOD_FUSED, prompt_tokens=200, completion_tokens=30, delay_s=1.5),
+    ])
+    with FakeLLMServer(script) as server:
+        config = RunConfig(
+            task="toy_axpy", task_dirs=[str(DATA)], model="hosted_vllm/fake-coder", api_base=server.api_base,
+            width=2, rounds=9, stagnation_window=3, device="cpu", evaluator_gpus=True,
+            llm_max_retries=2, llm_backoff_base_s=0.01, llm_timeout_s=20, eval_idle_timeout_s=3,
+            run_dir=str(tmp_path / "run"), progress=False,
+        )
+        run_dir, state = start(config, progress=False)
+        http_requests = len(server.chat_requests)
+
+    assert state.finished == "rounds"
+    assert state.rounds_used == 9
+    events = RunStore(run_dir).read_events()
+    evaluations = [e for e in events if e["kind"] == "evaluation"]
+    statuses = {Status(e["result"]["status"]) for e in evaluations}
+    assert {Status.PASSED, Status.COMPILE_ERROR, Status.INCORRECT_NUMERICAL, Status.CRASHED, Status.TIMEOUT} <= statuses
+    candidates = [e for e in events if e["kind"] == "candidate"]
+    assert len(candidates) == 9
+    errors = [c["error"] for c in candidates if c["error"]]
+    assert any("unparseable coder reply" in e for e in errors)  # the prose reply
+    assert any("LLM call failed" in e for e in errors)  # the malformed body, then the exhausted script
+    # Each candidate's round number is counted once.
+    assert sorted(c["round"] for c in candidates) == list(range(1, 10))
+
+    # The tree: the invalid planner op was rejected, the rest applied; every done node holds a
+    # passing solution and every too-hard node says why.
+    assert state.tree is not None
+    titles = {n.title for n in state.tree.nodes.values()}
+    assert {"fuse multiply-add", "vectorize", "in-place output"} <= titles and "bad op" not in titles
+    for node in state.tree.nodes.values():
+        if node.status is NodeStatus.DONE:
+            assert node.solution is not None and node.solution.evaluation.status is Status.PASSED
+        if node.status is NodeStatus.TOO_HARD:
+            assert node.notes and "no passing attempt" in node.notes[-1].text
+
+    # The ledger adds up: every HTTP request is an attempt of some logged call, and the tokens
+    # logged are exactly those the server reported for the replies that came back.
+    calls = [e["call"] for e in events if e["kind"] == "llm_call"]
+    assert sum(c["attempts"] for c in calls) == http_requests
+    coder_ok = [c for c in calls if c["error"] is None and c["kind"] not in ("initialize_tree", "propose_actions", "refine", "too_hard")]
+    assert sum(c["prompt_tokens"] for c in coder_ok) == 200 * len(coder_ok)
+    assert state.llm_calls == len(calls)
+    assert all(c["cost_usd"] == 0.0 and not c["cost_known"] for c in calls)  # a local model has no price
+    best = json.loads((run_dir / "best.json").read_text()) if state.best else None
+    if best:
+        assert best["policy"] == "llm: hosted_vllm/fake-coder"

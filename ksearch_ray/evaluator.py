@@ -59,6 +59,15 @@ class TimingPolicy:
     wall_slack_ratio: float = 1.25
     wall_slack_ms: float = 0.1
 
+    @classmethod
+    def for_device(cls, device: str) -> TimingPolicy:
+        # On the CPU path a call is the Triton interpreter (seconds, host wall clock): GPUMode's
+        # 10 s per benchmark would make every evaluation minutes long for a number that only
+        # ranks variants on this machine.
+        if device == "cpu":
+            return cls(max_calls=20, max_total_s=1.0, max_wall_s=10.0, warmup_calls=1)
+        return cls()
+
 
 @dataclass
 class _Run:
@@ -116,7 +125,7 @@ class Evaluator:
         self.device = device
         self.work_root = Path(work_root) if work_root else Path.cwd() / ".ksearch" / "sandbox"
         self.limits = limits or Limits()
-        self.timing = timing or TimingPolicy()
+        self.timing = timing or TimingPolicy.for_device(device)
         self.secret = new_secret() if secret is None else secret
         self.sandbox = Sandbox(device, self.work_root)
         self.keep_workdirs = False

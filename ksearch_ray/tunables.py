@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _LINE = re.compile(
-    r"^(?P<name>[A-Z_][A-Z0-9_]*)\s*=\s*(?P<value>[^#\n]+?)\s*#\s*tunable:\s*(?P<choices>\[.*\])\s*$", re.MULTILINE
+    r"^(?P<name>[A-Z_][A-Z0-9_]*)\s*=\s*(?P<value>[^#\n]+?)\s*#\s*tunable:\s*(?P<choices>\[.*\])[ \t]*$", re.MULTILINE
 )
 
 

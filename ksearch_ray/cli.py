@@ -58,7 +58,7 @@ def eval_(
     candidate: Annotated[str, typer.Argument(help="A source file, a solution directory, or the name of one of the task's solutions.")],
     task_name: Annotated[str, typer.Option("--task", help="Task name or bundle path.")],
     mode: Annotated[str, typer.Option(help="fresh: new inputs every timed call; reuse: the same inputs.")] = "fresh",
-    workloads: Annotated[str, typer.Option("--workloads", help="Workload set: tests (correctness only) or benchmarks.")] = "benchmarks",
+    workloads: Annotated[str | None, typer.Option("--workloads", help="Workload set (default: the task's; tests = correctness only).")] = None,
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when a GPU is visible).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     compat: Annotated[list[str] | None, typer.Option("--compat", help="Compatibility option of the task (repeatable).")] = None,
@@ -79,6 +79,7 @@ def eval_(
         device = device or default_device()
         if device not in ("cuda", "cpu"):
             fail(f"--device must be cuda or cpu, not {device!r}")
+        workloads = workloads or task.definition.default_workloads
         task.workloads(workloads, device)  # validates the set name before any work starts
     except TaskError as exc:
         fail(str(exc))
@@ -102,12 +103,12 @@ def eval_(
         payload = {"result": result.model_dump(mode="json")}
         if base is not None:
             payload["baseline"] = base.model_dump(mode="json")
-            payload["speedup"] = _speedup(base, result)
+            payload["speedup"] = _speedup(base, result, task)
         print(json.dumps(payload, indent=2))
     else:
         from ksearch_ray.report import print_eval
 
-        print_eval(out, result, base, _speedup(base, result) if base else None)
+        print_eval(out, result, base, _speedup(base, result, task))
     raise typer.Exit(0 if result.passed else 1)
 
 
@@ -201,10 +202,10 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def _speedup(base, result) -> float | None:  # type: ignore[no-untyped-def]
-    if base is None or base.score is None or result.score is None:
-        return None
-    return base.score / result.score
+def _speedup(base, result, task) -> float | None:  # type: ignore[no-untyped-def]
+    from ksearch_ray.scoring import speedup
+
+    return None if base is None else speedup(task.definition, base, result)
 
 
 def _resolve_candidate(candidate: str, task):  # type: ignore[no-untyped-def]

@@ -62,6 +62,8 @@ class Search:
         self.device = config.device or "cpu"
         self._round_lock = asyncio.Lock()
         self._stop_reason: str | None = None
+        self.wm_s = 0.0  # driver time waiting on the world model
+        self.busy_s: dict[int, float] = {}  # evaluator index -> seconds spent evaluating
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -156,7 +158,9 @@ class Search:
             assert state.tree is not None
             self.wm_actor = self._make_wm_actor(state.tree)
 
+        t0 = time.monotonic()
         result = await self._actor_call(lambda: self.wm_actor.call.remote(call, args), "world-model", rebuild)
+        self.wm_s += time.monotonic() - t0
         self.store.append("wm", call=call, args=args, **(tag or {}))
         return result
 
@@ -215,7 +219,8 @@ class Search:
     def workload_set(self) -> str:
         return self.config.workloads or self.task.definition.default_workloads
 
-    async def evaluate(self, solution: Solution) -> EvalResult:
+    async def evaluate(self, solution: Solution) -> tuple[EvalResult, int]:
+        """The verdict, and which evaluator gave it."""
         index = await self.idle.get()
         try:
             for attempt in range(1, ACTOR_RETRIES + 1):
@@ -225,7 +230,8 @@ class Search:
                         self.config.task, self.config.task_dirs, solution, self.workload_set, self.config.mode
                     )
                     self.evals_done_session += 1
-                    return result
+                    self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
+                    return result, index
                 except RayActorError:
                     log.warning("evaluator %d died mid-evaluation; starting a new one (%d/%d)", index, attempt, ACTOR_RETRIES)
                     self.store.append("evaluator_lost", evaluator=index, solution_id=solution.id)
@@ -276,7 +282,7 @@ class Search:
     async def run(self) -> RunState:
         await self.setup()
         if self.state.baseline is None:
-            baseline = await self.evaluate(self.task.baseline())
+            baseline, _ = await self.evaluate(self.task.baseline())
             if not baseline.passed:
                 raise SearchError(f"the task's baseline does not pass: {baseline.status.value}: {baseline.message}")
             self.store.save_solution(self.task.baseline())
@@ -313,7 +319,11 @@ class Search:
                 await self.plan("propose_actions")
         reason = self._stop_reason or self.budget_left() or "done"
         self.state.tree = await self.tree()
-        self.store.append("run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best)
+        self.store.append(
+            "run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best,
+            session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
+            evaluator_busy_s={str(k): v for k, v in sorted(self.busy_s.items())},
+        )
         self.state.finished = reason
         self.on_change(self)
         return self.state
@@ -354,7 +364,7 @@ class Search:
 
         solution = self.task.solution(name) if name in self.task.solution_names() else solution_from_file(Path(name), self.task)
         self.store.save_solution(solution)
-        result = await self.evaluate(solution)
+        result, _ = await self.evaluate(solution)
         value = self._speedup(result)
         self.store.append("seed", solution_id=solution.id, result=result.model_dump(mode="json"), speedup=value)
         if not result.passed:
@@ -456,11 +466,11 @@ class Search:
     async def _evaluate_attempt(self, rec: CycleRecord, attempt: Attempt) -> None:
         assert attempt.solution_id is not None
         solution = self.store.load_solution(attempt.solution_id)
-        result = await self.evaluate(solution)
+        result, evaluator = await self.evaluate(solution)
         attempt.result = result
         attempt.speedup = self._speedup(result)
         self.state.evaluations += 1
-        self.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round,
+        self.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round, evaluator=evaluator,
                           solution_id=attempt.solution_id, result=result.model_dump(mode="json"), speedup=attempt.speedup)
         self._note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round)
         self.on_change(self)

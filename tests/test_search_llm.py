@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, RecordedRequest
+
 from ksearch_ray.config import RunConfig
 from ksearch_ray.models import Status
 from ksearch_ray.runner import start

@@ -1,0 +1,687 @@
+"""The four FlashInfer-Bench task bundles and the FlashInfer-Bench format module.
+
+References are checked against independent float64 computations on hand-built page tables
+(uneven and even splits, empty requests, causal offsets, MoE tokens with and without local
+experts); input synthesis against its invariants; every solution through the real sandboxed
+evaluator on the CPU path; every tunable choice of the Triton seeds on a hard small case; and
+FlashInfer-Bench datasets and solution JSON both ways. GPU tests are marked and skipped here.
+
+Triton fixes interpreter vs compiler for its own library when it is first imported, so the
+switch is set for the whole process before anything imports triton.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import functools  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from ksearch_ray.compare import compare_outputs  # noqa: E402
+from ksearch_ray.evaluator import Evaluator, Limits, TimingPolicy  # noqa: E402
+from ksearch_ray.flashinfer_format import (  # noqa: E402
+    ADAPTER_FILE,
+    load_dataset,
+    solution_from_dict,
+    solution_from_json,
+    solution_to_json,
+)
+from ksearch_ray.flashinfer_inputs import (  # noqa: E402
+    FP8_MAX,
+    QUANT_BLOCK,
+    SPLIT_STYLES,
+    choose_style,
+    indptr_of,
+    paged_tables,
+    resolve_axes,
+    split_lengths,
+)
+from ksearch_ray.models import Solution, Status  # noqa: E402
+from ksearch_ray.task import Task, TaskError, Workload  # noqa: E402
+from ksearch_ray.tunables import read_tunables, rewrite_tunables  # noqa: E402
+
+TASKS = Path(__file__).resolve().parent.parent / "tasks" / "flashinfer"
+GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
+MLA_DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+MLA_PREFILL = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+MOE = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
+ALL_TASKS = [GQA, MLA_DECODE, MLA_PREFILL, MOE]
+PAGED_TASKS = [GQA, MLA_DECODE, MLA_PREFILL]
+FEEDBACK_COUNTS = {GQA: 5, MLA_DECODE: 5, MLA_PREFILL: 8, MOE: 5}
+ALL_COUNTS = {GQA: 48, MLA_DECODE: 47, MLA_PREFILL: 38, MOE: 19}
+MOE_SMALL = {"hidden_size": 256, "intermediate_size": 128, "gemm1_out_size": 256, "num_hidden_blocks": 2,
+             "num_intermediate_blocks": 1, "num_gemm1_out_blocks": 2}
+LN2 = math.log(2.0)
+
+
+@functools.cache
+def _task(name: str) -> Task:
+    return Task.load(TASKS / name)
+
+
+def _definition(name: str) -> dict[str, Any]:
+    return json.loads((TASKS / name / "definition.json").read_text())
+
+
+def _load(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _solution_entry(task_name: str, solution: str) -> Any:
+    return _load(TASKS / task_name / "solutions" / solution / "main.py", f"fi_{task_name}_{solution}").run
+
+
+def _scalars(**values: Any) -> dict[str, Any]:
+    return {"inputs": {k: {"type": "scalar", "value": v} for k, v in values.items()}}
+
+
+# --- hand-built cases ---------------------------------------------------------------------------
+
+
+def _decode_case(name: str, kv_lens: list[int], *, seed: int = 0, pool: int | None = None) -> dict[str, Any]:
+    """Synthesized tensors and page ids, with the request lengths replaced by `kv_lens`."""
+    total = sum(kv_lens)
+    axes = {"batch_size": len(kv_lens), "len_indptr": len(kv_lens) + 1, "num_kv_indices": total,
+            "num_pages": pool or total + 17}
+    scale = 0.0883883461356163 if name == GQA else 0.1352337747812271
+    inputs = _task(name).generate_inputs(Workload(name="case", axes=axes, params=_scalars(sm_scale=scale)), seed, "cpu")
+    inputs["kv_indptr"] = indptr_of(torch.tensor(kv_lens))
+    return inputs
+
+
+def _prefill_case(q_lens: list[int], kv_lens: list[int], *, seed: int = 0) -> dict[str, Any]:
+    axes = {"total_q": sum(q_lens), "len_indptr": len(q_lens) + 1, "num_kv_indices": sum(kv_lens),
+            "num_pages": sum(kv_lens) + 50}
+    wl = Workload(name="case", axes=axes, params=_scalars(sm_scale=0.1352337747812271))
+    inputs = _task(MLA_PREFILL).generate_inputs(wl, seed, "cpu")
+    inputs["qo_indptr"] = indptr_of(torch.tensor(q_lens))
+    inputs["kv_indptr"] = indptr_of(torch.tensor(kv_lens))
+    return inputs
+
+
+def _moe_case(tokens: int = 6, offset: int = 64, *, seed: int = 0, options: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Token 0 routes only to local experts, token 1 only to other ranks, the rest at random."""
+    wl = Workload(name="case", axes={"seq_len": tokens, **MOE_SMALL},
+                  params=_scalars(local_expert_offset=offset, routed_scaling_factor=2.5))
+    inputs = _task(MOE).generate_inputs(wl, seed, "cpu", options)
+    logits = inputs["routing_logits"]
+    local = slice(offset, offset + 32)  # the local experts are exactly one routing group
+    logits[0, local] += 3.0  # still distinct, so no ties for top-k to break
+    logits[0, :offset] = logits[0, offset + 32 :] = -12.0
+    logits[1, local] = -12.0
+    return inputs
+
+
+GQA_CASES = {"uneven_with_empty": [5, 0, 37, 1, 64], "even": [16, 16, 16], "single": [130], "all_empty_but_one": [0, 0, 3]}
+DECODE_CASES = {"uneven_with_empty": [3, 0, 40, 17], "even": [20, 20], "single": [77]}
+PREFILL_CASES = {
+    "offsets": ([3, 0, 5, 1, 7], [3, 4, 20, 1, 9]),  # prefix 0, no queries, prefix 15, 0, 2
+    "square": ([9, 9], [9, 9]),
+    "decode_like": ([1, 1, 1], [30, 1, 12]),
+}
+
+
+# --- (a) references against float64 ------------------------------------------------------------
+
+
+def _attend_f64(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    """One query row over its visible keys, in float64: (output, base-2 lse)."""
+    logits = (keys @ q) * scale
+    top = float(logits.max())
+    weights = torch.exp(logits - top)
+    total = float(weights.sum())
+    return (weights @ values) / total, (top + math.log(total)) / LN2
+
+
+def _gqa_f64(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    q = inputs["q"].double()
+    keys, values = inputs["k_cache"].double()[:, 0], inputs["v_cache"].double()[:, 0]
+    bounds, pages = inputs["kv_indptr"].tolist(), inputs["kv_indices"].tolist()
+    batch, heads, dim = q.shape
+    out = torch.zeros(batch, heads, dim, dtype=torch.float64)
+    lse = torch.full((batch, heads), -math.inf, dtype=torch.float64)
+    for b in range(batch):
+        mine = pages[bounds[b] : bounds[b + 1]]
+        for h in range(heads if mine else 0):
+            kvh = h // (heads // keys.shape[1])
+            out[b, h], lse[b, h] = _attend_f64(q[b, h], keys[mine, kvh], values[mine, kvh], inputs["sm_scale"])
+    return out, lse
+
+
+def _mla_f64(inputs: dict[str, Any], causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    qn, qp = inputs["q_nope"].double(), inputs["q_pe"].double()
+    ckv, kpe = inputs["ckv_cache"].double()[:, 0], inputs["kpe_cache"].double()[:, 0]
+    q_full = torch.cat([qn, qp], dim=-1)  # the two dot products are one over the concatenation
+    k_full = torch.cat([ckv, kpe], dim=-1)
+    kv_bounds, pages = inputs["kv_indptr"].tolist(), inputs["kv_indices"].tolist()
+    q_bounds = inputs["qo_indptr"].tolist() if causal else list(range(len(kv_bounds)))
+    rows, heads, dim = qn.shape
+    out = torch.zeros(rows, heads, dim, dtype=torch.float64)
+    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64)
+    for b in range(len(kv_bounds) - 1):
+        mine = pages[kv_bounds[b] : kv_bounds[b + 1]]
+        q_len = q_bounds[b + 1] - q_bounds[b]
+        for i in range(q_len):
+            visible = mine[: len(mine) - q_len + i + 1]  # bottom-right causal; all of it for decode
+            if not visible:
+                continue
+            for h in range(heads):
+                row = q_bounds[b] + i
+                out[row, h], lse[row, h] = _attend_f64(q_full[row, h], k_full[visible], ckv[visible], inputs["sm_scale"])
+    return out, lse
+
+
+def _assert_attention_close(got: tuple[torch.Tensor, torch.Tensor], exact: tuple[torch.Tensor, torch.Tensor]) -> None:
+    out, lse = got
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    # bf16 rounding of an fp32 result: half an ulp, 2^-9 relative; allow one full ulp.
+    assert torch.all((out.double() - exact[0]).abs() <= exact[0].abs() * 2**-8 + 1e-6)
+    assert torch.equal(torch.isinf(lse), torch.isinf(exact[1]))
+    finite = torch.isfinite(exact[1])
+    assert torch.all((lse.double() - exact[1])[finite].abs() < 1e-4)
+
+
+@pytest.mark.parametrize("case", GQA_CASES)
+def test_gqa_reference_matches_float64(case):
+    inputs = _decode_case(GQA, GQA_CASES[case], seed=3)
+    _assert_attention_close(_task(GQA).module.reference(inputs), _gqa_f64(inputs))
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_mla_decode_reference_matches_float64(case):
+    inputs = _decode_case(MLA_DECODE, DECODE_CASES[case], seed=4, pool=300)
+    _assert_attention_close(_task(MLA_DECODE).module.reference(inputs), _mla_f64(inputs, causal=False))
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES)
+def test_mla_prefill_reference_matches_float64_with_bottom_right_causal_mask(case):
+    inputs = _prefill_case(*PREFILL_CASES[case], seed=5)
+    _assert_attention_close(_task(MLA_PREFILL).module.reference(inputs), _mla_f64(inputs, causal=True))
+
+
+def test_empty_requests_give_zero_output_and_minus_infinite_lse():
+    out, lse = _task(GQA).module.reference(_decode_case(GQA, [4, 0, 2]))
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+    assert torch.isfinite(lse[[0, 2]]).all()
+
+
+def _moe_f64(inputs: dict[str, Any]) -> tuple[torch.Tensor, list[list[int]]]:
+    """Token by token, routing with Python sorts, block scales applied element by element."""
+    logits, bias = inputs["routing_logits"].double(), inputs["routing_bias"].double()
+    hidden = inputs["hidden_states"].double() * inputs["hidden_states_scale"].double().t().repeat_interleave(128, 1)
+    offset, scaling = inputs["local_expert_offset"], inputs["routed_scaling_factor"]
+    w13, s13 = inputs["gemm1_weights"].double(), inputs["gemm1_weights_scale"].double()
+    w2, s2 = inputs["gemm2_weights"].double(), inputs["gemm2_weights_scale"].double()
+    inter = w2.shape[2]
+
+    def dequant(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(w.shape[0])[:, None] // 128
+        cols = torch.arange(w.shape[1])[None, :] // 128
+        return w * s[rows, cols]
+
+    out = torch.zeros(hidden.shape, dtype=torch.float64)
+    choices = []
+    for t in range(logits.shape[0]):
+        s = (1.0 / (1.0 + torch.exp(-logits[t]))).tolist()
+        sb = [v + float(b) for v, b in zip(s, bias.tolist(), strict=True)]
+        group_score = [sum(sorted(sb[g * 32 : (g + 1) * 32], reverse=True)[:2]) for g in range(8)]
+        kept = sorted(range(8), key=lambda g: -group_score[g])[:4]
+        chosen = sorted((e for g in kept for e in range(g * 32, (g + 1) * 32)), key=lambda e: -sb[e])[:8]
+        choices.append(sorted(chosen))
+        norm = sum(s[e] for e in chosen) + 1e-20
+        for e in chosen:
+            local = e - offset
+            if not 0 <= local < w13.shape[0]:
+                continue
+            g = dequant(w13[local], s13[local]) @ hidden[t]
+            c = torch.nn.functional.silu(g[inter:]) * g[:inter]
+            out[t] += s[e] / norm * scaling * (dequant(w2[local], s2[local]) @ c)
+    return out, choices
+
+
+def test_moe_reference_matches_float64_with_local_and_remote_tokens():
+    inputs = _moe_case(tokens=6, offset=64, seed=7)
+    exact, choices = _moe_f64(inputs)
+    ids, _ = _task(MOE).module.route(inputs["routing_logits"], inputs["routing_bias"], 2.5)
+    assert [sorted(row) for row in ids.tolist()] == choices
+    assert all(64 <= e < 96 for e in choices[0]) and not any(64 <= e < 96 for e in choices[1])
+    out = _task(MOE).module.reference(inputs)
+    assert out.dtype == torch.bfloat16 and out.shape == exact.shape
+    assert torch.all(out[1] == 0)  # every expert of token 1 lives on another rank
+    assert exact[0].abs().max() > 0.1
+    assert torch.all((out.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-5)
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_reference_solution_is_the_reference(name):
+    task = _task(name)
+    wl = task.workloads("all", "cpu")[2]
+    inputs = task.generate_inputs(wl, 11, "cpu")
+    expected = task.reference(inputs)
+    got = task.normalize_outputs(task.call(_solution_entry(name, "reference"), inputs))
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+# --- (b) input synthesis ------------------------------------------------------------------------
+
+
+def test_split_lengths_sum_to_the_total_in_every_style():
+    gen = torch.Generator().manual_seed(0)
+    for style in SPLIT_STYLES:
+        for total, parts in [(28815, 64), (1020, 16), (7, 1), (22, 22), (0, 3), (5, 9)]:
+            lengths = split_lengths(total, parts, style, gen, "cpu")
+            assert lengths.shape == (parts,) and int(lengths.sum()) == total and int(lengths.min()) >= 0
+    even = split_lengths(1021, 16, "even", gen, "cpu")
+    assert int(even.max() - even.min()) <= 1
+    skewed = [split_lengths(457, 16, "skewed", torch.Generator().manual_seed(s), "cpu") for s in range(20)]
+    assert any(int(lens.min()) == 0 for lens in skewed), "skewed splits leave some requests empty"
+    assert any(int(lens.max()) > 200 for lens in skewed)
+
+
+def test_split_style_is_drawn_from_the_seed():
+    styles = {choose_style(torch.Generator().manual_seed(s), "cpu") for s in range(40)}
+    assert styles == set(SPLIT_STYLES)
+
+
+@pytest.mark.parametrize("name", PAGED_TASKS)
+def test_page_tables_of_every_published_workload_are_valid(name):
+    definition = _definition(name)
+    names = set(definition["inputs"])
+    for i, wl in enumerate(_task(name).workloads("all", "cuda")):
+        axes = resolve_axes(definition, wl.axes)
+        tables = paged_tables(axes, names, torch.Generator().manual_seed(i), "cpu")
+        kv_indptr, kv_indices = tables["kv_indptr"], tables["kv_indices"]
+        assert kv_indptr.dtype == kv_indices.dtype == torch.int32
+        assert kv_indptr.shape == (axes["len_indptr"],) and kv_indices.shape == (axes["num_kv_indices"],)
+        assert int(kv_indptr[0]) == 0 and int(kv_indptr[-1]) == axes["num_kv_indices"]
+        kv_lens = torch.diff(kv_indptr)
+        assert int(kv_lens.min()) >= 0
+        assert kv_indices.unique().numel() == kv_indices.numel(), "page ids must be unique"
+        assert int(kv_indices.min()) >= 0 and int(kv_indices.max()) < axes["num_pages"]
+        if "qo_indptr" in tables:
+            q_lens = torch.diff(tables["qo_indptr"])
+            assert int(tables["qo_indptr"][-1]) == axes["total_q"]
+            assert torch.all(kv_lens >= q_lens), "kv_len >= q_len for every request"
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_generated_inputs_follow_the_definition(name):
+    task = _task(name)
+    definition = _definition(name)
+    for wl in task.workloads("all", "cpu"):
+        inputs = task.generate_inputs(wl, 5, "cpu")
+        assert list(inputs) == list(definition["inputs"])
+        axes = resolve_axes(definition, wl.axes)
+        for key, spec in definition["inputs"].items():
+            if spec["shape"] is None:
+                assert inputs[key] == wl.params["inputs"][key]["value"]
+                continue
+            assert tuple(inputs[key].shape) == tuple(axes[d] for d in spec["shape"]), key
+            assert str(inputs[key].dtype) == f"torch.{spec['dtype']}", key
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_inputs_are_deterministic_per_seed_and_differ_across_seeds(name):
+    task = _task(name)
+    wl = task.workloads("all", "cpu")[-1]
+    a, b = task.generate_inputs(wl, 21, "cpu"), task.generate_inputs(wl, 21, "cpu")
+    assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    others = [task.generate_inputs(wl, s, "cpu") for s in (22, 23)]
+    key = "kv_indices" if name in PAGED_TASKS else "hidden_states"
+    assert all(not torch.equal(a[key].float(), o[key].float()) for o in others)
+    if name in PAGED_TASKS:
+        assert any(not torch.equal(a["kv_indptr"], o["kv_indptr"]) for o in others), "new splits per seed"
+
+
+def test_moe_inputs_have_positive_block_scales_and_a_realistic_option():
+    inputs = _task(MOE).generate_inputs(
+        Workload(name="m", axes={"seq_len": 5, **MOE_SMALL}, params=_scalars(local_expert_offset=0, routed_scaling_factor=2.5)),
+        1, "cpu")
+    for key in ("hidden_states_scale", "gemm1_weights_scale", "gemm2_weights_scale"):
+        assert inputs[key].min() > 0
+    assert inputs["hidden_states"].float().abs().max() <= 2.0
+    real = _task(MOE).generate_inputs(
+        Workload(name="m", axes={"seq_len": 5, **MOE_SMALL}, params=_scalars(local_expert_offset=0, routed_scaling_factor=2.5)),
+        1, "cpu", frozenset({"realistic-moe"}))
+    codes = real["gemm1_weights"].float().view(32, 2, QUANT_BLOCK, 2, QUANT_BLOCK)
+    assert torch.all(codes.abs().amax(dim=(2, 4)) == FP8_MAX), "amax/448 scales put each block's max at 448"
+    values = codes * real["gemm1_weights_scale"][:, :, None, :, None]
+    assert 0.9 < float(values.std()) < 1.1
+    rows = real["hidden_states"].float().view(5, 2, QUANT_BLOCK).abs().amax(dim=2)
+    assert torch.all(rows == FP8_MAX)
+
+
+# --- (c) the bundles --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_bundle_loads_with_its_definition_and_workload_sets(name):
+    task = _task(name)
+    d, definition = task.definition, _definition(name)
+    assert d.name == definition["name"] == name
+    assert d.interface == "flashinfer" and d.entry_point == "run" and d.baseline == "reference"
+    assert d.score.kind == "mean_speedup"
+    assert d.tolerance.rule == "flashinfer" and d.tolerance.atol == d.tolerance.rtol == 0.01
+    assert d.tolerance.required_fraction == (0.95 if name == MOE else 1.0)
+    assert list(d.inputs) == list(definition["inputs"]) and list(d.outputs) == list(definition["outputs"])
+    assert d.axes == definition["axes"] and d.constraints == definition.get("constraints", [])
+    assert set(d.workload_sets) == {"all", "feedback", "all-cpu", "feedback-cpu"}
+    assert task.workload_set_name("feedback", "cpu") == "feedback-cpu"
+    everything = {w.name: w for w in task.workloads("all", "cuda")}
+    feedback = task.workloads("feedback", "cuda")
+    assert len(everything) == ALL_COUNTS[name] and len(feedback) == FEEDBACK_COUNTS[name]
+    assert all(everything[w.name] == w for w in feedback)
+    var_axes = {a for a, spec in definition["axes"].items() if spec["type"] == "var"}
+    for w in task.workloads("all", "cpu"):
+        assert var_axes <= set(w.axes)
+    assert {"reference", "triton_seed"} <= set(task.solution_names())
+
+
+# --- (d) every solution through the sandboxed evaluator -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory: pytest.TempPathFactory):
+    ev = Evaluator(
+        "cpu", tmp_path_factory.mktemp("fi_sandbox"),
+        limits=Limits(setup=120, build_python=60, idle=60, total=240),
+        timing=TimingPolicy(max_calls=3, warmup_calls=1, max_total_s=2.0),
+    )
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize("solution", ["reference", "triton_seed"])
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_solution_passes_feedback_workloads_in_the_sandbox(evaluator, name, solution):
+    task = _task(name)
+    result = evaluator.evaluate(task, task.solution(solution), workload_set="feedback", mode="fresh")
+    assert result.status is Status.PASSED, (result.message, result.log)
+    assert result.workload_set == "feedback-cpu" and len(result.workloads) == 3
+    assert all(w.timing is not None for w in result.workloads)
+
+
+def test_triton_moe_seed_passes_the_realistic_option(evaluator):
+    task = _task(MOE)
+    result = evaluator.evaluate(task, task.solution("triton_seed"), workload_set="feedback", timed=False,
+                                options={"realistic-moe"})
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+# --- (e) every tunable choice of the Triton seeds -----------------------------------------------
+
+
+def _hard_case(name: str) -> dict[str, Any]:
+    if name == GQA:
+        return _decode_case(GQA, GQA_CASES["uneven_with_empty"], seed=9)
+    if name == MLA_DECODE:
+        return _decode_case(MLA_DECODE, DECODE_CASES["uneven_with_empty"], seed=9, pool=200)
+    if name == MLA_PREFILL:
+        return _prefill_case(*PREFILL_CASES["offsets"], seed=9)
+    return _moe_case(tokens=12, offset=96, seed=9)
+
+
+@functools.cache
+def _hard_case_with_reference(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    inputs = _hard_case(name)
+    return inputs, _task(name).reference(inputs)
+
+
+def _seed_source(name: str) -> str:
+    return (TASKS / name / "solutions" / "triton_seed" / "main.py").read_text()
+
+
+VARIANTS = [
+    (name, t.name, choice)
+    for name in ALL_TASKS
+    for t in read_tunables(_seed_source(name)).values()
+    for choice in t.choices
+    if choice != t.value
+]
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_seed_declares_block_warp_stage_and_precision_tunables(name):
+    tunables = read_tunables(_seed_source(name))
+    assert {"BLOCK_N", "NUM_WARPS", "NUM_STAGES"} <= set(tunables)
+    assert any(k.endswith(("PRECISION", "OPERANDS")) or k == "INTERMEDIATE" for k in tunables)
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_seed_defaults_pass_the_hard_case(name, tmp_path):
+    _check_seed_variant(name, {}, tmp_path)
+
+
+@pytest.mark.parametrize(("name", "tunable", "value"), VARIANTS, ids=[f"{n[:11]}-{t}={v}" for n, t, v in VARIANTS])
+def test_every_tunable_choice_passes(name, tunable, value, tmp_path):
+    _check_seed_variant(name, {tunable: value}, tmp_path)
+
+
+def _check_seed_variant(name: str, values: dict[str, Any], tmp_path: Path) -> None:
+    # Triton reads kernel source from the file, so each variant needs a real file of its own.
+    path = tmp_path / "main.py"
+    path.write_text(rewrite_tunables(_seed_source(name), values))
+    module_name = f"fi_seed_{name}_{'_'.join(f'{k}{v}' for k, v in values.items())}"
+    module = _load(path, module_name)
+    try:
+        task = _task(name)
+        inputs, expected = _hard_case_with_reference(name)
+        got = task.normalize_outputs(task.call(module.run, inputs))
+        verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+        assert verdict.status is Status.PASSED, verdict.message
+    finally:
+        sys.modules.pop(module_name, None)
+
+
+# --- (f) FlashInfer-Bench datasets and solution JSON --------------------------------------------
+
+TOY_DEFINITION = {
+    "name": "toy_scale_shift_d64",
+    "op_type": "elementwise",
+    "description": "y = x * w + shift over rows of 64.",
+    "axes": {"rows": {"type": "var"}, "dim": {"type": "const", "value": 64}},
+    "inputs": {
+        "x": {"shape": ["rows", "dim"], "dtype": "float32"},
+        "w": {"shape": ["dim"], "dtype": "bfloat16"},
+        "shift": {"shape": None, "dtype": "float32"},
+    },
+    "outputs": {"y": {"shape": ["rows", "dim"], "dtype": "float32"}},
+    "reference": "import torch\n\n\ndef run(x, w, shift):\n    return x * w.float() + shift\n",
+}
+
+
+def _fib_line(definition: str, uuid: str, axes: dict[str, int], inputs: dict[str, Any]) -> str:
+    return json.dumps({"definition": definition, "solution": None,
+                       "workload": {"uuid": uuid, "axes": axes, "inputs": inputs}, "evaluation": None})
+
+
+def _write_nested_dataset(root: Path) -> None:
+    """definitions/<op_type>/<name>.json and workloads/<op_type>/<name>.jsonl, as FlashInfer-Bench lays them out."""
+    for name in (GQA, MOE):
+        definition = _definition(name)
+        (root / "definitions" / definition["op_type"]).mkdir(parents=True, exist_ok=True)
+        (root / "definitions" / definition["op_type"] / f"{name}.json").write_text(json.dumps(definition))
+        (root / "workloads" / definition["op_type"]).mkdir(parents=True, exist_ok=True)
+        lines = [_fib_line(name, w.name, w.axes, w.params["inputs"]) for w in _task(name).workloads("all", "cuda")]
+        (root / "workloads" / definition["op_type"] / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "definitions" / "elementwise").mkdir(parents=True)
+    (root / "definitions" / "elementwise" / "toy.json").write_text(json.dumps(TOY_DEFINITION))
+    (root / "workloads" / "elementwise").mkdir(parents=True)
+    toy_lines = [_fib_line(TOY_DEFINITION["name"], f"toy-{rows}", {"rows": rows},
+                           {"x": {"type": "random"}, "w": {"type": "random"}, "shift": {"type": "scalar", "value": 0.5}})
+                 for rows in (3, 17)]
+    (root / "workloads" / "elementwise" / "toy.jsonl").write_text("\n".join(toy_lines) + "\n")
+    orphan = dict(TOY_DEFINITION, name="orphan_without_reference")
+    del orphan["reference"]
+    (root / "definitions" / "elementwise" / "orphan.json").write_text(json.dumps(orphan))
+    (root / "workloads" / "elementwise" / "orphan.jsonl").write_text(
+        _fib_line("orphan_without_reference", "o-1", {"rows": 2}, {"shift": {"type": "scalar", "value": 1.0}}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fib_dataset")
+    _write_nested_dataset(root)
+    return load_dataset(root, cache_dir=tmp_path_factory.mktemp("fib_cache"))
+
+
+def test_dataset_becomes_bundles_and_skips_what_it_cannot_judge(dataset):
+    assert set(dataset) == {GQA, MOE, TOY_DEFINITION["name"]}  # the orphan has no reference anywhere
+    for name, root in dataset.items():
+        task = Task.load(root)
+        assert task.name == name
+        assert json.loads((root / "definition.json").read_text())["name"] == name
+
+
+def test_dataset_bundle_of_a_known_definition_matches_the_bundled_task(dataset):
+    generated, bundled = Task.load(dataset[GQA]), _task(GQA)
+    assert [w.name for w in generated.workloads("all", "cuda")] == [w.name for w in bundled.workloads("all", "cuda")]
+    assert generated.definition.description == bundled.definition.description
+    wl = bundled.workloads("feedback", "cpu")[1]
+    a, b = generated.generate_inputs(wl, 3, "cpu"), bundled.generate_inputs(wl, 3, "cpu")
+    assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    ra, rb = generated.reference(a), bundled.reference(b)
+    assert all(torch.equal(ra[k], rb[k]) for k in rb)
+    assert set(generated.solution_names()) == set(bundled.solution_names())
+
+
+def test_dataset_bundle_reuses_the_cache(dataset, tmp_path):
+    root = tmp_path / "again"
+    _write_nested_dataset(root)
+    cache = dataset[GQA].parent
+    assert load_dataset(root, cache_dir=cache)[GQA] == dataset[GQA]
+
+
+def test_flat_dataset_layout_loads(tmp_path):
+    (tmp_path / f"{GQA}.definition.json").write_text((TASKS / GQA / "definition.json").read_text())
+    lines = [_fib_line(GQA, w.name, w.axes, w.params["inputs"]) for w in _task(GQA).workloads("all", "cuda")]
+    (tmp_path / f"{GQA}.workloads.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "feedback_workloads.json").write_text(json.dumps({"feedback": {}}))  # not a definition
+    bundles = load_dataset(tmp_path, cache_dir=tmp_path / "cache")
+    assert list(bundles) == [GQA]
+    assert len(Task.load(bundles[GQA]).workloads("all", "cuda")) == ALL_COUNTS[GQA]
+
+
+def test_definition_reference_field_drives_the_generated_bundle(dataset, evaluator):
+    task = Task.load(dataset[TOY_DEFINITION["name"]])
+    inputs = task.generate_inputs(task.workloads("all", "cpu")[1], 8, "cpu")
+    assert inputs["x"].shape == (17, 64) and inputs["w"].dtype == torch.bfloat16 and inputs["shift"] == 0.5
+    assert torch.equal(task.reference(inputs)["y"], inputs["x"] * inputs["w"].float() + 0.5)
+    result = evaluator.evaluate(task, task.baseline(), workload_set="all", mode="fresh")
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.parametrize(("name", "solution"), [(n, s) for n in ALL_TASKS for s in _task(n).solution_names()])
+def test_solution_json_round_trip_keeps_the_id(name, solution, tmp_path):
+    task = _task(name)
+    original = task.solution(solution)
+    exported = solution_to_json(original, task, target_hardware="NVIDIA_H200")
+    assert exported["definition"] == name and exported["spec"]["destination_passing_style"] is False
+    assert exported["spec"]["entry_point"] == f"{original.entry_file}::run"
+    path = tmp_path / "solution.json"
+    path.write_text(json.dumps(exported))
+    back = solution_from_json(path, task)
+    assert back.id == original.id and back.name == original.name and back.language == original.language
+
+
+def test_destination_passing_solution_runs_through_an_adapter(dataset, evaluator):
+    task = Task.load(dataset[TOY_DEFINITION["name"]])
+    fib = {
+        "name": "dps_toy", "definition": TOY_DEFINITION["name"], "author": "someone",
+        "spec": {"language": "python", "target_hardware": ["cuda"], "entry_point": "kernel.py::forward"},
+        "sources": [{"path": "kernel.py", "content": "def forward(x, w, shift, y):\n    y.copy_(x * w.float() + shift)\n"}],
+    }
+    solution = solution_from_dict(fib, task)
+    assert solution.entry_file == ADAPTER_FILE and "kernel.py" in solution.sources
+    result = evaluator.evaluate(task, solution, workload_set="all", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)
+    exported = solution_to_json(solution, task, target_hardware=["cuda"])
+    assert exported["spec"]["destination_passing_style"] is True
+    assert exported["spec"]["entry_point"] == "kernel.py::forward"
+    assert [s["path"] for s in exported["sources"]] == ["kernel.py"]
+    assert solution_from_dict(exported, task).id == solution.id
+
+
+@pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"definition": "something_else"}, "not for task"),
+        ({"sources": [{"path": "src/main.py", "content": "x = 1\n"}]}, "not a plain file name"),
+        ({"spec": {"language": "cuda", "target_hardware": ["h200"], "entry_point": "main.cpp::run",
+                   "destination_passing_style": False, "binding": "tvm-ffi"}}, "binding tvm-ffi"),
+        ({"spec": {"language": "tilelang", "target_hardware": ["h200"], "entry_point": "main.py::run"}}, "not supported"),
+        ({"spec": {"language": "python", "target_hardware": ["h200"], "entry_point": "main.py"}}, "file::function"),
+    ],
+)
+def test_unusable_solution_json_is_a_task_error(patch, fragment):
+    task = _task(GQA)
+    base = solution_to_json(task.solution("reference"), task, target_hardware="NVIDIA_H200")
+    with pytest.raises(TaskError, match=fragment):
+        solution_from_dict({**base, **patch}, task)
+
+
+# --- (g) on a GPU (skipped here) ----------------------------------------------------------------
+# Correctness on every published workload, untimed; timing on the feedback sets in fresh mode.
+
+SOLUTIONS = [(n, s) for n in ALL_TASKS for s in _task(n).solution_names()]
+
+
+@pytest.fixture(scope="module")
+def gpu_evaluator(tmp_path_factory: pytest.TempPathFactory):
+    ev = Evaluator("cuda", tmp_path_factory.mktemp("fi_gpu_sandbox"), timing=TimingPolicy(max_calls=10))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "solution"), SOLUTIONS)
+def test_solution_passes_every_workload_on_the_gpu(gpu_evaluator, name, solution):
+    task = _task(name)
+    result = gpu_evaluator.evaluate(task, task.solution(solution), workload_set="all", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "solution"), SOLUTIONS)
+def test_solution_is_timed_on_feedback_workloads_on_the_gpu(gpu_evaluator, name, solution):
+    task = _task(name)
+    result = gpu_evaluator.evaluate(task, task.solution(solution), workload_set="feedback", mode="fresh")
+    assert result.status is Status.PASSED, (result.message, result.log)
+    assert all(w.timing is not None and w.timing.clock == "cuda_events" for w in result.workloads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("solution", ["reference", "triton_seed"])
+def test_moe_solution_passes_the_realistic_option_on_the_gpu(gpu_evaluator, solution):
+    task = _task(MOE)
+    result = gpu_evaluator.evaluate(task, task.solution(solution), workload_set="feedback", timed=False,
+                                    options={"realistic-moe"})
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "tunable", "value"), VARIANTS, ids=[f"{n[:11]}-{t}={v}" for n, t, v in VARIANTS])
+def test_every_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, value):
+    task = _task(name)
+    seed = task.solution("triton_seed")
+    variant = Solution(**{**seed.model_dump(), "name": f"triton_seed[{tunable}={value}]",
+                          "sources": {"main.py": rewrite_tunables(seed.sources["main.py"], {tunable: value})}})
+    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)

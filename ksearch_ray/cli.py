@@ -65,6 +65,7 @@ def eval_(
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also measure the task's baseline, side by side.")] = False,
     task_dir: TaskDirs = None,
     work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
+    max_calls: Annotated[int | None, typer.Option(help="Cap on timed calls per workload (default 100, GPUMode's).")] = None,
 ) -> None:
     """Evaluate one candidate kernel: correctness on every workload, then timing."""
     if mode not in ("fresh", "reuse"):
@@ -84,11 +85,16 @@ def eval_(
     except TaskError as exc:
         fail(str(exc))
 
-    from ksearch_ray.evaluator import Evaluator
+    from ksearch_ray.evaluator import Evaluator, TimingPolicy
     from ksearch_ray.sandbox.client import SandboxError
 
+    timing = TimingPolicy.for_device(device)
+    if max_calls is not None:
+        if max_calls < 3:
+            fail("--max-calls must be at least 3")
+        timing.max_calls = max_calls
     try:
-        evaluator = Evaluator(device, work_dir)
+        evaluator = Evaluator(device, work_dir, timing=timing)
     except RuntimeError as exc:
         fail(str(exc))
     try:

@@ -134,7 +134,8 @@ def test_reuse_mode_times_a_good_candidate(evaluator, toy):
 @pytest.mark.parametrize("bad", ["abort", "segfault", "hang", "kill_parent"])
 def test_a_crash_costs_only_that_candidate(evaluator, toy, bad):
     first = evaluate(evaluator, toy, bad)
-    assert first.status in {Status.CRASHED, Status.TIMEOUT}, first.message
+    assert first.status in {Status.CRASHED, Status.TIMEOUT, Status.INTEGRITY_VIOLATION}, first.message
+    assert not first.passed
     healthy = evaluator.evaluate(toy, toy.baseline())
     assert healthy.status is Status.PASSED, healthy.message
 

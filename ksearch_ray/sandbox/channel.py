@@ -59,7 +59,10 @@ class Channel:
             ready, _, _ = select.select([self.sock], [], [], remaining)
             if not ready:
                 raise ChannelTimeout()
-            chunk = self.sock.recv(1 << 20)
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except ConnectionResetError:
+                raise ChannelClosed() from None
             if not chunk:
                 raise ChannelClosed()
             self._buf += chunk

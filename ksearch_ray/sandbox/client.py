@@ -74,7 +74,7 @@ class Sandbox:
 
     # --- zygote lifecycle -----------------------------------------------------------------
 
-    def _alive(self) -> bool:
+    def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
     def _start_zygote(self) -> None:
@@ -123,7 +123,7 @@ class Sandbox:
 
     def start(self, job: dict[str, Any]) -> WorkerHandle:
         for attempt in (1, 2):
-            if not self._alive():
+            if not self.alive():
                 self._start_zygote()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -150,7 +150,7 @@ class Sandbox:
     def reap(self, worker: WorkerHandle) -> tuple[int, int]:
         """(exit code, signal number) of a finished worker; (-1, 0) if the zygote is gone."""
         worker.chan.close()
-        if not self._alive():
+        if not self.alive():
             return -1, 0
         try:
             reply = self._request({"cmd": "wait", "pid": worker.pid})

@@ -35,6 +35,7 @@ _save = torch.save
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _elapsed = torch.cuda.Event.elapsed_time
+_event_sync = torch.cuda.Event.synchronize
 
 
 class CandidateFailure(Exception):
@@ -202,6 +203,7 @@ class Worker:
         max_total_s, max_wall_s = cmd.get("max_total_s", 10.0), cmd.get("max_wall_s", 120.0)
         times: list[float] = []
         walls: list[float] = []
+        tails: list[float] = []
         seed_index = 0
         inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
         start_wall = _perf()
@@ -220,13 +222,18 @@ class Worker:
                 start.record()
                 result = self.call(inputs)
                 end.record()
-                _sync()
+                _event_sync(end)
                 t1 = _perf()
+                # The timed stream is done; a device-wide sync now returns at once unless work
+                # the events did not cover (side streams) is still running.
+                _sync()
+                tails.append((_perf() - t1) * 1e3)
                 times.append(_elapsed(start, end))
             else:
                 result = self.call(inputs)
                 t1 = _perf()
                 times.append((t1 - t0) * 1e3)
+                tails.append(0.0)
             walls.append((t1 - t0) * 1e3)
             self.integrity_check(f"timed call {i} of {name}")
             self.chan.send({"type": "tick", "n": i + 1})
@@ -239,7 +246,7 @@ class Worker:
         pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         outputs = self.check_outputs(result, inputs, pristine)
         path, digest = self.save(outputs, f"timed_{item['index']}")
-        self.chan.send({"type": "timing", "index": item["index"], "times_ms": times, "wall_ms": walls,
+        self.chan.send({"type": "timing", "index": item["index"], "times_ms": times, "wall_ms": walls, "tail_ms": tails,
                         "file": path, "sha256": digest, "seed_index": seed_index})
 
     def _l2_flusher(self) -> Any:

@@ -96,6 +96,9 @@ def _execute(search: Search, progress: bool) -> RunState:
 
 
 def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:
+    find_task(config.task, config.task_dirs)  # an unknown task fails before anything starts
+    if config.run_dir and (Path(config.run_dir) / "manifest.json").exists():
+        raise ConfigError(f"{config.run_dir} already holds a run; use `ksearch resume {config.run_dir}`")
     check_model(config)
     init_ray(config)
     config, task = resolve(config)

@@ -190,3 +190,20 @@ def test_side_stream_work_is_caught_by_the_wall_clock_cross_check(toy, tmp_path)
         ev.close()
     assert result.status is Status.INTEGRITY_VIOLATION, result.message
     assert "escapes the timing stream" in result.message
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "statuses", "fragment"), [
+    ("illegal_access", {Status.CRASHED, Status.RUNTIME_ERROR}, "illegal memory access"),
+    ("out_of_memory", {Status.RUNTIME_ERROR}, "OutOfMemoryError"),
+])
+def test_cuda_faults_cost_only_that_candidate(toy, tmp_path, name, statuses, fragment):
+    ev = Evaluator("cuda", tmp_path)
+    try:
+        bad = evaluate(ev, toy, name)
+        healthy = ev.evaluate(toy, toy.baseline())
+    finally:
+        ev.close()
+    assert bad.status in statuses, (bad.message, bad.log[-500:])
+    assert fragment in bad.message + bad.log
+    assert healthy.status is Status.PASSED, healthy.message

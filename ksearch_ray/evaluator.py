@@ -232,7 +232,10 @@ class Evaluator:
             self.sandbox.kill(worker)
             code, sig = self.sandbox.reap(worker)
             how = f"killed by signal {sig}" if sig else f"exited with code {code}"
-            raise Failure(Status.CRASHED, f"worker process {how} during {phase}", self._logs()) from None
+            logs = self._logs()
+            last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
+            raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {last[:300]}" if last else ""),
+                          logs) from None
         except ChannelForgery as exc:
             raise Failure(Status.INTEGRITY_VIOLATION, f"forged message on the result channel ({exc})") from None
         if msg.get("type") == "fail":

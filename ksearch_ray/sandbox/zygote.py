@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -75,6 +76,9 @@ def main(ctrl_fd: int) -> None:
                 code = 1
                 try:
                     code = _run_child(ctrl, fds[0])
+                except BaseException:  # noqa: BLE001  (the worker's last words belong in its log)
+                    traceback.print_exc()
+                    sys.stderr.flush()
                 finally:
                     os._exit(code)
             os.close(fds[0])

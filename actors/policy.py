@@ -6,13 +6,14 @@ from pathlib import Path
 
 import ray
 
-from ksearch_ray.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policy import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
 
 
 @ray.remote(num_cpus=0)
 class PolicyActor:
     def __init__(self, role: str, llm_config_json: str | None, cache_dir: str | None, prompts_dir: str | None):
         self.role = role
+        self.policy: Policy
         if llm_config_json is None:
             from ksearch_ray.offline_policy import OfflinePolicy
 

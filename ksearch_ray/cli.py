@@ -106,7 +106,7 @@ def eval_(
         evaluator.close()
 
     if as_json:
-        payload = {"result": result.model_dump(mode="json")}
+        payload: dict[str, object] = {"result": result.model_dump(mode="json")}
         if base is not None:
             payload["baseline"] = base.model_dump(mode="json")
             payload["speedup"] = _speedup(base, result, task)

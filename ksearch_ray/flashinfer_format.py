@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from ksearch_ray.flashinfer_inputs import unsupported_reason
-from ksearch_ray.models import Solution
+from ksearch_ray.models import Language, Solution
 from ksearch_ray.task import Task, TaskError, Workload, bundled_tasks_dir
 
 log = logging.getLogger(__name__)
@@ -209,8 +209,8 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
     (staging / "workloads").mkdir()
     (staging / "workloads" / "all.jsonl").write_text(lines)
     sets = {"all": "workloads/all.jsonl"}
-    twin_spec = json.loads((twin / "task.json").read_text()) if twin else None
     if twin is not None:
+        twin_spec = json.loads((twin / "task.json").read_text())
         # The twin's reduced CPU sets and the paper's feedback set carry over unchanged.
         for set_name, rel in twin_spec["workload_sets"].items():
             if set_name != "all":
@@ -319,7 +319,8 @@ def solution_from_dict(data: Mapping[str, Any], task: Task, *, origin: str = "so
         raise TaskError(f"{origin}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     if fib.definition != task.name:
         raise TaskError(f"{origin}: solution for definition {fib.definition}, not for task {task.name}")
-    language = {"python": "python", "triton": "triton", "cuda": "cuda", "cpp": "cuda"}.get(fib.spec.language)
+    languages: dict[str, Language] = {"python": "python", "triton": "triton", "cuda": "cuda", "cpp": "cuda"}
+    language = languages.get(fib.spec.language)
     if language is None:
         raise TaskError(f"{origin}: language {fib.spec.language} is not supported (python, triton, cuda, cpp)")
     if language == "cuda" and fib.spec.binding not in (None, "torch"):

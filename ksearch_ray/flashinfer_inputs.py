@@ -130,7 +130,7 @@ def split_lengths(total: int, parts: int, style: str, gen: torch.Generator, devi
         if total:
             raise SynthesisError(f"cannot split {total} over zero requests")
         return torch.zeros(0, dtype=torch.int64, device=device)
-    f64 = {"dtype": torch.float64, "device": device, "generator": gen}
+    f64: dict[str, Any] = {"dtype": torch.float64, "device": device, "generator": gen}
     if style == "even":
         shares = torch.ones(parts, dtype=torch.float64, device=device)
     elif style == "uneven":

@@ -8,6 +8,7 @@ cost, and nothing crashes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from ksearch_ray.llm import LiteLLMClient, LLMCall, LLMClient, LLMConfig, LLMError, ResponseCache
 from ksearch_ray.models import EvalResult, Solution
@@ -135,7 +136,7 @@ class LLMPolicy:
         text, calls, error = await self._ask(request.kind, **fields)
         if text is None:
             return CodeReply(calls=calls, error=error)
-        language = "cuda" if request.language == "cuda" else "python"
+        language: Literal["cuda", "python"] = "cuda" if request.language == "cuda" else "python"
         try:
             files = extract_code(text, language)
         except ParseError as exc:

@@ -246,7 +246,7 @@ def solution_from_file(path: Path, task: Task, *, name: str | None = None) -> So
         text = path.read_text()
     except UnicodeDecodeError:
         raise TaskError(f"{path}: not a text file") from None
-    language = "cuda" if path.suffix in {".cu", ".cpp", ".cc"} else "python"
+    language: Literal["cuda", "python"] = "cuda" if path.suffix in {".cu", ".cpp", ".cc"} else "python"
     return Solution(
         name=name or path.stem,
         task=task.name,

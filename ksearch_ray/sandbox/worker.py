@@ -100,7 +100,15 @@ class Worker:
     def inputs_for(self, workload: dict[str, Any], seed: int) -> dict[str, Any]:
         from ksearch_ray.task import Workload
 
-        return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)
+        try:
+            return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)
+        except Exception as exc:  # trusted code, but it runs after the candidate was imported
+            raise CandidateFailure(
+                "CRASHED",
+                f"input generation failed (a broken task bundle, or a candidate that patched torch): "
+                f"{type(exc).__name__}: {str(exc)[:300]}",
+                traceback.format_exc()[-2000:],
+            ) from None
 
     def call(self, inputs: dict[str, Any]) -> Any:
         try:

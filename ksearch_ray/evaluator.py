@@ -171,7 +171,7 @@ class Evaluator:
         busy = 0.0
         try:
             busy = self._drive(run, worker, timed, workdir)
-            if not self.sandbox.alive():
+            if not self.sandbox.healthy():
                 # Nothing but the candidate runs beside the zygote: its death is the candidate's doing.
                 raise Failure(Status.INTEGRITY_VIOLATION, "the sandbox's zygote process died while this candidate ran")
         except Failure as failure:

@@ -77,6 +77,16 @@ class Sandbox:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def healthy(self) -> bool:
+        """Alive and answering: a zygote killed a moment ago may not have been reaped yet."""
+        if not self.alive():
+            return False
+        try:
+            return bool(self._request({"cmd": "ping"}).get("pong"))
+        except (OSError, ConnectionError, ValueError):
+            self.close()
+            return False
+
     def _start_zygote(self) -> None:
         self.close()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -109,7 +119,7 @@ class Sandbox:
 
     def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
         assert self._ctrl is not None
-        self._ctrl.settimeout(60.0)
+        self._ctrl.settimeout(10.0)
         if fds:
             socket.send_fds(self._ctrl, [json.dumps(message).encode()], fds)
         else:

@@ -9,6 +9,7 @@ spawned in one signal, and dies with the zygote (PR_SET_PDEATHSIG).
 Control messages (one JSON object per SOCK_SEQPACKET datagram, trusted side only):
   evaluator -> {"cmd": "run"} + the job socket's fd (SCM_RIGHTS)  ;  zygote -> {"pid": N}
   evaluator -> {"cmd": "wait", "pid": N}                          ;  zygote -> {"pid": N, "code": C, "signal": S}
+  evaluator -> {"cmd": "ping"}                                    ;  zygote -> {"pong": true}
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def main(ctrl_fd: int) -> None:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
             _reply(ctrl, {"pid": msg["pid"], "code": code, "signal": sig})
+        elif msg["cmd"] == "ping":
+            _reply(ctrl, {"pong": True})
         elif msg["cmd"] == "exit":
             return
 

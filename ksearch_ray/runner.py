@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -88,7 +89,7 @@ def _execute(search: Search, progress: bool) -> RunState:
     async def go() -> RunState:
         return await search.run()
 
-    if not progress:
+    if not progress or not sys.stderr.isatty():  # a live view is noise in job logs and pipes
         return asyncio.run(go())
     with ProgressView() as view:
         search.on_change = view.update

@@ -62,6 +62,7 @@ class Search:
         self.device = config.device or "cpu"
         self._round_lock = asyncio.Lock()
         self._stop_reason: str | None = None
+        self._seed_solutions: dict[str, Solution] | None = None
         self.wm_s = 0.0  # driver time waiting on the world model
         self.busy_s: dict[int, float] = {}  # evaluator index -> seconds spent evaluating
 
@@ -206,12 +207,14 @@ class Search:
         return {i: self.store.load_solution(i) for i in ids if self.store.has_solution(i)}
 
     def _seeds(self) -> dict[str, Solution]:
-        out = {}
-        for name in self.task.solution_names():
-            sol = self.task.solution(name)
-            if read_tunables(sol.sources[sol.entry_file]) or name == self.task.definition.baseline:
-                out[name] = sol
-        return out
+        """The task's seed kernels (those declaring tunables) and its baseline; read once."""
+        if self._seed_solutions is None:
+            self._seed_solutions = {}
+            for name in self.task.solution_names():
+                sol = self.task.solution(name)
+                if read_tunables(sol.sources[sol.entry_file]) or name == self.task.definition.baseline:
+                    self._seed_solutions[name] = sol
+        return self._seed_solutions
 
     # --- evaluation --------------------------------------------------------------------------------
 

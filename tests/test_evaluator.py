@@ -182,7 +182,7 @@ def test_each_candidate_gets_its_own_triton_cache_and_workdir(evaluator, toy, tm
 
 
 @pytest.mark.gpu
-def test_side_stream_work_is_caught_by_the_wall_clock_cross_check(toy, tmp_path):
+def test_side_stream_work_is_caught_by_the_device_busy_check(toy, tmp_path):
     ev = Evaluator("cuda", tmp_path)
     try:
         result = evaluate(ev, toy, "side_stream")

@@ -209,6 +209,7 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
     (staging / "workloads").mkdir()
     (staging / "workloads" / "all.jsonl").write_text(lines)
     sets = {"all": "workloads/all.jsonl"}
+    twin_spec: dict[str, Any] | None = None
     if twin is not None:
         twin_spec = json.loads((twin / "task.json").read_text())
         # The twin's reduced CPU sets and the paper's feedback set carry over unchanged.

@@ -155,5 +155,7 @@ def _trim(text: str, limit: int) -> str:
 
 
 def _x(speedup: float | None) -> str:
-    # Three significant digits: CPU-path speedups against a PyTorch baseline are tiny (0.00172x).
-    return f"{speedup:.3g}x" if speedup is not None else "?x"
+    if speedup is None:
+        return "?x"
+    # CPU-path speedups against a PyTorch baseline can be tiny (0.00172x): keep their digits.
+    return f"{speedup:.2f}x" if speedup >= 0.1 else f"{speedup:.3g}x"

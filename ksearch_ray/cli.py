@@ -23,6 +23,25 @@ out = Console()
 err = Console(stderr=True)
 
 TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", help="Extra directory of task bundles (repeatable).")]
+Datasets = Annotated[
+    list[Path] | None,
+    typer.Option("--dataset", help="FlashInfer-Bench dataset directory (definitions + workloads; repeatable)."),
+]
+
+
+def task_dirs(task_dir: list[Path] | None, dataset: list[Path] | None) -> list[str]:
+    """--task-dir folders, then one generated bundle per definition of each --dataset."""
+    dirs = [str(p) for p in task_dir or []]
+    for d in dataset or []:
+        if not d.is_dir():
+            fail(f"--dataset {d}: not a directory")
+        from ksearch_ray.flashinfer_format import load_dataset
+
+        try:
+            dirs += [str(p) for p in load_dataset(d).values()]
+        except TaskError as exc:
+            fail(f"--dataset {d}: {exc}")
+    return dirs
 
 
 def fail(message: str) -> NoReturn:
@@ -37,10 +56,10 @@ def default_device() -> str:
 
 
 @app.command()
-def tasks(task_dir: TaskDirs = None) -> None:
+def tasks(task_dir: TaskDirs = None, dataset: Datasets = None) -> None:
     """List the task bundles that can be found, with their workloads and solutions."""
     table = Table("task", "workload sets", "solutions", "path")
-    for name, root in sorted(discover(task_dir or []).items()):
+    for name, root in sorted(discover(task_dirs(task_dir, dataset)).items()):
         try:
             task = find_task(str(root))
             sets = ", ".join(
@@ -64,6 +83,7 @@ def eval_(
     compat: Annotated[list[str] | None, typer.Option("--compat", help="Compatibility option of the task (repeatable).")] = None,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also measure the task's baseline, side by side.")] = False,
     task_dir: TaskDirs = None,
+    dataset: Datasets = None,
     work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
     max_calls: Annotated[int | None, typer.Option(help="Cap on timed calls per workload (default 100, GPUMode's).")] = None,
 ) -> None:
@@ -71,7 +91,7 @@ def eval_(
     if mode not in ("fresh", "reuse"):
         fail(f"--mode must be fresh or reuse, not {mode!r}")
     try:
-        task = find_task(task_name, task_dir or [])
+        task = find_task(task_name, task_dirs(task_dir, dataset))
         solution = _resolve_candidate(candidate, task)
         options = set(compat or [])
         unknown = options - set(task.definition.compat_options)
@@ -141,6 +161,7 @@ def run(
     run_dir: Annotated[str | None, typer.Option(help="Run directory (default runs/<task>-<time>-<id>).")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Attach to this Ray cluster.")] = None,
     task_dir: TaskDirs = None,
+    dataset: Datasets = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress view.")] = True,
 ) -> None:
     """Search for a faster kernel: W action cycles in parallel on Ray, one shared world model."""
@@ -152,7 +173,7 @@ def run(
         "stagnation_window": stagnation_window, "max_difficulty": max_difficulty, "max_cost_usd": max_cost_usd,
         "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
         "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
-        "ray_address": ray_address, "task_dirs": [str(p) for p in task_dir] if task_dir else None,
+        "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
     }
     try:
         cfg = load_config(config, overrides)
@@ -181,6 +202,42 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
         print_run(out, run_dir)
     except RunDirError as exc:
         fail(str(exc))
+
+
+@app.command()
+def export(
+    source: Annotated[Path, typer.Argument(help="A run directory (exports its best solution) or a solution file/directory.")],
+    task_name: Annotated[str | None, typer.Option("--task", help="Task (default: the run's).")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of standard output.")] = None,
+    target_hardware: Annotated[str, typer.Option(help="FlashInfer-Bench target_hardware, e.g. H100 or H200.")] = "H100",
+    task_dir: TaskDirs = None,
+    dataset: Datasets = None,
+) -> None:
+    """Write a solution as FlashInfer-Bench solution JSON, ready to submit there."""
+    from ksearch_ray.flashinfer_format import solution_to_json
+    from ksearch_ray.models import Solution
+
+    try:
+        if (source / "manifest.json").is_file():
+            best_file = source / "best.json"
+            if not best_file.is_file():
+                fail(f"{source}: the run has no best solution yet")
+            solution = Solution.model_validate(json.loads(best_file.read_text())["solution"])
+            task = find_task(task_name or solution.task, task_dirs(task_dir, dataset))
+        else:
+            if task_name is None:
+                fail("--task is needed to export a solution file")
+            task = find_task(task_name, task_dirs(task_dir, dataset))
+            solution = _resolve_candidate(str(source), task)
+        payload = solution_to_json(solution, task, target_hardware=target_hardware)
+    except TaskError as exc:
+        fail(str(exc))
+    text = json.dumps(payload, indent=2)
+    if out_file:
+        out_file.write_text(text + "\n")
+        err.print(f"wrote {out_file}")
+    else:
+        print(text)
 
 
 def _runner():  # type: ignore[no-untyped-def]

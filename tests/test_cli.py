@@ -1,0 +1,93 @@
+"""The `ksearch` command line as a user meets it: real subprocesses, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parent / "data"
+GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
+
+
+def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "ksearch_ray", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["eval", "--task", "no_such_task", "x.py"], "unknown task 'no_such_task'"),
+    (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "missing.py"], "no such file or solution"),
+    (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--mode", "sometimes"], "--mode must be fresh or reuse"),
+    (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--workloads", "nope"], "no workload set 'nope'"),
+    (["run", "--task", "trimul", "--width", "0"], "width: Input should be greater than or equal to 1"),
+    (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
+    (["resume", "/nonexistent/run"], "is not a run directory"),
+    (["tasks", "--dataset", "/nonexistent/dataset"], "not a directory"),
+])
+def test_bad_input_gets_one_line_and_exit_status_2(args, message):
+    result = ksearch(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_eval_prints_a_table_and_fails_with_status_1_for_a_wrong_kernel():
+    ok = ksearch("eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["result"]["status"] == "PASSED"
+    bad = ksearch("eval", "--task", "toy_axpy", "--task-dir", str(DATA), str(DATA / "candidates" / "wrong_values.py"))
+    assert bad.returncode == 1
+    assert "INCORRECT_NUMERICAL" in bad.stdout and "first value outside tolerance" in " ".join(bad.stdout.split())
+
+
+def _dataset(tmp_path: Path) -> Path:
+    """A FlashInfer-Bench dataset: the definition JSON and one workload line in its own format."""
+    ds = tmp_path / "dataset"
+    (ds / "definitions" / "gqa_paged").mkdir(parents=True)
+    (ds / "workloads" / "gqa_paged").mkdir(parents=True)
+    definition = ROOT / "tasks" / "flashinfer" / GQA / "definition.json"
+    (ds / "definitions" / "gqa_paged" / f"{GQA}.json").write_text(definition.read_text())
+    workload = {"definition": GQA, "solution": None, "workload": {
+        "uuid": "0000-test", "axes": {"batch_size": 2, "num_pages": 64, "len_indptr": 3, "num_kv_indices": 40},
+        "inputs": {"q": {"type": "random"}, "k_cache": {"type": "random"}, "v_cache": {"type": "random"},
+                   "kv_indptr": {"type": "safetensors", "path": "./blob/x.safetensors", "tensor_key": "kv_indptr"},
+                   "kv_indices": {"type": "safetensors", "path": "./blob/x.safetensors", "tensor_key": "kv_indices"},
+                   "sm_scale": {"type": "scalar", "value": 0.08838834764831845}}}}
+    (ds / "workloads" / "gqa_paged" / f"{GQA}.jsonl").write_text(json.dumps(workload) + "\n")
+    return ds
+
+
+def test_dataset_flag_loads_flashinfer_bench_files_and_evaluates_against_them(tmp_path):
+    ds = _dataset(tmp_path)
+    listed = ksearch("tasks", "--dataset", str(ds))
+    assert listed.returncode == 0, listed.stderr
+    assert GQA in listed.stdout and "all (1)" in listed.stdout
+    result = ksearch("eval", "--task", GQA, "--dataset", str(ds), "reference", "--workloads", "all", "--device", "cpu",
+                     "--max-calls", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)["result"]
+    # On the CPU a set resolves to its reduced "-cpu" twin, which the generated bundle carries.
+    assert payload["status"] == "PASSED" and payload["workload_set"] == "all-cpu"
+
+
+def test_export_writes_flashinfer_bench_solution_json_that_reads_back(tmp_path):
+    out = tmp_path / "solution.json"
+    seed = ROOT / "tasks" / "flashinfer" / GQA / "solutions" / "triton_seed"
+    result = ksearch("export", str(seed), "--task", GQA, "--out", str(out), "--target-hardware", "H200")
+    assert result.returncode == 0, result.stderr
+    exported = json.loads(out.read_text())
+    assert exported["definition"] == GQA and exported["spec"]["target_hardware"] == ["H200"]
+    assert exported["spec"]["entry_point"].endswith("::run")
+
+    from ksearch_ray.flashinfer_format import solution_from_json
+    from ksearch_ray.task import Task, load_solution_dir
+
+    task = Task.load(ROOT / "tasks" / "flashinfer" / GQA)
+    assert solution_from_json(out, task).id == load_solution_dir(seed, GQA).id

@@ -17,7 +17,7 @@ import ray
 from ksearch_ray.config import ConfigError, RunConfig
 from ksearch_ray.progress import ProgressView
 from ksearch_ray.runstate import RunState
-from ksearch_ray.search import Search
+from ksearch_ray.search import Search, evaluator_count
 from ksearch_ray.store import RunStore, versions
 from ksearch_ray.task import Task, find_task
 
@@ -103,6 +103,7 @@ def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:
     check_model(config)
     init_ray(config)
     config, task = resolve(config)
+    evaluator_count(config)  # no evaluator resources: say so before the run directory exists
     run_dir = new_run_dir(config, task)
     store = RunStore.create(run_dir, {
         "run_id": run_dir.name, "created": time.time(), "config": config.model_dump(mode="json"),

@@ -47,6 +47,20 @@ class Budget:
     max_wall_s: float | None
 
 
+def evaluator_count(config: RunConfig) -> int:
+    """--evaluators, or one per GPU the cluster has now (GPU evaluators), or one on the CPU."""
+    if config.evaluators:
+        return config.evaluators
+    if config.device == "cuda" or config.evaluator_gpus:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus == 0:
+            raise SearchError(
+                "no evaluator resources: Ray sees no GPUs (use --device cpu, or --evaluators N on an autoscaling cluster)"
+            )
+        return gpus
+    return 1
+
+
 class Search:
     def __init__(self, config: RunConfig, task: Task, store: RunStore, *, on_change: Callable[[Search], None] | None = None):
         self.config = config
@@ -106,20 +120,10 @@ class Search:
 
         return WorldModelActor.options(**self._pinned()).remote(str(self.store.root), tree.model_dump_json())
 
-    def _evaluator_count(self) -> int:
-        if self.config.evaluators:
-            return self.config.evaluators
-        if self.device == "cuda" or self.config.evaluator_gpus:
-            gpus = int(ray.cluster_resources().get("GPU", 0))
-            if gpus == 0:
-                raise SearchError("no evaluator resources: Ray sees no GPUs (use --device cpu to evaluate on the CPU)")
-            return gpus
-        return 1
-
     async def setup(self) -> None:
         events = self.store.read_events()
         self.state = fold(events, self.store.has_solution)
-        n = self._evaluator_count()
+        n = evaluator_count(self.config)
         self.evaluators = [self._make_evaluator(i) for i in range(n)]
         self.idle: asyncio.Queue[int] = asyncio.Queue()
         for i in range(n):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"
@@ -29,6 +30,10 @@ def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (["run", "--task", "trimul", "--width", "0"], "width: Input should be greater than or equal to 1"),
     (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
     (["resume", "/nonexistent/run"], "is not a run directory"),
+    pytest.param(
+        ["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cuda", "--run-dir", "/tmp/ksearch-no-gpu-run"],
+        "no evaluator resources", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
+    ),
     (["tasks", "--dataset", "/nonexistent/dataset"], "not a directory"),
 ])
 def test_bad_input_gets_one_line_and_exit_status_2(args, message):

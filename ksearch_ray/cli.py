@@ -251,6 +251,7 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     from ksearch_ray.sandbox.client import SandboxError
     from ksearch_ray.search import SearchError
     from ksearch_ray.store import RunDirError
+    from ksearch_ray.wm_render import format_speedup
 
     try:
         run_dir, state = go()
@@ -259,7 +260,7 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     best = state.best
     out.print(
         f"finished ({state.finished}): {state.rounds_used} rounds, {state.evaluations} evaluations; "
-        + (f"best {best['speedup']:.3f}x over the baseline (solution {best['solution_id']})" if best else "no improvement found")
+        + (f"best {format_speedup(best['speedup'])} over the baseline (solution {best['solution_id']})" if best else "no improvement found")
         + f"\nrun directory: {run_dir}",
         highlight=False,
     )

@@ -10,6 +10,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ksearch_ray.wm_render import format_speedup
+
 if TYPE_CHECKING:
     from ksearch_ray.search import Search
 
@@ -24,7 +26,7 @@ def render(search: Search) -> Group:
     stats.add_row(
         f"rounds {st.rounds_used}/{cfg.rounds}",
         f"evaluations {st.evaluations} ({search.evals_done_session / max((time.monotonic() - search.started) / 60, 1e-9):.1f}/min)",
-        f"best {best['speedup']:.3f}x ({best['node']}, round {best['round']})" if best else "best —",
+        f"best {format_speedup(best['speedup'])} ({best['node']}, round {best['round']})" if best else "best —",
         f"LLM ${st.llm_cost_usd:.2f}, {st.llm_tokens} tokens, {st.llm_calls} calls" if cfg.model else "no LLM",
         f"{minutes:.1f} min",
     )

@@ -60,7 +60,7 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
 
     from ksearch_ray.runstate import fold
     from ksearch_ray.store import RunStore
-    from ksearch_ray.wm_render import render_tree
+    from ksearch_ray.wm_render import format_speedup, render_tree
 
     store = RunStore(Path(run_dir))
     manifest = store.manifest() if (Path(run_dir) / "manifest.json").is_file() else None
@@ -83,7 +83,7 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
     if state.best:
         best = state.best
         solution = store.load_solution(best["solution_id"])
-        console.print(f"\nbest: {best['speedup']:.3f}x over the baseline, node {best['node']}, round {best['round']}, "
+        console.print(f"\nbest: {format_speedup(best['speedup'])} over the baseline, node {best['node']}, round {best['round']}, "
                       f"solution {best['solution_id']} ({solution.author})", highlight=False)
         for name, text in solution.sources.items():
             console.print(f"--- {name}", highlight=False)

@@ -89,12 +89,12 @@ def render_best(tree: Tree, n: int = 5) -> str:
         latency = node.solution.evaluation.latency_ms
         timing = f", {latency:.4g} ms" if latency is not None else ""
         lines.append(
-            f"{rank}. {node.id} {_x(solution_speedup(node))} vs baseline{timing}: {_title(node)} "
+            f"{rank}. {node.id} {format_speedup(solution_speedup(node))} vs baseline{timing}: {_title(node)} "
             f"[solution {node.solution.solution_id}]"
         )
     if tree.root.solution is not None:
         lines.append(
-            f"seed: {_x(solution_speedup(tree.root))} vs baseline [solution {tree.root.solution.solution_id}]"
+            f"seed: {format_speedup(solution_speedup(tree.root))} vs baseline [solution {tree.root.solution.solution_id}]"
         )
     return "\n".join(lines) if lines else "(no passing solutions yet)"
 
@@ -111,7 +111,7 @@ def render_failures(tree: Tree) -> str:
             if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE)
         ]
         lines.append(
-            f"{node.id} {_title(node)} (difficulty {node.difficulty}, expected {_x(node.expected_speedup)}): "
+            f"{node.id} {_title(node)} (difficulty {node.difficulty}, expected {format_speedup(node.expected_speedup)}): "
             + ("; ".join(evidence) or "no reason recorded")
         )
     return "\n".join(lines) if lines else "(no failed actions)"
@@ -123,17 +123,17 @@ def render_failures(tree: Tree) -> str:
 def _root_line(root: RootNode) -> str:
     if root.solution is None:
         return f"root: {_trim(root.title, TITLE_LIMIT)} (no seed; actions start from the baseline)"
-    return f"root: {_trim(root.title, TITLE_LIMIT)} (seed {_x(solution_speedup(root))} vs baseline)"
+    return f"root: {_trim(root.title, TITLE_LIMIT)} (seed {format_speedup(solution_speedup(root))} vs baseline)"
 
 
 def _node_line(tree: Tree, node: ActionNode) -> str:
     facts = [f"d{node.difficulty}", f"score {node.score:.2f}"]
     if node.rating is not None:
         facts.append(f"rating {node.rating:g}")
-    facts.append(f"expect {_x(node.expected_speedup)}")
+    facts.append(f"expect {format_speedup(node.expected_speedup)}")
     line = f"{node.id} [{node.status}] {_title(node)} ({', '.join(facts)})"
     if node.solution is not None:
-        line += f" -> got {_x(measured_over_parent(tree, node))} over parent, {_x(solution_speedup(node))} vs baseline"
+        line += f" -> got {format_speedup(measured_over_parent(tree, node))} over parent, {format_speedup(solution_speedup(node))} vs baseline"
     if node.split_from is not None:
         line += f" (alternative to {node.split_from})"
     if node.status is NodeStatus.LEASED:
@@ -154,7 +154,8 @@ def _trim(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _x(speedup: float | None) -> str:
+def format_speedup(speedup: float | None) -> str:
+    """'1.35x'; tiny CPU-path values keep three significant digits ('0.00172x')."""
     if speedup is None:
         return "?x"
     # CPU-path speedups against a PyTorch baseline can be tiny (0.00172x): keep their digits.

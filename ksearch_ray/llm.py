@@ -4,6 +4,9 @@ This module is the one boundary where provider exceptions become data: a failed 
 `LLMError` carrying a classified reason and the `LLMCall` record, so callers count failures
 instead of crashing on them. litellm is imported lazily (it takes seconds) and only inside the
 client, which is built inside the actor that uses it.
+
+The call interface lives in `llm_types` and the response cache and ledger in `llm_store`; every
+public name of those is importable from here too.
 """
 
 from __future__ import annotations
@@ -14,131 +17,31 @@ import json
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ksearch_ray.llm_store import CachedReply, Ledger, LedgerTotals, ResponseCache
+from ksearch_ray.llm_types import ErrorKind, LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, Message
 
-log = logging.getLogger(__name__)
-
-Message = dict[str, Any]
-
-ErrorKind = Literal[
-    "rate_limit", "timeout", "connection", "server", "malformed_response", "auth", "bad_request", "client"
+__all__ = [
+    "CachedReply",
+    "ErrorKind",
+    "LLMCall",
+    "LLMClient",
+    "LLMConfig",
+    "LLMError",
+    "LLMReply",
+    "Ledger",
+    "LedgerTotals",
+    "LiteLLMClient",
+    "Message",
+    "ResponseCache",
+    "classify_error",
+    "request_hash",
 ]
 
-
-class LLMConfig(BaseModel):
-    """Which model to call and how patiently. Resolved once and handed to every actor."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str = Field(
-        description="Any litellm model string, e.g. 'openai/gpt-5' or 'hosted_vllm/Qwen/Qwen3-32B'."
-    )
-    api_base: str | None = Field(
-        default=None, description="Base URL of an OpenAI-compatible server (vLLM, SGLang, Ollama)."
-    )
-    api_key_env: str | None = Field(
-        default=None,
-        description="Name of the environment variable holding the key; None lets litellm use the provider's default variable.",
-    )
-    temperature: float | None = Field(
-        default=None, description="None sends nothing: reasoning models reject most values."
-    )
-    max_tokens: int | None = Field(default=None, gt=0, description="None leaves the limit to the server.")
-    reasoning_effort: str | None = Field(
-        default=None,
-        description="e.g. 'low' / 'medium' / 'high'; dropped by litellm where the model does not take it.",
-    )
-    timeout_s: float = Field(default=600.0, gt=0, description="Per attempt, not per call.")
-    max_retries: int = Field(
-        default=4, ge=0, description="Retries after the first attempt, for retryable errors only."
-    )
-    backoff_base_s: float = Field(
-        default=2.0, ge=0, description="First retry waits about this long, then doubling."
-    )
-    backoff_max_s: float = Field(
-        default=60.0, ge=0, description="Cap on one wait, including a server's Retry-After."
-    )
-    max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once from one client.")
-
-    def reply_parameters(self) -> dict[str, Any]:
-        """The parameters that change what the model says; they key the response cache."""
-        return {
-            "model": self.model,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "reasoning_effort": self.reasoning_effort,
-        }
-
-
-class LLMCall(BaseModel):
-    """One logical LLM call (possibly several HTTP attempts, or none when served from the cache)."""
-
-    kind: str = Field(description="Call kind, e.g. generate_from_spec; names the prompt template.")
-    model: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = Field(
-        default=0.0, description="What this call cost; 0 on a cache hit or for an unpriced model."
-    )
-    cost_known: bool = Field(
-        default=False, description="False when litellm has no price for the model (local servers)."
-    )
-    original_cost_usd: float | None = Field(
-        default=None, description="On a cache hit, what the recorded call cost when it was made."
-    )
-    latency_s: float = 0.0
-    cached: bool = Field(default=False, description="Served from the response cache; no request was sent.")
-    attempts: int = Field(
-        default=0, description="HTTP requests sent for this call; attempts - 1 were retries."
-    )
-    error: str | None = Field(default=None, description="None on success, else one line: '<kind>: <reason>'.")
-    finish_reason: str | None = Field(
-        default=None, description="'length' means the reply was cut off by max_tokens."
-    )
-    request_hash: str = Field(description="sha256 of model, messages and reply parameters; the cache key.")
-    sample: int = Field(
-        default=0, description="Occurrence of this request_hash in the client's lifetime (cache slot)."
-    )
-    started_at: float = Field(default_factory=time.time, description="Unix time the call began.")
-
-
-class LLMReply(BaseModel):
-    text: str
-    call: LLMCall
-
-
-class LLMError(Exception):
-    """A call that did not produce a reply. `call` is the record of it, already written to the ledger."""
-
-    def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        *,
-        retryable: bool,
-        status_code: int | None = None,
-        retry_after_s: float | None = None,
-        sent_request: bool = True,
-    ) -> None:
-        self.kind = kind
-        self.message = " ".join(message.split())[:300]  # one line, bounded: it lands in logs and records
-        self.retryable = retryable
-        self.status_code = status_code
-        self.retry_after_s = retry_after_s
-        self.sent_request = sent_request  # False for checks that fail before anything goes out
-        self.attempts = 0  # requests sent for the whole call, set by the retry loop
-        self.call: LLMCall | None = None
-        super().__init__(f"{kind}: {self.message}")
-
-
-class LLMClient(Protocol):
-    async def complete(self, kind: str, messages: list[Message]) -> LLMReply: ...
+log = logging.getLogger(__name__)
 
 
 def request_hash(parameters: dict[str, Any], messages: list[Message]) -> str:
@@ -226,145 +129,6 @@ def classify_error(exc: BaseException) -> LLMError:
     # retrying cannot help.
     status = getattr(exc, "status_code", None)
     return LLMError("client", top, retryable=False, status_code=status if isinstance(status, int) else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# Response cache
-# ---------------------------------------------------------------------------------------------
-
-
-class CachedReply(BaseModel):
-    request_hash: str
-    sample: int
-    model: str
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
-    cost_known: bool
-    finish_reason: str | None = None
-    created_at: float = Field(default_factory=time.time)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class ResponseCache:
-    """Replies on disk, keyed by request content and by occurrence.
-
-    The n-th identical request made by one client maps to slot n. With temperature > 0, a search
-    that asks the same question twice wants two samples, not one reply twice; and a replay that
-    asks the same questions in the same order gets back exactly what the original run got.
-    """
-
-    def __init__(self, directory: Path | str) -> None:
-        self.directory = Path(directory)
-        self._occurrences: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def claim(self, key: str) -> int:
-        """Reserve the next sample slot for this request."""
-        with self._lock:
-            slot = self._occurrences.get(key, 0)
-            self._occurrences[key] = slot + 1
-            return slot
-
-    def path(self, key: str, sample: int) -> Path:
-        return self.directory / key[:2] / f"{key}-{sample}.json"
-
-    def get(self, key: str, sample: int) -> CachedReply | None:
-        path = self.path(key, sample)
-        try:
-            return CachedReply.model_validate_json(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except ValidationError as exc:
-            # Writes are atomic, so this is a hand-edited or foreign file: ask again, overwrite it.
-            log.warning("ignoring unreadable cache entry %s: %s", path, exc.errors()[0]["msg"])
-            return None
-
-    def put(self, entry: CachedReply) -> None:
-        _atomic_write_text(self.path(entry.request_hash, entry.sample), entry.model_dump_json(indent=1))
-
-
-# ---------------------------------------------------------------------------------------------
-# Ledger
-# ---------------------------------------------------------------------------------------------
-
-
-class LedgerTotals(BaseModel):
-    calls: int = 0
-    cached_calls: int = 0
-    failed_calls: int = 0
-    attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-
-    def add(self, call: LLMCall) -> None:
-        self.calls += 1
-        self.cached_calls += call.cached
-        self.failed_calls += call.error is not None
-        self.attempts += call.attempts
-        self.prompt_tokens += call.prompt_tokens
-        self.completion_tokens += call.completion_tokens
-        self.cost_usd += call.cost_usd
-
-
-class Ledger:
-    """Append-only JSONL of LLMCall records with running totals and a cost budget.
-
-    Opening a ledger replays the existing file, so a resumed run keeps counting where the killed
-    one stopped. Each line is fsynced: the ledger is what the budget is enforced from.
-    """
-
-    def __init__(self, path: Path | str, max_cost_usd: float | None = None) -> None:
-        self.path = Path(path)
-        self.max_cost_usd = max_cost_usd
-        self.totals = LedgerTotals()
-        self._lock = threading.Lock()
-        self._replay()
-
-    @classmethod
-    def load(cls, path: Path | str, max_cost_usd: float | None = None) -> Ledger:
-        return cls(path, max_cost_usd=max_cost_usd)
-
-    def _replay(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        complete, _, torn = data.rpartition(b"\n")
-        if torn:
-            # A kill mid-append leaves a partial last line; cut it so the next append starts clean.
-            log.warning("ledger %s: dropping a torn last line (%d bytes)", self.path, len(torn))
-            with open(self.path, "r+b") as f:
-                f.truncate(len(complete) + 1 if complete else 0)
-        for number, line in enumerate(complete.decode("utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    self.totals.add(LLMCall.model_validate_json(line))
-                except ValidationError as exc:
-                    raise ValueError(f"ledger {self.path} line {number} is not an LLMCall: {exc}") from exc
-
-    def record(self, call: LLMCall) -> None:
-        line = call.model_dump_json() + "\n"
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
-            self.totals.add(call)
-
-    def over_budget(self) -> bool:
-        return self.max_cost_usd is not None and self.totals.cost_usd >= self.max_cost_usd
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import ray
 
 from ksearch_ray.evaluator import Evaluator, Limits
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.task import find_task
+from ksearch_ray.task import Task, find_task
 
 
 @ray.remote(max_restarts=0)
@@ -18,6 +18,7 @@ class EvaluatorActor:
         self.device = device
         self.evaluator = Evaluator(device, Path(work_root), limits=Limits(idle=idle_timeout_s))
         self.busy_s = 0.0
+        self._tasks: dict[tuple[str, tuple[str, ...]], Task] = {}  # loaded once: reference code included
 
     def describe(self) -> dict:
         import torch
@@ -37,7 +38,10 @@ class EvaluatorActor:
 
     def evaluate(self, task_name: str, task_dirs: list[str], solution: Solution, workload_set: str,
                  mode: str) -> EvalResult:
-        task = find_task(task_name, task_dirs)
+        key = (task_name, tuple(task_dirs))
+        if key not in self._tasks:
+            self._tasks[key] = find_task(task_name, task_dirs)
+        task = self._tasks[key]
         result = self.evaluator.evaluate(task, solution, workload_set=workload_set, mode=mode)  # type: ignore[arg-type]
         self.busy_s += result.seconds
         return result

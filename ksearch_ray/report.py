@@ -68,7 +68,8 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
         from ksearch_ray.store import RunDirError
 
         raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
-    state = fold(store.read_events(), store.has_solution)
+    events = store.read_events()
+    state = fold(events, store.has_solution)
     cfg = manifest["config"]
     policy = f"llm: {cfg['model']}" if cfg.get("model") else "offline-policy (tunable search, no LLM)"
     console.print(f"[bold]{manifest['run_id']}[/] · task {cfg['task']} · {policy} · width {cfg['width']}", highlight=False)
@@ -78,6 +79,9 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
         f"(${state.llm_cost_usd:.2f}, {state.llm_tokens} tokens); resumed {state.resumes}×",
         highlight=False,
     )
+    ledger = llm_ledger_table(events)
+    if ledger is not None:
+        console.print(ledger)
     if state.tree is not None:
         console.print(render_tree(state.tree), highlight=False, markup=False)
     if state.best:
@@ -90,3 +94,24 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
             console.print(text, highlight=False, markup=False)
     else:
         console.print("\nno solution better than the baseline yet", highlight=False)
+
+
+def llm_ledger_table(events: list[dict]) -> Table | None:
+    """LLM spend per call kind, from the run's llm_call events."""
+    rows: dict[str, list[float]] = {}
+    for ev in events:
+        if ev["kind"] != "llm_call":
+            continue
+        call = ev["call"]
+        row = rows.setdefault(call["kind"], [0, 0, 0, 0, 0.0])
+        row[0] += 1
+        row[1] += bool(call.get("cached"))
+        row[2] += call.get("error") is not None
+        row[3] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
+        row[4] += float(call.get("cost_usd") or 0.0)
+    if not rows:
+        return None
+    table = Table("call kind", "calls", "cached", "failed", "tokens", "cost USD", title="LLM ledger")
+    for kind, (calls, cached, failed, tokens, cost) in sorted(rows.items()):
+        table.add_row(kind, str(int(calls)), str(int(cached)), str(int(failed)), str(int(tokens)), f"{cost:.4f}")
+    return table

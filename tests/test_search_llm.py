@@ -115,3 +115,15 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     best = json.loads((run_dir / "best.json").read_text()) if state.best else None
     if best:
         assert best["policy"] == "llm: hosted_vllm/fake-coder"
+    # `ksearch show` reads the same log: the ledger per call kind adds up to the calls made.
+    from rich.console import Console
+
+    from ksearch_ray.report import print_run
+
+    console = Console(record=True, width=200)
+    print_run(console, run_dir)
+    shown = console.export_text()
+    assert "LLM ledger" in shown and "initialize_tree" in shown and "llm: hosted_vllm/fake-coder" in shown
+    table = shown[shown.index("LLM ledger"):]
+    counts = [int(line.split("│")[2]) for line in table.splitlines() if line.count("│") >= 6 and line.split("│")[2].strip().isdigit()]
+    assert sum(counts) == len(calls)

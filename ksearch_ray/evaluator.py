@@ -129,7 +129,6 @@ class Evaluator:
         self.timing = timing or TimingPolicy.for_device(device)
         self.secret = new_secret() if secret is None else secret
         self.sandbox = Sandbox(device, self.work_root)
-        self.keep_workdirs = False
 
     def close(self) -> None:
         self.sandbox.close()
@@ -180,8 +179,7 @@ class Evaluator:
         finally:
             self.sandbox.kill(worker)
             self.sandbox.reap(worker)
-            if not self.keep_workdirs:
-                shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(workdir, ignore_errors=True)
         result.workloads = run.results
         result.seconds = time.monotonic() - t0
         result.overhead_seconds = max(0.0, result.seconds - busy)

@@ -37,14 +37,11 @@ class RunState:
     best: dict[str, Any] | None = None
     llm_calls: int = 0
     llm_failed_calls: int = 0
-    llm_cached_calls: int = 0
     llm_cost_usd: float = 0.0
     llm_tokens: int = 0
     finished: str | None = None
     resumes: int = 0
     wall_s: float = 0.0  # wall time spent running, summed over the sessions of this run
-    first_t: float | None = None
-    last_t: float | None = None
 
     @property
     def open_cycles(self) -> list[CycleRecord]:
@@ -56,8 +53,6 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
     wm: WorldModelState | None = None
     for ev in events:
         kind = ev["kind"]
-        state.first_t = state.first_t if state.first_t is not None else ev["t"]
-        state.last_t = ev["t"]
         if kind == "wm_init":
             wm = WorldModelState(Tree.model_validate(ev["tree"]), solution_exists)
         elif kind == "wm":
@@ -71,7 +66,6 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             call = ev["call"]
             state.llm_calls += 1
             state.llm_failed_calls += call.get("error") is not None
-            state.llm_cached_calls += bool(call.get("cached"))
             state.llm_cost_usd += float(call.get("cost_usd") or 0.0)
             state.llm_tokens += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
         elif kind == "cycle_start":

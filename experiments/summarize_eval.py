@@ -13,6 +13,8 @@ def rows(name: str, payload: dict) -> list[str]:
     base_by = {w["workload"]: w for w in base["workloads"]} if base else {}
     out = [f"== {name}: {res['solution_name']} {res['workload_set']} mode={res['mode']} status={res['status']} "
            f"on {res['device_name']} {res['message']}"]
+    if base:
+        out.append(f"  against {base['solution_name']}: status={base['status']} {base['message']}".rstrip())
     for w in res["workloads"]:
         t = w.get("timing")
         line = f"  {w['workload']:<36} {w['status']:<20} max_abs_err={w.get('max_abs_error') or 0:.2e}"

@@ -65,7 +65,10 @@ def tasks(task_dir: TaskDirs = None, dataset: Datasets = None) -> None:
             sets = ", ".join(
                 f"{s} ({len(task.workloads(s, 'cuda'))})" for s in task.definition.workload_sets if not s.endswith("-cpu")
             )
-            sols = ", ".join(task.solution_names())
+            sols = ", ".join(
+                name + (f" [dim](needs {', '.join(missing)})[/]" if (missing := task.missing_requirements(name)) else "")
+                for name in task.solution_names(include_unavailable=True)
+            )
         except TaskError as exc:
             sets, sols = f"[red]{exc}[/]", ""
         table.add_row(name, sets, sols, str(root))
@@ -82,6 +85,7 @@ def eval_(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     compat: Annotated[list[str] | None, typer.Option("--compat", help="Compatibility option of the task (repeatable).")] = None,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also measure the task's baseline, side by side.")] = False,
+    against: Annotated[str | None, typer.Option("--against", help="Also measure this solution (name or file) side by side, as the baseline.")] = None,
     task_dir: TaskDirs = None,
     dataset: Datasets = None,
     work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
@@ -93,6 +97,9 @@ def eval_(
     try:
         task = find_task(task_name, task_dirs(task_dir, dataset))
         solution = _resolve_candidate(candidate, task)
+        if baseline and against:
+            fail("--baseline and --against both name the comparison: give one")
+        reference = task.baseline() if baseline else _resolve_candidate(against, task) if against else None
         options = set(compat or [])
         unknown = options - set(task.definition.compat_options)
         if unknown:
@@ -119,7 +126,7 @@ def eval_(
         fail(str(exc))
     try:
         result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options)  # type: ignore[arg-type]
-        base = evaluator.evaluate(task, task.baseline(), workload_set=workloads, mode=mode, options=options) if baseline else None  # type: ignore[arg-type]
+        base = None if reference is None else evaluator.evaluate(task, reference, workload_set=workloads, mode=mode, options=options)  # type: ignore[arg-type]
     except SandboxError as exc:
         fail(str(exc))
     finally:
@@ -276,7 +283,7 @@ def _resolve_candidate(candidate: str, task):  # type: ignore[no-untyped-def]
     path = Path(candidate)
     if path.exists():
         return solution_from_file(path, task)
-    if candidate in task.solution_names():
+    if candidate in task.solution_names(include_unavailable=True):
         return task.solution(candidate)
     raise TaskError(f"no such file or solution of task {task.name}: {candidate}")
 

@@ -73,8 +73,10 @@ def resolve(config: RunConfig) -> tuple[RunConfig, Task]:
         device = "cuda" if torch.cuda.is_available() or int(ray.cluster_resources().get("GPU", 0)) > 0 else "cpu"
     config = config.model_copy(update={"device": device})
     task.workloads(config.workloads or task.definition.default_workloads, device)  # validates the set name
-    if config.from_solution and config.from_solution not in task.solution_names() and not Path(config.from_solution).exists():
-        raise ConfigError(f"--from-solution: no solution of {task.name} or file named {config.from_solution}")
+    if config.from_solution and not Path(config.from_solution).exists():
+        if config.from_solution not in task.solution_names(include_unavailable=True):
+            raise ConfigError(f"--from-solution: no solution of {task.name} or file named {config.from_solution}")
+        task.solution(config.from_solution)  # a TaskError if it needs a module that is not installed
     return config, task
 
 

@@ -175,16 +175,26 @@ class Task:
 
     # --- solutions ----------------------------------------------------------------------
 
-    def solution_names(self) -> list[str]:
+    def solution_names(self, *, include_unavailable: bool = False) -> list[str]:
+        """The bundle's solutions; those whose `requires` modules are missing here only on request."""
         sol_dir = self.root / "solutions"
         if not sol_dir.is_dir():
             return []
-        return sorted(p.name for p in sol_dir.iterdir() if (p / "solution.json").is_file())
+        names = sorted(p.name for p in sol_dir.iterdir() if (p / "solution.json").is_file())
+        return names if include_unavailable else [n for n in names if not self.missing_requirements(n)]
+
+    def missing_requirements(self, name: str) -> list[str]:
+        """Modules that solution `name` declares in `requires` and this Python cannot import."""
+        return [m for m in _read_meta(self.root / "solutions" / name).requires if importlib.util.find_spec(m) is None]
 
     def solution(self, name: str) -> Solution:
         path = self.root / "solutions" / name
         if not (path / "solution.json").is_file():
             raise TaskError(f"task {self.name} has no solution '{name}' (known: {', '.join(self.solution_names())})")
+        missing = self.missing_requirements(name)
+        if missing:
+            raise TaskError(f"solution {name} of task {self.name} needs the Python module {', '.join(missing)}, "
+                            "which is not installed here")
         return load_solution_dir(path, self.name)
 
     def baseline(self) -> Solution:
@@ -210,13 +220,19 @@ class _SolutionMeta(BaseModel):
     entry_point: str
     author: str = "ksearch-ray"
     description: str = ""
+    requires: list[str] = Field(default=[], description="Optional Python modules the solution imports (a library "
+                                "baseline such as flashinfer); without them the solution is not offered.")
+
+
+def _read_meta(path: Path) -> _SolutionMeta:
+    try:
+        return _SolutionMeta.model_validate_json((path / "solution.json").read_text())
+    except ValidationError as exc:
+        raise TaskError(f"{path / 'solution.json'}: {exc.errors()[0]['msg']}") from None
 
 
 def load_solution_dir(path: Path, task_name: str) -> Solution:
-    try:
-        meta = _SolutionMeta.model_validate_json((path / "solution.json").read_text())
-    except ValidationError as exc:
-        raise TaskError(f"{path / 'solution.json'}: {exc.errors()[0]['msg']}") from None
+    meta = _read_meta(path)
     sources = {
         p.name: p.read_text()
         for p in sorted(path.iterdir())
@@ -224,7 +240,7 @@ def load_solution_dir(path: Path, task_name: str) -> Solution:
     }
     if meta.entry_file not in sources:
         raise TaskError(f"{path}: entry file {meta.entry_file} is missing")
-    return Solution(task=task_name, sources=sources, **meta.model_dump())
+    return Solution(task=task_name, sources=sources, **meta.model_dump(exclude={"requires"}))
 
 
 SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp"}

@@ -96,3 +96,42 @@ def test_export_writes_flashinfer_bench_solution_json_that_reads_back(tmp_path):
 
     task = Task.load(ROOT / "tasks" / "flashinfer" / GQA)
     assert solution_from_json(out, task).id == load_solution_dir(seed, GQA).id
+
+
+def _toy_with_optional_solutions(tmp_path: Path) -> Path:
+    """The toy bundle plus two copies of its good solution: one needs a module no one has, one needs json."""
+    import shutil
+
+    root = tmp_path / "toy"
+    shutil.copytree(DATA / "toy", root)
+    for name, module in (("needs_absent", "ksearch_no_such_module"), ("needs_json", "json")):
+        sol = root / "solutions" / name
+        sol.mkdir()
+        (sol / "good.py").write_text((DATA / "toy" / "solutions" / "good" / "good.py").read_text())
+        (sol / "solution.json").write_text(json.dumps(
+            {"name": name, "language": "python", "entry_file": "good.py", "entry_point": "run", "requires": [module]}))
+    return root
+
+
+def test_a_solution_needing_a_missing_module_is_listed_as_such_and_refused_in_one_line(tmp_path):
+    root = _toy_with_optional_solutions(tmp_path)
+    listed = ksearch("tasks", "--task-dir", str(root))
+    assert listed.returncode == 0, listed.stderr
+    flat = " ".join(listed.stdout.split())
+    assert "needs_absent (needs ksearch_no_such_module)" in flat and "needs_json (needs" not in flat
+    refused = ksearch("eval", "--task", "toy_axpy", "--task-dir", str(root), "needs_absent", "--device", "cpu")
+    assert refused.returncode == 2
+    assert "needs the Python module ksearch_no_such_module, which is not installed here" in " ".join(refused.stderr.split())
+    assert "Traceback" not in refused.stderr + refused.stdout
+    both = ksearch("eval", "--task", "toy_axpy", "--task-dir", str(root), "good", "--baseline", "--against", "needs_json")
+    assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_against_measures_any_named_solution_side_by_side(tmp_path):
+    root = _toy_with_optional_solutions(tmp_path)
+    result = ksearch("eval", "--task", "toy_axpy", "--task-dir", str(root), "good", "--against", "needs_json",
+                     "--device", "cpu", "--max-calls", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["result"]["solution_name"] == "good" and payload["baseline"]["solution_name"] == "needs_json"
+    assert payload["baseline"]["status"] == "PASSED" and payload["speedup"] > 0

@@ -392,6 +392,20 @@ def test_bundle_loads_with_its_definition_and_workload_sets(name):
     assert {"reference", "triton_seed"} <= set(task.solution_names())
 
 
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_flashinfer_library_baseline_is_offered_only_where_the_library_is(name):
+    task = _task(name)
+    assert "flashinfer" in task.solution_names(include_unavailable=True)
+    source = (task.root / "solutions" / "flashinfer" / "main.py").read_text()
+    compile(source, "main.py", "exec")  # the wrapper at least parses where flashinfer is absent
+    installed = importlib.util.find_spec("flashinfer") is not None
+    assert ("flashinfer" in task.solution_names()) is installed
+    assert task.missing_requirements("flashinfer") == ([] if installed else ["flashinfer"])
+    if not installed:
+        with pytest.raises(TaskError, match="needs the Python module flashinfer"):
+            task.solution("flashinfer")
+
+
 # --- (d) every solution through the sandboxed evaluator -----------------------------------------
 
 

@@ -9,9 +9,10 @@ process. Needs the optional `flashinfer` package (flashinfer-python).
 import flashinfer
 import torch
 
-# Tensor-core decode (FlashInfer's prefill kernels) suits a group of 8 query heads per KV head;
-# docs/benchmarks.md has the side-by-side run that chose it.
-USE_TENSOR_CORES = True
+# FlashInfer's CUDA-core decode path. Its tensor-core path (the prefill kernels), advertised for
+# large head groups, was 1.53x slower per call on the H200 on the feedback workloads, side by
+# side (docs/benchmarks.md).
+USE_TENSOR_CORES = False
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
 _wrappers = {}

@@ -135,3 +135,13 @@ def test_against_measures_any_named_solution_side_by_side(tmp_path):
     payload = json.loads(result.stdout)
     assert payload["result"]["solution_name"] == "good" and payload["baseline"]["solution_name"] == "needs_json"
     assert payload["baseline"]["status"] == "PASSED" and payload["speedup"] > 0
+
+
+def test_a_search_from_a_solution_needing_a_missing_module_stops_before_the_run_directory(tmp_path):
+    root = _toy_with_optional_solutions(tmp_path)
+    run_dir = tmp_path / "run"
+    result = ksearch("run", "--task", "toy_axpy", "--task-dir", str(root), "--from-solution", "needs_absent",
+                     "--device", "cpu", "--run-dir", str(run_dir), "--no-progress")
+    assert result.returncode == 2
+    assert "needs the Python module ksearch_no_such_module" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr + result.stdout and not run_dir.exists()

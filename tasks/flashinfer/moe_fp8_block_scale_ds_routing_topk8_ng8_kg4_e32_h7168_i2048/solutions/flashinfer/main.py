@@ -9,6 +9,10 @@ ops; the fp8 hidden states dequantized to bf16 with their [H/128, T] scales; exp
 local (id - local_expert_offset; the library skips ids outside [0, 32)); then the fused MoE into a
 zeroed output, so a token with no local expert gets zeros. Needs the optional `flashinfer` package
 (flashinfer-python) and an SM90 GPU.
+
+Not yet run on a GPU: FlashInfer's JIT build of this module (~249 compilation units) did not fit
+the device time of the session that wrote it (docs/benchmarks.md). Until it has passed there,
+treat this wrapper as unverified.
 """
 
 import torch

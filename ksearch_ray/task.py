@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -220,7 +220,7 @@ class _SolutionMeta(BaseModel):
     entry_point: str
     author: str = "ksearch-ray"
     description: str = ""
-    requires: list[str] = Field(default=[], description="Optional Python modules the solution imports (a library "
+    requires: list[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*$")]] = Field(default=[], description="Optional Python modules the solution imports (a library "
                                 "baseline such as flashinfer); without them the solution is not offered.")
 
 

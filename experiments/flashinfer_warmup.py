@@ -16,13 +16,12 @@ baseline that fails every evaluation.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 
 import torch
 
 from ksearch_ray.compare import compare_outputs
-from ksearch_ray.task import find_task
+from ksearch_ray.task import find_task, load_module_file
 
 TASKS = {
     "gqa": "gqa_paged_decode_h32_kv4_d128_ps1",
@@ -35,10 +34,7 @@ TASKS = {
 def warm(key: str, seed: int) -> bool:
     task = find_task(TASKS[key])
     path = task.root / "solutions" / "flashinfer" / "main.py"
-    spec = importlib.util.spec_from_file_location(f"flashinfer_baseline_{key}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module_file(path, f"flashinfer_baseline_{key}")
     workload = task.workloads("feedback", "cuda")[0]
     inputs = task.generate_inputs(workload, seed, "cuda")
     expected = task.reference(inputs)

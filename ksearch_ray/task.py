@@ -89,7 +89,8 @@ class Workload(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-def _load_module(path: Path, module_name: str) -> ModuleType:
+def load_module_file(path: Path, module_name: str) -> ModuleType:
+    """Import one Python file under a private module name (not entered in sys.modules)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise TaskError(f"cannot load {path}")
@@ -130,7 +131,7 @@ class Task:
         path = self.root / "reference.py"
         if not path.is_file():
             raise TaskError(f"task {self.name}: missing reference.py")
-        return _load_module(path, f"ksearch_task_{self.name}")
+        return load_module_file(path, f"ksearch_task_{self.name}")
 
     def generate_inputs(
         self, workload: Workload, seed: int, device: str, options: frozenset[str] = frozenset()

@@ -22,7 +22,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -48,7 +47,7 @@ from ksearch_ray.flashinfer_inputs import (  # noqa: E402
     split_lengths,
 )
 from ksearch_ray.models import Solution, Status  # noqa: E402
-from ksearch_ray.task import Task, TaskError, Workload  # noqa: E402
+from ksearch_ray.task import Task, TaskError, Workload, load_module_file  # noqa: E402
 from ksearch_ray.tunables import read_tunables, rewrite_tunables  # noqa: E402
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks" / "flashinfer"
@@ -74,16 +73,8 @@ def _definition(name: str) -> dict[str, Any]:
     return json.loads((TASKS / name / "definition.json").read_text())
 
 
-def _load(path: Path, module_name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _solution_entry(task_name: str, solution: str) -> Any:
-    return _load(TASKS / task_name / "solutions" / solution / "main.py", f"fi_{task_name}_{solution}").run
+    return load_module_file(TASKS / task_name / "solutions" / solution / "main.py", f"fi_{task_name}_{solution}").run
 
 
 def _scalars(**values: Any) -> dict[str, Any]:
@@ -491,7 +482,7 @@ def _check_seed_variant(name: str, values: dict[str, Any], tmp_path: Path) -> No
     path = tmp_path / "main.py"
     path.write_text(rewrite_tunables(_seed_source(name), values))
     module_name = f"fi_seed_{name}_{'_'.join(f'{k}{v}' for k, v in values.items())}"
-    module = _load(path, module_name)
+    module = load_module_file(path, module_name)
     try:
         task = _task(name)
         inputs, expected = _hard_case_with_reference(name)

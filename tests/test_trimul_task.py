@@ -11,7 +11,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
@@ -21,24 +20,16 @@ from types import ModuleType  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ksearch_ray.task import Task, Workload, read_workloads  # noqa: E402
+from ksearch_ray.task import Task, Workload, load_module_file, read_workloads  # noqa: E402
 from ksearch_ray.tunables import read_tunables, rewrite_tunables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "tasks" / "trimul"
 ATOL = RTOL = 2e-2
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def ref() -> ModuleType:
-    return _load(ROOT / "reference.py", "trimul_reference_under_test")
+    return load_module_file(ROOT / "reference.py", "trimul_reference_under_test")
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +163,7 @@ def cpu_cases(ref, task):
 def _solution_module(name: str) -> ModuleType:
     meta = json.loads((ROOT / "solutions" / name / "solution.json").read_text())
     path = ROOT / "solutions" / name / meta["entry_file"]
-    return _load(path, f"trimul_solution_{name}")
+    return load_module_file(path, f"trimul_solution_{name}")
 
 
 @pytest.mark.parametrize("solution", ["baseline", "triton_seed"])
@@ -212,7 +203,7 @@ def test_every_tunable_choice_passes(ref, small_case, tmp_path, name, value):
     path = tmp_path / "submission.py"
     path.write_text(rewrite_tunables(SEED_SOURCE, {name: value}))
     module_name = f"trimul_seed_{name}_{value}"
-    module = _load(path, module_name)
+    module = load_module_file(path, module_name)
     try:
         inputs, expected = small_case
         _assert_within_tolerance(module.custom_kernel(ref.pack_data(inputs)), expected)

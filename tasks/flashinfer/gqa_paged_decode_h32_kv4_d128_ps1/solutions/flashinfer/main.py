@@ -11,7 +11,8 @@ import torch
 
 # FlashInfer's CUDA-core decode path. Its tensor-core path (the prefill kernels), advertised for
 # large head groups, was 1.53x slower per call on the H200 on the feedback workloads, side by
-# side (docs/benchmarks.md).
+# side; other runs put the two within this host-bound baseline's run-to-run spread, so the choice
+# is weakly supported (docs/benchmarks.md).
 USE_TENSOR_CORES = False
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import ray
 
-from ksearch_ray.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.task import Task, find_task
+from ksearch_ray.taskspec.task import Task, find_task
 
 
 @ray.remote(max_restarts=0)

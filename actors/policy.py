@@ -6,7 +6,7 @@ from pathlib import Path
 
 import ray
 
-from ksearch_ray.policy import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
+from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
 
 
 @ray.remote(num_cpus=0)
@@ -15,13 +15,13 @@ class PolicyActor:
         self.role = role
         self.policy: Policy
         if llm_config_json is None:
-            from ksearch_ray.offline_policy import OfflinePolicy
+            from ksearch_ray.offline.policy import OfflinePolicy
 
             self.policy = OfflinePolicy()
         else:
             # litellm's Router/client is built here, inside the actor: it is not picklable.
-            from ksearch_ray.llm import LLMConfig
-            from ksearch_ray.llm_policy import LLMPolicy
+            from ksearch_ray.llm.client import LLMConfig
+            from ksearch_ray.llm.policy import LLMPolicy
 
             self.policy = LLMPolicy(
                 LLMConfig.model_validate_json(llm_config_json),

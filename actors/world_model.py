@@ -7,9 +7,9 @@ from typing import Any
 
 import ray
 
-from ksearch_ray.store import RunStore
-from ksearch_ray.wm_state import WorldModelState
-from ksearch_ray.world_model import Tree
+from ksearch_ray.search.store import RunStore
+from ksearch_ray.worldmodel.state import WorldModelState
+from ksearch_ray.worldmodel.tree import Tree
 
 
 @ray.remote(num_cpus=0)

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from ksearch_ray.compare import compare_outputs
-from ksearch_ray.task import find_task, load_module_file
+from ksearch_ray.evaluation.compare import compare_outputs
+from ksearch_ray.taskspec.task import find_task, load_module_file
 
 TASKS = {
     "gqa": "gqa_paged_decode_h32_kv4_d128_ps1",

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ksearch_ray.evaluator import Evaluator
-from ksearch_ray.task import Task
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.taskspec.task import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -66,9 +66,9 @@ def measure(run_dir: Path) -> dict:
 
 
 def side_by_side(run_dirs: list[Path], workloads: str, device: str) -> list[str]:
-    from ksearch_ray.evaluator import Evaluator
+    from ksearch_ray.evaluation.evaluator import Evaluator
     from ksearch_ray.models import Solution
-    from ksearch_ray.task import find_task
+    from ksearch_ray.taskspec.task import find_task
 
     task = find_task("trimul")
     entries = [("baseline", task.baseline()), ("seed", task.solution("triton_seed"))]

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ksearch_ray.task import TaskError, discover, find_task, solution_from_file
+from ksearch_ray.taskspec.task import TaskError, discover, find_task, solution_from_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.")
 out = Console()
@@ -35,7 +35,7 @@ def task_dirs(task_dir: list[Path] | None, dataset: list[Path] | None) -> list[s
     for d in dataset or []:
         if not d.is_dir():
             fail(f"--dataset {d}: not a directory")
-        from ksearch_ray.flashinfer_format import load_dataset
+        from ksearch_ray.taskspec.flashinfer_format import load_dataset
 
         try:
             dirs += [str(p) for p in load_dataset(d).values()]
@@ -112,8 +112,8 @@ def eval_(
     except TaskError as exc:
         fail(str(exc))
 
-    from ksearch_ray.evaluator import Evaluator, TimingPolicy
-    from ksearch_ray.sandbox.client import SandboxError
+    from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
+    from ksearch_ray.evaluation.sandbox.client import SandboxError
 
     timing = TimingPolicy.for_device(device)
     if max_calls is not None:
@@ -139,7 +139,7 @@ def eval_(
             payload["speedup"] = _speedup(base, result, task)
         print(json.dumps(payload, indent=2))
     else:
-        from ksearch_ray.report import print_eval
+        from ksearch_ray.report.console import print_eval
 
         print_eval(out, result, base, _speedup(base, result, task))
     raise typer.Exit(0 if result.passed else 1)
@@ -201,10 +201,10 @@ def resume(
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Print a run's world model, counters and best solution."""
-    from ksearch_ray.store import RunDirError
+    from ksearch_ray.search.store import RunDirError
 
     try:
-        from ksearch_ray.report import print_run
+        from ksearch_ray.report.console import print_run
 
         print_run(out, run_dir)
     except RunDirError as exc:
@@ -221,8 +221,8 @@ def export(
     dataset: Datasets = None,
 ) -> None:
     """Write a solution as FlashInfer-Bench solution JSON, ready to submit there."""
-    from ksearch_ray.flashinfer_format import solution_to_json
     from ksearch_ray.models import Solution
+    from ksearch_ray.taskspec.flashinfer_format import solution_to_json
 
     try:
         if (source / "manifest.json").is_file():
@@ -248,17 +248,17 @@ def export(
 
 
 def _runner():  # type: ignore[no-untyped-def]
-    from ksearch_ray import runner
+    from ksearch_ray.search import runner
 
     return runner
 
 
 def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     from ksearch_ray.config import ConfigError
-    from ksearch_ray.sandbox.client import SandboxError
-    from ksearch_ray.search import SearchError
-    from ksearch_ray.store import RunDirError
-    from ksearch_ray.wm_render import format_speedup
+    from ksearch_ray.evaluation.sandbox.client import SandboxError
+    from ksearch_ray.search.driver import SearchError
+    from ksearch_ray.search.store import RunDirError
+    from ksearch_ray.worldmodel.render import format_speedup
 
     try:
         run_dir, state = go()
@@ -274,7 +274,7 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
 
 
 def _speedup(base, result, task) -> float | None:  # type: ignore[no-untyped-def]
-    from ksearch_ray.scoring import speedup
+    from ksearch_ray.evaluation.scoring import speedup
 
     return None if base is None else speedup(task.definition, base, result)
 

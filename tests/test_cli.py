@@ -91,8 +91,8 @@ def test_export_writes_flashinfer_bench_solution_json_that_reads_back(tmp_path):
     assert exported["definition"] == GQA and exported["spec"]["target_hardware"] == ["H200"]
     assert exported["spec"]["entry_point"].endswith("::run")
 
-    from ksearch_ray.flashinfer_format import solution_from_json
-    from ksearch_ray.task import Task, load_solution_dir
+    from ksearch_ray.taskspec.flashinfer_format import solution_from_json
+    from ksearch_ray.taskspec.task import Task, load_solution_dir
 
     task = Task.load(ROOT / "tasks" / "flashinfer" / GQA)
     assert solution_from_json(out, task).id == load_solution_dir(seed, GQA).id

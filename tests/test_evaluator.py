@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.seeds import derive_seed
 from ksearch_ray.models import Status
-from ksearch_ray.seeds import derive_seed
-from ksearch_ray.task import Task, solution_from_file
+from ksearch_ray.taskspec.task import Task, solution_from_file
 
 DATA = Path(__file__).parent / "data"
 CANDIDATES = DATA / "candidates"

@@ -27,16 +27,17 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ksearch_ray.compare import compare_outputs  # noqa: E402
-from ksearch_ray.evaluator import Evaluator, Limits, TimingPolicy  # noqa: E402
-from ksearch_ray.flashinfer_format import (  # noqa: E402
+from ksearch_ray.evaluation.compare import compare_outputs  # noqa: E402
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy  # noqa: E402
+from ksearch_ray.models import Solution, Status  # noqa: E402
+from ksearch_ray.taskspec.flashinfer_format import (  # noqa: E402
     ADAPTER_FILE,
     load_dataset,
     solution_from_dict,
     solution_from_json,
     solution_to_json,
 )
-from ksearch_ray.flashinfer_inputs import (  # noqa: E402
+from ksearch_ray.taskspec.flashinfer_inputs import (  # noqa: E402
     FP8_MAX,
     QUANT_BLOCK,
     SPLIT_STYLES,
@@ -46,9 +47,8 @@ from ksearch_ray.flashinfer_inputs import (  # noqa: E402
     resolve_axes,
     split_lengths,
 )
-from ksearch_ray.models import Solution, Status  # noqa: E402
-from ksearch_ray.task import Task, TaskError, Workload, load_module_file  # noqa: E402
-from ksearch_ray.tunables import read_tunables, rewrite_tunables  # noqa: E402
+from ksearch_ray.taskspec.task import Task, TaskError, Workload, load_module_file  # noqa: E402
+from ksearch_ray.taskspec.tunables import read_tunables, rewrite_tunables  # noqa: E402
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks" / "flashinfer"
 GQA = "gqa_paged_decode_h32_kv4_d128_ps1"

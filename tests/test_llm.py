@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
 
-from ksearch_ray.llm import Ledger, LiteLLMClient, LLMCall, LLMConfig, LLMError, ResponseCache
-from ksearch_ray.parsing import ParseError, extract_code, extract_ops
-from ksearch_ray.prompting import CALL_KINDS, PromptError, format_sources, render
+from ksearch_ray.llm.client import Ledger, LiteLLMClient, LLMCall, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.llm.parsing import ParseError, extract_code, extract_ops
+from ksearch_ray.llm.prompting import CALL_KINDS, PromptError, format_sources, render
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
 KEY_ENV = "KSEARCH_TEST_LLM_KEY"

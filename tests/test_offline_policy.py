@@ -16,13 +16,21 @@ from typing import Any
 import pytest
 
 from ksearch_ray.models import EvalResult, Solution, Status
-from ksearch_ray.offline_policy import OfflinePolicy, parse_action
-from ksearch_ray.policy import Attempt, CodeKind, CodeReply, CodeRequest, PlanKind, PlanReply, PlanRequest
-from ksearch_ray.task import Task
-from ksearch_ray.tunables import read_tunables
-from ksearch_ray.wm_ops import apply_ops
-from ksearch_ray.wm_select import select_frontier
-from ksearch_ray.world_model import ROOT_ID, EvalSummary, NodeStatus, SolutionRef, Tree, new_tree
+from ksearch_ray.offline.policy import OfflinePolicy, parse_action
+from ksearch_ray.search.policy import (
+    Attempt,
+    CodeKind,
+    CodeReply,
+    CodeRequest,
+    PlanKind,
+    PlanReply,
+    PlanRequest,
+)
+from ksearch_ray.taskspec.task import Task
+from ksearch_ray.taskspec.tunables import read_tunables
+from ksearch_ray.worldmodel.ops import apply_ops
+from ksearch_ray.worldmodel.select import select_frontier
+from ksearch_ray.worldmodel.tree import ROOT_ID, EvalSummary, NodeStatus, SolutionRef, Tree, new_tree
 
 TRIMUL = Path(__file__).resolve().parent.parent / "tasks" / "trimul"
 TASK = Task.load(TRIMUL).definition

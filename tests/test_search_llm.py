@@ -12,9 +12,9 @@ from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, Rat
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.models import Status
-from ksearch_ray.runner import start
-from ksearch_ray.store import RunStore
-from ksearch_ray.world_model import NodeStatus
+from ksearch_ray.search.runner import start
+from ksearch_ray.search.store import RunStore
+from ksearch_ray.worldmodel.tree import NodeStatus
 
 DATA = Path(__file__).parent / "data"
 
@@ -118,7 +118,7 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     # `ksearch show` reads the same log: the ledger per call kind adds up to the calls made.
     from rich.console import Console
 
-    from ksearch_ray.report import print_run
+    from ksearch_ray.report.console import print_run
 
     console = Console(record=True, width=200)
     print_run(console, run_dir)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ksearch_ray.config import RunConfig
-from ksearch_ray.runner import start
-from ksearch_ray.store import RunStore
-from ksearch_ray.tunables import rewrite_tunables
+from ksearch_ray.search.runner import start
+from ksearch_ray.search.store import RunStore
+from ksearch_ray.taskspec.tunables import rewrite_tunables
 
 ROOT = Path(__file__).parent.parent
 

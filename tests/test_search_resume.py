@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ksearch_ray.config import RunConfig
-from ksearch_ray.runner import start
-from ksearch_ray.runstate import fold
-from ksearch_ray.store import RunStore
+from ksearch_ray.search.runner import start
+from ksearch_ray.search.runstate import fold
+from ksearch_ray.search.store import RunStore
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
@@ -117,8 +117,8 @@ def test_evaluator_killed_mid_evaluation_the_run_completes(ray_session, tmp_path
 
 def test_no_two_cycles_work_one_node_at_once(tmp_path):
     """Replay-level check over the LLM run's log format: leases are exclusive per node."""
-    from ksearch_ray.wm_state import WorldModelState
-    from ksearch_ray.world_model import new_tree
+    from ksearch_ray.worldmodel.state import WorldModelState
+    from ksearch_ray.worldmodel.tree import new_tree
 
     state = WorldModelState(new_tree("t"), lambda _i: True)
     state.call("apply", {"ops": [

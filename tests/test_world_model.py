@@ -7,9 +7,15 @@ from typing import Any
 import pytest
 
 from ksearch_ray.models import Status
-from ksearch_ray.wm_ops import ApplyReport, InsertOp, apply_ops
-from ksearch_ray.wm_render import render_best, render_failures, render_frontier, render_path, render_tree
-from ksearch_ray.wm_select import (
+from ksearch_ray.worldmodel.ops import ApplyReport, InsertOp, apply_ops
+from ksearch_ray.worldmodel.render import (
+    render_best,
+    render_failures,
+    render_frontier,
+    render_path,
+    render_tree,
+)
+from ksearch_ray.worldmodel.select import (
     LeaseError,
     expire_leases,
     frontier,
@@ -20,7 +26,7 @@ from ksearch_ray.wm_select import (
     select_and_lease,
     select_frontier,
 )
-from ksearch_ray.world_model import (
+from ksearch_ray.worldmodel.tree import (
     ActionNode,
     EvalSummary,
     InvariantError,

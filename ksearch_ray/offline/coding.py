@@ -1,6 +1,6 @@
 """The offline policy as coder: generate, debug and improve replies that rewrite tunables.
 
-See `ksearch_ray.offline_policy` for the whole design.
+See `ksearch_ray.offline.policy` for the whole design.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ksearch_ray.offline.configs import (
     with_values,
 )
 from ksearch_ray.offline.model import _attempt_speedups, _fit, _observations, _Ranker, _tree_speedups
-from ksearch_ray.policy import CodeReply, CodeRequest
-from ksearch_ray.tunables import Tunable
+from ksearch_ray.search.policy import CodeReply, CodeRequest
+from ksearch_ray.taskspec.tunables import Tunable
 
 AUTHOR = "offline-policy"
 

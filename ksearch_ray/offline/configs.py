@@ -1,7 +1,7 @@
 """Configs and actions of the offline policy, and the search space of one request.
 
 A config is (seed name, tunable values); an action's description carries it as machine-readable
-`seed:` / `tunables:` lines. See `ksearch_ray.offline_policy` for the whole design.
+`seed:` / `tunables:` lines. See `ksearch_ray.offline.policy` for the whole design.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksearch_ray.models import Solution
-from ksearch_ray.tunables import Tunable, TunableError, read_tunables, rewrite_tunables
-from ksearch_ray.world_model import ROOT_ID, ActionNode, RootNode, Tree
+from ksearch_ray.taskspec.tunables import Tunable, TunableError, read_tunables, rewrite_tunables
+from ksearch_ray.worldmodel.tree import ROOT_ID, ActionNode, RootNode, Tree
 
 _TUNABLES_LINE = re.compile(r"^tunables:\s*(\{.*\})\s*$", re.MULTILINE)
 _SEED_LINE = re.compile(r"^seed:\s*(\S+)\s*$", re.MULTILINE)

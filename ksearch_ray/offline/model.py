@@ -1,6 +1,6 @@
 """The offline policy's learned model: observations, the per-change effect fit, and ranking.
 
-See `ksearch_ray.offline_policy` for the whole design.
+See `ksearch_ray.offline.policy` for the whole design.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from ksearch_ray.models import Solution
 from ksearch_ray.offline.configs import _Candidate, _diff, _Space
-from ksearch_ray.policy import Attempt
-from ksearch_ray.world_model import ROOT_ID, ActionNode, NodeStatus, RootNode, Tree, solution_speedup
+from ksearch_ray.search.policy import Attempt
+from ksearch_ray.worldmodel.tree import ROOT_ID, ActionNode, NodeStatus, RootNode, Tree, solution_speedup
 
 PRIOR_LOG_GAIN = math.log(1.02)
 """What an unmeasured change is expected to give: a little, so untried steps beat known losers."""

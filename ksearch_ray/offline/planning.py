@@ -1,6 +1,6 @@
 """The offline policy as planner: initialize, propose, refine and too-hard replies.
 
-See `ksearch_ray.offline_policy` for the whole design.
+See `ksearch_ray.offline.policy` for the whole design.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from ksearch_ray.offline.model import (
     _Ranker,
     _tree_speedups,
 )
-from ksearch_ray.policy import Attempt, PlanRequest
-from ksearch_ray.world_model import ROOT_ID, ActionNode, NodeStatus
+from ksearch_ray.search.policy import Attempt, PlanRequest
+from ksearch_ray.worldmodel.tree import ROOT_ID, ActionNode, NodeStatus
 
 INIT_MIN_ACTIONS = 12
 REFINE_CHILDREN = 3

@@ -1,7 +1,7 @@
 """Trusted reference for gqa_paged_decode_h32_kv4_d128_ps1: batched GQA decode over a paged KV cache.
 
 Loaded by path by the framework. Inputs come from the shared FlashInfer synthesizer, which draws a
-new page table and length split from every seed (see ksearch_ray.flashinfer_inputs); the math
+new page table and length split from every seed (see ksearch_ray.taskspec.flashinfer_inputs); the math
 below is plain PyTorch in fp32, one request at a time.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ksearch_ray.flashinfer_inputs import synthesize
+from ksearch_ray.taskspec.flashinfer_inputs import synthesize
 
 DEFINITION = json.loads(Path(__file__).with_name("definition.json").read_text())
 

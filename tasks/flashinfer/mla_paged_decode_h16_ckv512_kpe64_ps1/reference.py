@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ksearch_ray.flashinfer_inputs import synthesize
+from ksearch_ray.taskspec.flashinfer_inputs import synthesize
 
 DEFINITION = json.loads(Path(__file__).with_name("definition.json").read_text())
 

@@ -6,13 +6,13 @@ its first sentences; the full record is the tree's JSON.
 
 from __future__ import annotations
 
-from ksearch_ray.wm_select import (
+from ksearch_ray.worldmodel.select import (
     DEFAULT_MAX_DIFFICULTY,
     DEFAULT_RELAX_AT_SPEEDUP,
     difficulty_limit,
     frontier,
 )
-from ksearch_ray.world_model import (
+from ksearch_ray.worldmodel.tree import (
     ROOT_ID,
     ActionNode,
     NodeStatus,

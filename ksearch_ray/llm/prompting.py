@@ -1,6 +1,6 @@
 """Prompt templates: package data, one file per call kind, overridable by a user directory.
 
-A template is a Markdown file in `ksearch_ray/prompts/` read with `string.Template`
+A template is a Markdown file in `ksearch_ray/llm/prompts/` read with `string.Template`
 (`$name` placeholders, `$$` for a literal dollar). Lines `<!-- system -->` and `<!-- user -->`
 split it into chat messages; text before the first such line documents the template and is
 not sent. Files whose name starts with `_` are fragments shared by several templates (the
@@ -55,13 +55,13 @@ def load_template(name: str, prompts_dir: Path | str | None = None) -> tuple[str
     if override is not None and (override / filename).is_file():
         path = override / filename
         return path.read_text(encoding="utf-8"), str(path)
-    packaged = importlib.resources.files("ksearch_ray") / "prompts" / filename
+    packaged = importlib.resources.files("ksearch_ray.llm") / "prompts" / filename
     if not packaged.is_file():
         known = ", ".join(CALL_KINDS)
         raise PromptError(
             f"no prompt template {filename!r} (packaged kinds: {known}; override dir: {override})"
         )
-    return packaged.read_text(encoding="utf-8"), f"ksearch_ray/prompts/{filename}"
+    return packaged.read_text(encoding="utf-8"), f"ksearch_ray/llm/prompts/{filename}"
 
 
 def _split_roles(text: str) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """The LLM call interface: model config, the per-call record, replies, errors and the client protocol.
 
-Split out of `ksearch_ray.llm`, which re-exports every name here; the cache and ledger
-(`ksearch_ray.llm_store`) and the litellm client (`ksearch_ray.llm`) both build on it.
+Split out of `ksearch_ray.llm.client`, which re-exports every name here; the cache and ledger
+(`ksearch_ray.llm.store`) and the litellm client (`ksearch_ray.llm.client`) both build on it.
 """
 
 from __future__ import annotations

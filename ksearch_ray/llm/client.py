@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ksearch_ray.llm_store import CachedReply, Ledger, LedgerTotals, ResponseCache
-from ksearch_ray.llm_types import ErrorKind, LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, Message
+from ksearch_ray.llm.store import CachedReply, Ledger, LedgerTotals, ResponseCache
+from ksearch_ray.llm.types import ErrorKind, LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, Message
 
 __all__ = [
     "CachedReply",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ksearch_ray.sandbox.channel import Channel
+from ksearch_ray.evaluation.sandbox.channel import Channel
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE)
 _SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCLOUD_", "HF_", "HUGGING", "OPENAI", "ANTHROPIC",
@@ -32,7 +32,7 @@ def scrubbed_environment(device: str, visible_gpu: str | None = None) -> dict[st
         k: v for k, v in os.environ.items()
         if not _SECRET_NAME.search(k) and not k.upper().startswith(_SECRET_PREFIXES)
     }
-    package_parent = str(Path(__file__).resolve().parents[2])
+    package_parent = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -93,7 +93,7 @@ class Sandbox:
         log = open(self.work_root / "zygote.log", "ab")  # noqa: SIM115  (owned by the child process)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ksearch_ray.sandbox.zygote", str(child.fileno())],
+                [sys.executable, "-m", "ksearch_ray.evaluation.sandbox.zygote", str(child.fileno())],
                 pass_fds=[child.fileno()],
                 env=scrubbed_environment(self.device, self.visible_gpu),
                 cwd=self.work_root,

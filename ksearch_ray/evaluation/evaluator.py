@@ -1,6 +1,6 @@
 """Staged evaluation of one candidate: build, correctness, timing; the first failure decides.
 
-The candidate runs in a sandboxed worker (ksearch_ray.sandbox). This process, which never
+The candidate runs in a sandboxed worker (ksearch_ray.evaluation.sandbox). This process, which never
 runs candidate code, regenerates every input from its seed, computes the reference (TF32 off)
 and judges the outputs the worker wrote; it also computes every statistic from the raw
 per-call times. Exceptions become statuses here and in the worker, nowhere else.
@@ -23,12 +23,12 @@ from typing import Any, Literal
 
 import torch
 
-from ksearch_ray.compare import Comparison, compare_outputs
+from ksearch_ray.evaluation.compare import Comparison, compare_outputs
+from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
+from ksearch_ray.evaluation.sandbox.client import Sandbox, WorkerHandle
+from ksearch_ray.evaluation.seeds import call_seed, derive_seed, new_secret
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.sandbox.client import Sandbox, WorkerHandle
-from ksearch_ray.seeds import call_seed, derive_seed, new_secret
-from ksearch_ray.task import Task, Workload
+from ksearch_ray.taskspec.task import Task, Workload
 
 Mode = Literal["fresh", "reuse"]
 

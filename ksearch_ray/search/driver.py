@@ -20,14 +20,14 @@ import ray
 from ray.exceptions import RayActorError
 
 from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.policy import Attempt, CodeKind, CodeRequest, PlanKind, PlanReply, PlanRequest
-from ksearch_ray.runstate import CycleRecord, RunState, fold
-from ksearch_ray.scoring import speedup
-from ksearch_ray.store import RunStore
-from ksearch_ray.task import Task
-from ksearch_ray.tunables import read_tunables
-from ksearch_ray.world_model import ActionNode, EvalSummary, Tree, new_tree
+from ksearch_ray.search.policy import Attempt, CodeKind, CodeRequest, PlanKind, PlanReply, PlanRequest
+from ksearch_ray.search.runstate import CycleRecord, RunState, fold
+from ksearch_ray.search.store import RunStore
+from ksearch_ray.taskspec.task import Task
+from ksearch_ray.taskspec.tunables import read_tunables
+from ksearch_ray.worldmodel.tree import ActionNode, EvalSummary, Tree, new_tree
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,7 +94,7 @@ class Search:
 
         llm_json = None
         if self.config.model:
-            from ksearch_ray.llm import LLMConfig
+            from ksearch_ray.llm.client import LLMConfig
 
             llm_json = LLMConfig(
                 model=self.config.model, api_base=self.config.api_base, api_key_env=self.config.api_key_env,
@@ -336,7 +336,7 @@ class Search:
         return self.state
 
     def _frontier_ids(self, tree: Tree) -> list[str]:
-        from ksearch_ray.wm_select import frontier
+        from ksearch_ray.worldmodel.select import frontier
 
         return [n.id for n in frontier(tree)]
 
@@ -367,7 +367,7 @@ class Search:
             self.store.append("seed", solution_id=None)
             self.state.seeded = True
             return
-        from ksearch_ray.task import solution_from_file
+        from ksearch_ray.taskspec.task import solution_from_file
 
         solution = self.task.solution(name) if name in self.task.solution_names() else solution_from_file(Path(name), self.task)
         self.store.save_solution(solution)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ksearch_ray.world_model import (
+from ksearch_ray.worldmodel.tree import (
     ROOT_ID,
     ActionNode,
     Lease,

@@ -10,14 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from ksearch_ray.llm import LiteLLMClient, LLMCall, LLMClient, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.llm.client import LiteLLMClient, LLMCall, LLMClient, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.llm.parsing import ParseError, extract_code, extract_ops
+from ksearch_ray.llm.prompting import format_sources, render
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.parsing import ParseError, extract_code, extract_ops
-from ksearch_ray.policy import Attempt, CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.prompting import format_sources, render
-from ksearch_ray.task import TaskDefinition
-from ksearch_ray.wm_render import render_best, render_failures, render_frontier, render_path, render_tree
-from ksearch_ray.world_model import ActionNode, Tree
+from ksearch_ray.search.policy import Attempt, CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.worldmodel.render import (
+    render_best,
+    render_failures,
+    render_frontier,
+    render_path,
+    render_tree,
+)
+from ksearch_ray.worldmodel.tree import ActionNode, Tree
 
 
 def interface_text(task: TaskDefinition) -> str:

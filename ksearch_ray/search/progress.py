@@ -10,10 +10,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ksearch_ray.wm_render import format_speedup
+from ksearch_ray.worldmodel.render import format_speedup
 
 if TYPE_CHECKING:
-    from ksearch_ray.search import Search
+    from ksearch_ray.search.driver import Search
 
 
 def render(search: Search) -> Group:

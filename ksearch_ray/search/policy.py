@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from ksearch_ray.llm import LLMCall
+from ksearch_ray.llm.client import LLMCall
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.task import TaskDefinition
-from ksearch_ray.world_model import Tree
+from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.worldmodel.tree import Tree
 
 PlanKind = Literal["initialize_tree", "propose_actions", "refine", "too_hard"]
 CodeKind = Literal["generate_from_spec", "generate_from_base", "debug", "improve"]

@@ -1,6 +1,6 @@
 """What the LLM layer keeps on disk: the replay cache of replies and the cost ledger of calls.
 
-Split out of `ksearch_ray.llm`, which re-exports every name here.
+Split out of `ksearch_ray.llm.client`, which re-exports every name here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from ksearch_ray.llm_types import LLMCall
+from ksearch_ray.llm.types import LLMCall
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The zygote: a pre-imported Python that forks one fresh worker per candidate.
 
-Started by `Sandbox` with `python -m ksearch_ray.sandbox.zygote FD` and a scrubbed
+Started by `Sandbox` with `python -m ksearch_ray.evaluation.sandbox.zygote FD` and a scrubbed
 environment. It imports torch and Triton once (seconds) but never touches CUDA, so each
 fork (milliseconds) is safe and gets a process no earlier candidate ran in. Each worker
 starts its own session (process group) so the evaluator can kill it and everything it
@@ -39,8 +39,8 @@ def _reply(ctrl: socket.socket, message: dict[str, Any]) -> None:
 
 
 def _run_child(ctrl: socket.socket, job_fd: int) -> int:
-    from ksearch_ray.sandbox.channel import Channel
-    from ksearch_ray.sandbox.worker import serve
+    from ksearch_ray.evaluation.sandbox.channel import Channel
+    from ksearch_ray.evaluation.sandbox.worker import serve
 
     ctrl.close()  # the candidate must not be able to talk to the zygote
     os.setsid()
@@ -61,8 +61,8 @@ def main(ctrl_fd: int) -> None:
     import torch  # noqa: F401  (the whole point: pay for these imports once)
     import triton  # noqa: F401
 
-    import ksearch_ray.sandbox.worker  # noqa: F401  (captures the harness's private references pre-candidate)
-    import ksearch_ray.task  # noqa: F401
+    import ksearch_ray.evaluation.sandbox.worker  # noqa: F401  (captures the harness's private references pre-candidate)
+    import ksearch_ray.taskspec.task  # noqa: F401
 
     ctrl = socket.socket(fileno=ctrl_fd)
     _reply(ctrl, {"ready": True, "pid": os.getpid()})

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksearch_ray.models import EvalResult
-from ksearch_ray.policy import Attempt
-from ksearch_ray.wm_state import WorldModelState
-from ksearch_ray.world_model import Tree
+from ksearch_ray.search.policy import Attempt
+from ksearch_ray.worldmodel.state import WorldModelState
+from ksearch_ray.worldmodel.tree import Tree
 
 
 @dataclass

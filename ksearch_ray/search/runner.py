@@ -15,11 +15,11 @@ from pathlib import Path
 import ray
 
 from ksearch_ray.config import ConfigError, RunConfig
-from ksearch_ray.progress import ProgressView
-from ksearch_ray.runstate import RunState
-from ksearch_ray.search import Search, evaluator_count
-from ksearch_ray.store import RunStore, versions
-from ksearch_ray.task import Task, find_task
+from ksearch_ray.search.driver import Search, evaluator_count
+from ksearch_ray.search.progress import ProgressView
+from ksearch_ray.search.runstate import RunState
+from ksearch_ray.search.store import RunStore, versions
+from ksearch_ray.taskspec.task import Task, find_task
 
 
 def init_ray(config: RunConfig) -> None:
@@ -33,7 +33,7 @@ def init_ray(config: RunConfig) -> None:
     # An embedded single-machine cluster: nothing to authenticate against (Ray 2.60 turns token
     # auth on by default; set RAY_AUTH_MODE yourself to keep it).
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    package_parent = str(Path(__file__).resolve().parents[1])
+    package_parent = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(include_dashboard=False, logging_level=logging.WARNING,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})

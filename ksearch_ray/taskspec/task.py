@@ -254,7 +254,9 @@ def solution_from_file(path: Path, task: Task, *, name: str | None = None) -> So
     if path.is_dir():
         return load_solution_dir(path, task.name)
     if path.suffix == ".json":
-        from ksearch_ray.flashinfer_format import solution_from_json  # FlashInfer-Bench solution JSON
+        from ksearch_ray.taskspec.flashinfer_format import (
+            solution_from_json,  # FlashInfer-Bench solution JSON
+        )
 
         return solution_from_json(path, task)
     if path.suffix not in SOURCE_SUFFIXES:
@@ -282,7 +284,7 @@ TASK_PATH_ENV = "KSEARCH_TASK_PATH"
 
 def bundled_tasks_dir() -> Path:
     """`tasks/` of a checkout, or the copy installed as ksearch_ray.bundled_tasks."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the ksearch_ray package
     installed = here / "bundled_tasks"
     if installed.is_dir():
         return installed

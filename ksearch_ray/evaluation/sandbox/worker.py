@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ksearch_ray.sandbox import integrity
-from ksearch_ray.sandbox.build import BuildError, load_entry
-from ksearch_ray.sandbox.channel import Channel
-from ksearch_ray.seeds import call_seed
+from ksearch_ray.evaluation.sandbox import integrity
+from ksearch_ray.evaluation.sandbox.build import BuildError, load_entry
+from ksearch_ray.evaluation.sandbox.channel import Channel
+from ksearch_ray.evaluation.seeds import call_seed
 
 _perf = integrity.perf_counter
 _save = torch.save
@@ -74,7 +74,7 @@ class Worker:
         self.device = job["device"]
         self.options = frozenset(job.get("options", []))
         self.cuda = self.device == "cuda"
-        from ksearch_ray.task import Task
+        from ksearch_ray.taskspec.task import Task
 
         self.task = Task.load(job["task_root"])
         self.task.module  # noqa: B018  (load the trusted reference module before any candidate code)
@@ -98,7 +98,7 @@ class Worker:
             raise CandidateFailure("INTEGRITY_VIOLATION", f"{when}: " + "; ".join(problems))
 
     def inputs_for(self, workload: dict[str, Any], seed: int) -> dict[str, Any]:
-        from ksearch_ray.task import Workload
+        from ksearch_ray.taskspec.task import Workload
 
         try:
             return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)

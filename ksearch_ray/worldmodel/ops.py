@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ksearch_ray.models import Status
-from ksearch_ray.world_model import (
+from ksearch_ray.worldmodel.tree import (
     ActionFields,
     ActionNode,
     Difficulty,

@@ -41,7 +41,7 @@ from ksearch_ray.offline.configs import (
 )
 from ksearch_ray.offline.model import FAILURE_LOG_GAIN, PRIOR_LOG_GAIN, PRIOR_WEIGHT, SCORE_SCALE
 from ksearch_ray.offline.planning import INIT_MIN_ACTIONS, REFINE_CHILDREN, _plan_ops
-from ksearch_ray.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
 
 __all__ = [
     "AUTHOR",

@@ -58,14 +58,14 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
     """`ksearch show`: everything comes from the run directory."""
     from pathlib import Path
 
-    from ksearch_ray.runstate import fold
-    from ksearch_ray.store import RunStore
-    from ksearch_ray.wm_render import format_speedup, render_tree
+    from ksearch_ray.search.runstate import fold
+    from ksearch_ray.search.store import RunStore
+    from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
     store = RunStore(Path(run_dir))
     manifest = store.manifest() if (Path(run_dir) / "manifest.json").is_file() else None
     if manifest is None:
-        from ksearch_ray.store import RunDirError
+        from ksearch_ray.search.store import RunDirError
 
         raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
     events = store.read_events()

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ksearch_ray.wm_ops import apply_ops
-from ksearch_ray.wm_select import expire_leases, release, renew, select_and_lease
-from ksearch_ray.world_model import Tree
+from ksearch_ray.worldmodel.ops import apply_ops
+from ksearch_ray.worldmodel.select import expire_leases, release, renew, select_and_lease
+from ksearch_ray.worldmodel.tree import Tree
 
 
 class WorldModelState:

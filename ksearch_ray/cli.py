@@ -256,7 +256,7 @@ def _runner():  # type: ignore[no-untyped-def]
 def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     from ksearch_ray.config import ConfigError
     from ksearch_ray.evaluation.sandbox.client import SandboxError
-    from ksearch_ray.search.driver import SearchError
+    from ksearch_ray.search.errors import SearchError
     from ksearch_ray.search.store import RunDirError
     from ksearch_ray.worldmodel.render import format_speedup
 

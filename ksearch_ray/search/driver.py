@@ -22,6 +22,8 @@ from ray.exceptions import RayActorError
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.models import EvalResult, Solution
+from ksearch_ray.search.errors import SearchError
+from ksearch_ray.search.evaluators import EvaluatorPool
 from ksearch_ray.search.policy import Attempt, CodeKind, CodeRequest, PlanKind, PlanReply, PlanRequest
 from ksearch_ray.search.runstate import CycleRecord, RunState, fold
 from ksearch_ray.search.store import RunStore
@@ -36,29 +38,11 @@ LEASE_TTL_S = 6 * 3600.0
 ACTOR_RETRIES = 3
 
 
-class SearchError(Exception):
-    """The search cannot start or continue; one line for the user."""
-
-
 @dataclass
 class Budget:
     rounds: int
     max_cost_usd: float | None
     max_wall_s: float | None
-
-
-def evaluator_count(config: RunConfig) -> int:
-    """--evaluators, or one per GPU the cluster has now (GPU evaluators), or one on the CPU."""
-    if config.evaluators:
-        return config.evaluators
-    if config.device == "cuda" or config.evaluator_gpus:
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus == 0:
-            raise SearchError(
-                "no evaluator resources: Ray sees no GPUs (use --device cpu, or --evaluators N on an autoscaling cluster)"
-            )
-        return gpus
-    return 1
 
 
 class Search:
@@ -70,7 +54,6 @@ class Search:
         self.state = RunState()
         self.started = time.monotonic()
         self.in_flight: dict[str, str] = {}  # cycle id -> action title, for the progress view
-        self.evals_done_session = 0
         self.policy_name = ""
         self.hardware = ""
         self.device = config.device or "cpu"
@@ -78,7 +61,6 @@ class Search:
         self._stop_reason: str | None = None
         self._seed_solutions: dict[str, Solution] | None = None
         self.wm_s = 0.0  # driver time waiting on the world model
-        self.busy_s: dict[int, float] = {}  # evaluator index -> seconds spent evaluating
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -107,14 +89,6 @@ class Search:
             role, llm_json, str(self.store.cache_dir), None
         )
 
-    def _make_evaluator(self, index: int) -> Any:
-        from ksearch_ray.actors.evaluator import EvaluatorActor
-
-        gpus = 1 if self.device == "cuda" or self.config.evaluator_gpus else 0
-        return EvaluatorActor.options(
-            num_cpus=self.config.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.store.root.name}-{index}-{time.time_ns()}"
-        ).remote(self.device, str(self.store.root / "sandbox" / f"evaluator-{index}"), self.config.eval_idle_timeout_s)
-
     def _make_wm_actor(self, tree: Tree) -> Any:
         from ksearch_ray.actors.world_model import WorldModelActor
 
@@ -123,14 +97,13 @@ class Search:
     async def setup(self) -> None:
         events = self.store.read_events()
         self.state = fold(events, self.store.has_solution)
-        n = evaluator_count(self.config)
-        self.evaluators = [self._make_evaluator(i) for i in range(n)]
-        self.idle: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(n):
-            self.idle.put_nowait(i)
+        self.pool = EvaluatorPool(
+            self.config, self.store.root.name, str(self.store.root / "sandbox"),
+            on_lost=lambda index, solution_id: self.store.append("evaluator_lost", evaluator=index, solution_id=solution_id),
+        )
         self.planner = self._make_policy_actor("planner")
         self.coder = self._make_policy_actor("coder")
-        info = await self._actor_call(lambda: self.evaluators[0].describe.remote(), "evaluator", self._replace_evaluator_0)
+        info = await self.pool.describe()
         self.hardware = info["hardware"]
         self.policy_name = await self.planner.name.remote()
         tree = self.state.tree
@@ -141,9 +114,6 @@ class Search:
         else:
             self.store.append("resume", open_cycles=[c.cycle_id for c in self.state.open_cycles])
         self.wm_actor = self._make_wm_actor(tree)
-
-    def _replace_evaluator_0(self) -> None:
-        self.evaluators[0] = self._make_evaluator(0)
 
     # --- actor calls with retry ------------------------------------------------------------------
 
@@ -228,24 +198,7 @@ class Search:
 
     async def evaluate(self, solution: Solution) -> tuple[EvalResult, int]:
         """The verdict, and which evaluator gave it."""
-        index = await self.idle.get()
-        try:
-            for attempt in range(1, ACTOR_RETRIES + 1):
-                actor = self.evaluators[index]
-                try:
-                    result: EvalResult = await actor.evaluate.remote(
-                        self.config.task, self.config.task_dirs, solution, self.workload_set, self.config.mode
-                    )
-                    self.evals_done_session += 1
-                    self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
-                    return result, index
-                except RayActorError:
-                    log.warning("evaluator %d died mid-evaluation; starting a new one (%d/%d)", index, attempt, ACTOR_RETRIES)
-                    self.store.append("evaluator_lost", evaluator=index, solution_id=solution.id)
-                    self.evaluators[index] = self._make_evaluator(index)
-            raise SearchError(f"evaluator {index} died {ACTOR_RETRIES} times in a row")
-        finally:
-            self.idle.put_nowait(index)
+        return await self.pool.evaluate(solution, self.workload_set)
 
     def _speedup(self, result: EvalResult) -> float | None:
         assert self.state.baseline is not None
@@ -329,7 +282,7 @@ class Search:
         self.store.append(
             "run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best,
             session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
-            evaluator_busy_s={str(k): v for k, v in sorted(self.busy_s.items())},
+            evaluator_busy_s={str(k): v for k, v in sorted(self.pool.busy_s.items())},
         )
         self.state.finished = reason
         self.on_change(self)

@@ -25,7 +25,7 @@ def render(search: Search) -> Group:
     stats = Table.grid(padding=(0, 3))
     stats.add_row(
         f"rounds {st.rounds_used}/{cfg.rounds}",
-        f"evaluations {st.evaluations} ({search.evals_done_session / max((time.monotonic() - search.started) / 60, 1e-9):.1f}/min)",
+        f"evaluations {st.evaluations} ({search.pool.done / max((time.monotonic() - search.started) / 60, 1e-9):.1f}/min)",
         f"best {format_speedup(best['speedup'])} ({best['node']}, round {best['round']})" if best else "best —",
         f"LLM ${st.llm_cost_usd:.2f}, {st.llm_tokens} tokens, {st.llm_calls} calls" if cfg.model else "no LLM",
         f"{minutes:.1f} min",

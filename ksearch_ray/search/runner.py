@@ -15,7 +15,8 @@ from pathlib import Path
 import ray
 
 from ksearch_ray.config import ConfigError, RunConfig
-from ksearch_ray.search.driver import Search, evaluator_count
+from ksearch_ray.search.driver import Search
+from ksearch_ray.search.evaluators import evaluator_count
 from ksearch_ray.search.progress import ProgressView
 from ksearch_ray.search.runstate import RunState
 from ksearch_ray.search.store import RunStore, versions

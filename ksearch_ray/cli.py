@@ -7,8 +7,10 @@ either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -16,11 +18,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ksearch_ray.config import RunConfig
 from ksearch_ray.taskspec.task import TaskError, discover, find_task, solution_from_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages are never broken into lines: paths stay whole
 
 TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", help="Extra directory of task bundles (repeatable).")]
 Datasets = Annotated[
@@ -31,7 +34,7 @@ Datasets = Annotated[
 
 def task_dirs(task_dir: list[Path] | None, dataset: list[Path] | None) -> list[str]:
     """--task-dir folders, then one generated bundle per definition of each --dataset."""
-    dirs = [str(p) for p in task_dir or []]
+    dirs = [str(p.resolve()) for p in task_dir or []]
     for d in dataset or []:
         if not d.is_dir():
             fail(f"--dataset {d}: not a directory")
@@ -125,8 +128,15 @@ def eval_(
     except RuntimeError as exc:
         fail(str(exc))
     try:
-        result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options)  # type: ignore[arg-type]
-        base = None if reference is None else evaluator.evaluate(task, reference, workload_set=workloads, mode=mode, options=options)  # type: ignore[arg-type]
+        with _eval_progress() as say:
+            say(f"evaluating {solution.name} on {task.workload_set_name(workloads, device)}")
+            result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options,  # type: ignore[arg-type]
+                                        progress=lambda text: say(f"{solution.name}: {text}"))
+            base = None
+            if reference is not None:
+                say(f"evaluating {reference.name} for comparison")
+                base = evaluator.evaluate(task, reference, workload_set=workloads, mode=mode, options=options,  # type: ignore[arg-type]
+                                          progress=lambda text: say(f"{reference.name}: {text}"))
     except SandboxError as exc:
         fail(str(exc))
     finally:
@@ -145,6 +155,22 @@ def eval_(
     raise typer.Exit(0 if result.passed else 1)
 
 
+@contextlib.contextmanager
+def _eval_progress() -> Iterator[Callable[[str], None]]:
+    """A one-line status that updates in place on a terminal, plain lines on stderr otherwise."""
+    if err.is_terminal:
+        with err.status("") as status:
+            yield lambda text: status.update(text)
+    else:
+        yield lambda text: print(text, file=sys.stderr, flush=True)
+
+
+def _default(field: str) -> str:
+    """' [default: X]' from RunConfig, for options whose default lives there (flags override YAML)."""
+    value = RunConfig.model_fields[field].default
+    return f" \\[default: {'none' if value is None else value}]"  # escaped: help text is rich markup
+
+
 @app.command()
 def run(
     task: Annotated[str | None, typer.Option("--task", help="Task name or bundle path.")] = None,
@@ -152,18 +178,20 @@ def run(
     api_base: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (vLLM, SGLang, Ollama).")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="Environment variable that holds the API key.")] = None,
     reasoning_effort: Annotated[str | None, typer.Option(help="low / medium / high, where the model supports it.")] = None,
-    width: Annotated[int | None, typer.Option(help="Action cycles in parallel (search width W).")] = None,
-    rounds: Annotated[int | None, typer.Option(help="Budget of code generations.")] = None,
-    stagnation_window: Annotated[int | None, typer.Option(help="Non-improving attempts that end a cycle.")] = None,
-    max_difficulty: Annotated[int | None, typer.Option(help="Difficulty gate (1-5).")] = None,
-    max_cost_usd: Annotated[float | None, typer.Option(help="LLM spending budget.")] = None,
-    max_wall_s: Annotated[float | None, typer.Option(help="Wall-clock budget, seconds.")] = None,
+    width: Annotated[int | None, typer.Option(help="Action cycles in parallel (search width W)." + _default("width"))] = None,
+    rounds: Annotated[int | None, typer.Option(help="Budget of code generations." + _default("rounds"))] = None,
+    stagnation_window: Annotated[int | None, typer.Option(help="Non-improving attempts that end a cycle." + _default("stagnation_window"))] = None,
+    max_difficulty: Annotated[int | None, typer.Option(help="Difficulty gate (1-5)." + _default("max_difficulty"))] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(help="LLM spending budget." + _default("max_cost_usd"))] = None,
+    max_wall_s: Annotated[float | None, typer.Option(help="Wall-clock budget, seconds." + _default("max_wall_s"))] = None,
     from_solution: Annotated[str | None, typer.Option(help="Start from this solution (task solution name or file).")] = None,
     device: Annotated[str | None, typer.Option(help="cuda or cpu.")] = None,
     evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU).")] = None,
     workloads: Annotated[str | None, typer.Option(help="Workload set that scores candidates.")] = None,
-    mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse.")] = None,
-    language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python.")] = None,
+    mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse." + _default("mode"))] = None,
+    language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python." + _default("language"))] = None,
+    noise_repeats: Annotated[int | None, typer.Option(help="Measurements of the baseline and the seed at the start (the noise estimate)." + _default("noise_repeats"))] = None,
+    confirm_repeats: Annotated[int | None, typer.Option(help="Interleaved re-timings of the best against the baseline at the end (0: none)." + _default("confirm_repeats"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML file with the same keys; flags override it.")] = None,
     run_dir: Annotated[str | None, typer.Option(help="Run directory (default runs/<task>-<time>-<id>).")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Attach to this Ray cluster.")] = None,
@@ -181,6 +209,7 @@ def run(
         "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
         "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
         "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
+        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats,
     }
     try:
         cfg = load_config(config, overrides)
@@ -192,10 +221,14 @@ def run(
 @app.command()
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="A run directory left by `ksearch run`.")],
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    rounds: Annotated[int | None, typer.Option(help="New budget of code generations for the whole run (extends a finished run).")] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(help="New LLM spending budget for the whole run.")] = None,
+    max_wall_s: Annotated[float | None, typer.Option(help="New wall-clock budget for the whole run, seconds.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live view on a terminal (plain lines otherwise).")] = True,
 ) -> None:
-    """Continue a run that was stopped or killed: nothing lost, nothing counted twice."""
-    _run_search(lambda: (run_dir, _runner().resume(run_dir, progress=progress)))
+    """Continue a run that was stopped, killed or finished: nothing lost, nothing counted twice."""
+    budget = {"rounds": rounds, "max_cost_usd": max_cost_usd, "max_wall_s": max_wall_s}
+    _run_search(lambda: (run_dir.resolve(), _runner().resume(run_dir, progress=progress, budget=budget)))
 
 
 @app.command()
@@ -225,6 +258,8 @@ def export(
     from ksearch_ray.taskspec.flashinfer_format import solution_to_json
 
     try:
+        if source.is_dir() and not (source / "manifest.json").is_file() and not (source / "solution.json").is_file():
+            fail(f"{source}: neither a run directory (no manifest.json) nor a solution directory (no solution.json)")
         if (source / "manifest.json").is_file():
             best_file = source / "best.json"
             if not best_file.is_file():
@@ -254,23 +289,26 @@ def _runner():  # type: ignore[no-untyped-def]
 
 
 def _run_search(go) -> None:  # type: ignore[no-untyped-def]
+    """Run or resume; the outcome on stdout. Exit 0 finished, 2 a usage error, 3 stopped by an
+    error (resumable), 130 interrupted (resumable)."""
     from ksearch_ray.config import ConfigError
     from ksearch_ray.evaluation.sandbox.client import SandboxError
-    from ksearch_ray.search.errors import SearchError
+    from ksearch_ray.search.errors import RunInterrupted, RunStopped, SearchError
+    from ksearch_ray.search.outcome import outcome_lines
     from ksearch_ray.search.store import RunDirError
-    from ksearch_ray.worldmodel.render import format_speedup
 
     try:
         run_dir, state = go()
+    except RunInterrupted as exc:
+        err.print(f"interrupted; resume with: ksearch resume {exc.run_dir}", highlight=False)
+        raise typer.Exit(130) from None
+    except RunStopped as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"the run stopped and can be resumed: ksearch resume {exc.run_dir}", highlight=False)
+        raise typer.Exit(3) from None
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(exc))
-    best = state.best
-    out.print(
-        f"finished ({state.finished}): {state.rounds_used} rounds, {state.evaluations} evaluations; "
-        + (f"best {format_speedup(best['speedup'])} over the baseline (solution {best['solution_id']})" if best else "no improvement found")
-        + f"\nrun directory: {run_dir}",
-        highlight=False,
-    )
+    print("\n".join(outcome_lines(state, run_dir)))  # plain lines: paths and ids are never wrapped or cut
 
 
 def _speedup(base, result, task) -> float | None:  # type: ignore[no-untyped-def]

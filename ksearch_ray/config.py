@@ -50,6 +50,13 @@ class RunConfig(BaseModel):
     workloads: str | None = Field(default=None, description="Workload set that scores candidates.")
     mode: Literal["fresh", "reuse"] = "fresh"
     eval_idle_timeout_s: float = Field(default=180.0, gt=0, description="A candidate silent this long is a hang.")
+    noise_repeats: int = Field(
+        default=2, ge=1,
+        description="Measurements of the baseline (per evaluator) and of the seed in a run's first session: the noise estimate.",
+    )
+    confirm_repeats: int = Field(
+        default=3, ge=0, description="Interleaved re-timings of the best against the baseline at the end (0: none)."
+    )
     run_dir: str | None = Field(default=None, description="Default: runs/<run-id>.")
     ray_address: str | None = Field(default=None, description="Attach to this cluster; default: auto / local.")
     progress: bool = True

@@ -31,6 +31,7 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING")
+        # A cluster of its own, never another process's (tests of several engineers share the machine).
+        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

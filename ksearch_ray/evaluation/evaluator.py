@@ -16,7 +16,7 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +25,7 @@ import torch
 
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox, WorkerHandle
+from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle
 from ksearch_ray.evaluation.seeds import call_seed, derive_seed, new_secret
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
@@ -124,11 +124,13 @@ class Evaluator:
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
         self.device = device
-        self.work_root = Path(work_root) if work_root else Path.cwd() / ".ksearch" / "sandbox"
+        # Absolute once, here: the worker changes into its job directory from the zygote's cwd.
+        self.work_root = (Path(work_root) if work_root else Path.cwd() / ".ksearch" / "sandbox").resolve()
         self.limits = limits or Limits()
         self.timing = timing or TimingPolicy.for_device(device)
         self.secret = new_secret() if secret is None else secret
         self.sandbox = Sandbox(device, self.work_root)
+        self._progress: Callable[[str], None] = lambda _message: None
 
     def close(self) -> None:
         self.sandbox.close()
@@ -150,7 +152,14 @@ class Evaluator:
         mode: Mode = "fresh",
         timed: bool | None = None,
         options: frozenset[str] | set[str] = frozenset(),
+        progress: Callable[[str], None] | None = None,
     ) -> EvalResult:
+        """The verdict on `solution`. `progress` hears one short line per stage and workload.
+
+        Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
+        the candidate (none of its code has run), and a search must stop rather than count it.
+        """
+        self._progress = progress or (lambda _message: None)
         timed = (workload_set != "tests") if timed is None else timed
         workloads = task.workloads(workload_set, self.device)
         run = _Run(
@@ -256,7 +265,17 @@ class Evaluator:
         """Talk to the worker through all stages; returns seconds of candidate work (build+calls)."""
         lim = self.limits
         deadline = time.monotonic() + lim.total
-        self._recv(worker, lim.setup, "sandbox start-up", deadline)
+        self._progress("starting the sandbox worker")
+        try:
+            self._recv(worker, lim.setup, "sandbox start-up", deadline)
+        except Failure as failure:
+            # Nothing of the candidate has run before the worker reports ready.
+            detail = failure.log.strip().splitlines()[-1] if failure.log.strip() else ""
+            raise SandboxError(
+                f"the sandbox could not start a worker ({failure.status.value}: {failure.message})"
+                + (f"; last output: {detail[:300]}" if detail and detail not in failure.message else "")
+            ) from None
+        self._progress("building" if run.solution.language == "cuda" else "importing the candidate")
         build_limit = lim.build_cuda if run.solution.language == "cuda" else lim.build_python
         built = self._recv(worker, build_limit, "build", deadline)
         busy = float(built.get("seconds", 0.0))
@@ -271,6 +290,7 @@ class Evaluator:
                 workload=workload.name, status=Status.PASSED, max_abs_error=verdict.max_abs_error,
                 max_rel_error=verdict.max_rel_error, fraction_ok=verdict.fraction_ok,
             ))
+            self._progress(f"correct on {workload.name} ({i + 1}/{len(run.workloads)})")
         self._recv(worker, lim.idle, "correctness checks", deadline)  # "checked"
         busy += time.monotonic() - t_check
         if not timed:
@@ -303,7 +323,9 @@ class Evaluator:
             verdict = self._judge(run, workload, seed, self._load_outputs(msg, workload.name))
             if verdict.status is not Status.PASSED:
                 raise Failure(verdict.status, f"{workload.name} (during timing): {verdict.message}", workload=workload.name)
-            run.results[i].timing = self._stats(workload.name, msg["times_ms"], msg["wall_ms"], msg["tail_ms"])
+            timing = self._stats(workload.name, msg["times_ms"], msg["wall_ms"], msg["tail_ms"])
+            run.results[i].timing = timing
+            self._progress(f"timed {workload.name} ({i + 1}/{len(run.workloads)}): mean {timing.mean_ms:.4g} ms")
             reported_ms += sum(msg["times_ms"])
         elapsed_ms = (time.monotonic() - t0) * 1e3
         if reported_ms > elapsed_ms:

@@ -109,6 +109,8 @@ def classify_error(exc: BaseException) -> LLMError:
     if has(openai.APIConnectionError, httpx.TransportError, ConnectionError):
         return LLMError("connection", top, retryable=True)
 
+    if any(type(e).__name__ == "ContextWindowExceededError" for e in chain):
+        return LLMError("context_window", top, retryable=False, status_code=400)
     http_status = next((e.response.status_code for e in chain if isinstance(e, httpx.HTTPStatusError)), None)
     if http_status == 429:
         return LLMError(
@@ -191,6 +193,7 @@ class LiteLLMClient:
                 update={
                     "attempts": error.attempts,
                     "error": str(error),
+                    "error_kind": error.kind,
                     "latency_s": time.monotonic() - started,
                 }
             )

@@ -14,8 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 Message = dict[str, Any]
 
 ErrorKind = Literal[
-    "rate_limit", "timeout", "connection", "server", "malformed_response", "auth", "bad_request", "client"
+    "rate_limit", "timeout", "connection", "server", "malformed_response", "auth", "bad_request", "client",
+    "context_window",
 ]
+FATAL_ERROR_KINDS: frozenset[str] = frozenset({"auth", "bad_request", "client"})
+"""Failures no retry and no other prompt can fix (a rejected key, an unknown model, a request the
+provider refuses): a search stops on them, loudly, instead of burning its budget on failures.
+A prompt too long for the model's context is not among them: the next prompt may fit."""
 
 
 class LLMConfig(BaseModel):
@@ -85,6 +90,7 @@ class LLMCall(BaseModel):
         default=0, description="HTTP requests sent for this call; attempts - 1 were retries."
     )
     error: str | None = Field(default=None, description="None on success, else one line: '<kind>: <reason>'.")
+    error_kind: str | None = Field(default=None, description="The ErrorKind of a failed call.")
     finish_reason: str | None = Field(
         default=None, description="'length' means the reply was cut off by max_tokens."
     )
@@ -93,6 +99,10 @@ class LLMCall(BaseModel):
         default=0, description="Occurrence of this request_hash in the client's lifetime (cache slot)."
     )
     started_at: float = Field(default_factory=time.time, description="Unix time the call began.")
+
+
+def fatal_error(call: LLMCall) -> bool:
+    return call.error_kind in FATAL_ERROR_KINDS
 
 
 class LLMReply(BaseModel):

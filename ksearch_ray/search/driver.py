@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,9 +20,11 @@ from ray.exceptions import RayActorError
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.scoring import speedup
+from ksearch_ray.llm.types import fatal_error
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.search.errors import SearchError
 from ksearch_ray.search.evaluators import EvaluatorPool
+from ksearch_ray.search.measure import Spread, confirm_verdict, format_noise, with_noise
 from ksearch_ray.search.policy import Attempt, CodeKind, CodeRequest, PlanKind, PlanReply, PlanRequest
 from ksearch_ray.search.runstate import CycleRecord, RunState, fold
 from ksearch_ray.search.store import RunStore
@@ -38,22 +39,25 @@ LEASE_TTL_S = 6 * 3600.0
 ACTOR_RETRIES = 3
 
 
-@dataclass
-class Budget:
-    rounds: int
-    max_cost_usd: float | None
-    max_wall_s: float | None
-
-
 class Search:
-    def __init__(self, config: RunConfig, task: Task, store: RunStore, *, on_change: Callable[[Search], None] | None = None):
+    def __init__(self, config: RunConfig, task: Task, store: RunStore, *, on_change: Callable[[Search], None] | None = None,
+                 on_line: Callable[[str], None] | None = None, budget_change: dict[str, Any] | None = None):
         self.config = config
         self.task = task
         self.store = store
         self.on_change = on_change or (lambda _s: None)
+        self.on_line = on_line or (lambda _text: None)
+        """Hears one line per notable event: phases, evaluations, new bests."""
+        self.budget_change = budget_change or {}
+        """Budget settings this session changes (`ksearch resume --rounds ...`), logged with `resume`."""
         self.state = RunState()
         self.started = time.monotonic()
+        self.phase = "starting"
         self.in_flight: dict[str, str] = {}  # cycle id -> action title, for the progress view
+        self.llm_in_flight: dict[int, tuple[str, str, float]] = {}  # call token -> (role, kind, monotonic start)
+        self._llm_tokens = 0
+        self.baselines: dict[int, EvalResult] = {}  # evaluator -> baseline measured on it this session
+        self.gpu_of: list[str] = []  # evaluator -> the name of its device
         self.policy_name = ""
         self.hardware = ""
         self.device = config.device or "cpu"
@@ -94,17 +98,25 @@ class Search:
 
         return WorldModelActor.options(**self._pinned()).remote(str(self.store.root), tree.model_dump_json())
 
+    def set_phase(self, text: str) -> None:
+        """What the run is doing now, for the live view and as a line in logs."""
+        self.phase = text
+        self.on_line(text)
+        self.on_change(self)
+
     async def setup(self) -> None:
         events = self.store.read_events()
         self.state = fold(events, self.store.has_solution)
+        self.set_phase("starting evaluators")
         self.pool = EvaluatorPool(
             self.config, self.store.root.name, str(self.store.root / "sandbox"),
             on_lost=lambda index, solution_id: self.store.append("evaluator_lost", evaluator=index, solution_id=solution_id),
         )
         self.planner = self._make_policy_actor("planner")
         self.coder = self._make_policy_actor("coder")
-        info = await self.pool.describe()
-        self.hardware = info["hardware"]
+        infos = await self.pool.describe_all()
+        self.gpu_of = [str(info["name"]) for info in infos]
+        self.hardware = infos[0]["hardware"]
         self.policy_name = await self.planner.name.remote()
         tree = self.state.tree
         if tree is None:
@@ -112,7 +124,7 @@ class Search:
             self.store.append("wm_init", tree=tree.model_dump(mode="json"))
             self.state.tree = tree
         else:
-            self.store.append("resume", open_cycles=[c.cycle_id for c in self.state.open_cycles])
+            self.store.append("resume", open_cycles=[c.cycle_id for c in self.state.open_cycles], budget=self.budget_change)
         self.wm_actor = self._make_wm_actor(tree)
 
     # --- actor calls with retry ------------------------------------------------------------------
@@ -143,6 +155,17 @@ class Search:
         text = await self._actor_call(lambda: self.wm_actor.tree_json.remote(), "world-model", lambda: None)
         return Tree.model_validate_json(text)
 
+    async def _policy_call(self, role: str, kind: str, make: Callable[[], Awaitable[T]]) -> T:
+        """A planner or coder call, visible in the live view while it waits."""
+        self._llm_tokens += 1
+        token = self._llm_tokens
+        self.llm_in_flight[token] = (role, kind, time.monotonic())
+        self.on_change(self)
+        try:
+            return await self._actor_call(make, role, lambda: setattr(self, role, self._make_policy_actor(role)))
+        finally:
+            self.llm_in_flight.pop(token, None)
+
     def _log_calls(self, reply: Any, role: str, cycle: str | None) -> None:
         for call in reply.calls:
             self.store.append("llm_call", role=role, cycle=cycle, call=call.model_dump(mode="json"))
@@ -151,6 +174,11 @@ class Search:
             self.state.llm_tokens += call.prompt_tokens + call.completion_tokens
             self.state.llm_failed_calls += call.error is not None
         self.on_change(self)
+        fatal = next((call for call in reply.calls if fatal_error(call)), None)
+        if fatal is not None:
+            # A rejected key, an unknown model, a refused request: every further call would fail
+            # the same way, so stop now instead of spending the budget on failures.
+            raise SearchError(f"the {role}'s LLM call failed and retrying cannot fix it: {fatal.error}")
 
     async def plan(self, kind: PlanKind, *, node_id: str | None = None, attempts: list[Attempt] | None = None,
                    cycle: str | None = None) -> PlanReply:
@@ -160,9 +188,7 @@ class Search:
             node_id=node_id, attempts=attempts or [], solutions=self._solutions(tree, attempts or []),
             seeds=self._seeds(), max_actions=max(self.config.width, 4),
         )
-        reply: PlanReply = await self._actor_call(
-            lambda: self.planner.plan.remote(request), "planner", lambda: setattr(self, "planner", self._make_policy_actor("planner"))
-        )
+        reply: PlanReply = await self._policy_call("planner", kind, lambda: self.planner.plan.remote(request))
         self._log_calls(reply, "planner", cycle)
         if reply.error:
             self.store.append("plan_failed", plan_kind=kind, cycle=cycle, error=reply.error)
@@ -200,17 +226,51 @@ class Search:
         """The verdict, and which evaluator gave it."""
         return await self.pool.evaluate(solution, self.workload_set)
 
-    def _speedup(self, result: EvalResult) -> float | None:
-        assert self.state.baseline is not None
-        return speedup(self.task.definition, self.state.baseline, result)
+    def _speedup(self, result: EvalResult, evaluator: int) -> float | None:
+        """Against the baseline measured this session on the same evaluator (so the same GPU)."""
+        return speedup(self.task.definition, self.baselines[evaluator], result)
 
-    def _note_best(self, solution_id: str, value: float | None, node: str, round_: int) -> None:
-        if value is None or (self.state.best and value <= self.state.best["speedup"]):
+    def noise(self, evaluator: int = 0) -> float | None:
+        """How far repeated measurements of one kernel disagree on this evaluator's kind of GPU."""
+        return self.state.noise(self.gpu_of[evaluator]) if self.gpu_of else None
+
+    def _note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
+        gpu = self.gpu_of[evaluator]
+        current = self.state.best_by_gpu.get(gpu)
+        if value is None or (current and value <= current["speedup"]):
             return
-        self.state.best = {"solution_id": solution_id, "speedup": value, "node": node, "round": round_}
-        self.store.append("best", **self.state.best)
+        best = {"solution_id": solution_id, "speedup": value, "node": node, "round": round_, "gpu": gpu}
+        self.store.append("best", **best)
+        self.state.note_best(best)
+        self.on_line(f"new best: {with_noise(value, self.noise(evaluator))} over the baseline ({node}, round {round_})")
+        if self.state.best != best:
+            return  # a better kernel on another GPU type stays the run's best
         solution = self.store.load_solution(solution_id)
-        self.store.write_best({**self.state.best, "policy": self.policy_name, "solution": solution.model_dump(mode="json")})
+        self.store.write_best({**best, "policy": self.policy_name, "solution": solution.model_dump(mode="json")}, solution)
+
+    async def _measure_baselines(self) -> None:
+        """Every evaluator measures the baseline on its own GPU, each session; more than once the
+        first time, so the run knows its measurement noise from the start."""
+        solution = self.task.baseline()
+        self.store.save_solution(solution)
+        repeats = 1 if self.state.baseline else self.config.noise_repeats
+        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s)" + (f", {repeats}x each" if repeats > 1 else ""))
+
+        async def on(index: int) -> None:
+            for _ in range(repeats):
+                result = await self.pool.evaluate_on(index, solution, self.workload_set)
+                if not result.passed:
+                    raise SearchError(f"the task's baseline does not pass on evaluator {index} ({self.gpu_of[index]}): "
+                                      f"{result.status.value}: {result.message}")
+                self.store.append("baseline", solution_id=solution.id, evaluator=index, gpu=self.gpu_of[index],
+                                  result=result.model_dump(mode="json"))
+                self.state.baseline = self.state.baseline or result
+                self.state.note_score(self.gpu_of[index], solution.id, result.score)
+                self.baselines[index] = result
+
+        await asyncio.gather(*(on(i) for i in range(self.pool.size)))
+        base = self.baselines[0]
+        self.on_line(f"baseline: {base.score:.4g} ({base.score_kind})" if base.score is not None else "baseline passed")
 
     # --- budgets ---------------------------------------------------------------------------------
 
@@ -241,18 +301,17 @@ class Search:
 
     async def run(self) -> RunState:
         await self.setup()
-        if self.state.baseline is None:
-            baseline, _ = await self.evaluate(self.task.baseline())
-            if not baseline.passed:
-                raise SearchError(f"the task's baseline does not pass: {baseline.status.value}: {baseline.message}")
-            self.store.save_solution(self.task.baseline())
-            self.store.append("baseline", solution_id=self.task.baseline().id, result=baseline.model_dump(mode="json"))
-            self.state.baseline = baseline
+        await self._measure_baselines()  # also a check, on resume, that the sandbox still works
         if not self.state.seeded:
             await self._seed()
         tree = await self.tree()
         if not tree.nodes:
+            self.set_phase("asking the planner for the first actions")
             await self.plan("initialize_tree")
+        if self.budget_left():
+            self.on_line(f"the run's budget is spent ({self.budget_left()}); `ksearch resume {self.store.root} --rounds N` "
+                         "extends it")
+        self.set_phase("searching")
         running: dict[asyncio.Task[None], str] = {}
         for record in self.state.open_cycles:  # cycles a killed driver left half-done
             running[asyncio.create_task(self.cycle(record))] = record.cycle_id
@@ -279,6 +338,7 @@ class Search:
                 await self.plan("propose_actions")
         reason = self._stop_reason or self.budget_left() or "done"
         self.state.tree = await self.tree()
+        await self._confirm()
         self.store.append(
             "run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best,
             session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
@@ -287,6 +347,49 @@ class Search:
         self.state.finished = reason
         self.on_change(self)
         return self.state
+
+    async def _confirm(self) -> None:
+        """Re-time the best (and the seed, when the best is not the seed) against the baseline,
+        interleaved, on one evaluator of each GPU type: the numbers a user should quote."""
+        repeats = self.config.confirm_repeats
+        if not self.state.best_by_gpu or repeats <= 0:
+            return
+        baseline = self.task.baseline()
+        seed_id = (self.state.seed or {}).get("solution_id")
+        for gpu, best in sorted(self.state.best_by_gpu.items()):
+            if gpu not in self.gpu_of:
+                continue  # measured in an earlier session on a GPU this session does not have
+            index = self.gpu_of.index(gpu)
+            self.set_phase(f"re-timing the best against the baseline ({repeats}x, interleaved, on {gpu})")
+            kernels = {"best": self.store.load_solution(best["solution_id"])}
+            if seed_id and seed_id != best["solution_id"]:
+                kernels["seed"] = self.store.load_solution(seed_id)
+            rows: list[dict[str, Any]] = []
+            failure = None
+            for _ in range(repeats):
+                base = await self.pool.evaluate_on(index, baseline, self.workload_set)
+                row: dict[str, Any] = {"baseline": base.score}
+                for role, solution in kernels.items():
+                    result = await self.pool.evaluate_on(index, solution, self.workload_set)
+                    row[role] = result.score
+                    row[f"{role}_speedup"] = speedup(self.task.definition, base, result)
+                    if not result.passed and failure is None:
+                        failure = f"the {role} kernel failed when re-timed: {result.status.value}: {result.message}"
+                row["ids"] = {"baseline": baseline.id, **{role: s.id for role, s in kernels.items()}}
+                rows.append(row)
+                for role, solution_id in row["ids"].items():
+                    self.state.note_score(gpu, solution_id, row.get(role))
+            best_spread = Spread.of([r["best_speedup"] for r in rows if r.get("best_speedup")])
+            over_seed = Spread.of([r["best_speedup"] / r["seed_speedup"] for r in rows
+                                   if r.get("best_speedup") and r.get("seed_speedup")])
+            verdict = failure or confirm_verdict(best_spread, over_seed, best_is_seed=best["solution_id"] == seed_id)
+            event = self.store.append(
+                "confirm", gpu=gpu, evaluator=index, solution_id=best["solution_id"], repeats=rows, verdict=verdict,
+                best_speedup=best_spread.as_dict() if best_spread else None,
+                over_seed=over_seed.as_dict() if over_seed else None,
+            )
+            self.state.confirms[gpu] = event
+            self.on_line(f"re-timed on {gpu}: {verdict}")
 
     def _frontier_ids(self, tree: Tree) -> list[str]:
         from ksearch_ray.worldmodel.select import frontier
@@ -324,15 +427,31 @@ class Search:
 
         solution = self.task.solution(name) if name in self.task.solution_names() else solution_from_file(Path(name), self.task)
         self.store.save_solution(solution)
-        result, _ = await self.evaluate(solution)
-        value = self._speedup(result)
-        self.store.append("seed", solution_id=solution.id, result=result.model_dump(mode="json"), speedup=value)
+        self.set_phase(f"evaluating the seed {solution.name}")
+        result, evaluator = await self.evaluate(solution)
+        value = self._speedup(result, evaluator)
         if not result.passed:
+            self.store.append("seed_failed", solution_id=solution.id, result=result.model_dump(mode="json"))
             raise SearchError(f"the starting solution {name} does not pass: {result.status.value}: {result.message}")
+        gpu = self.gpu_of[evaluator]
+        self.store.append("seed", solution_id=solution.id, result=result.model_dump(mode="json"), speedup=value,
+                          evaluator=evaluator, gpu=gpu)
+        self.state.seed = {"solution_id": solution.id, "speedup": value}
+        self.state.note_score(gpu, solution.id, result.score)
+        for _ in range(self.config.noise_repeats - 1):  # the same kernel again: how much do its timings wander?
+            again = await self.pool.evaluate_on(evaluator, solution, self.workload_set)
+            self.store.append("seed_repeat", solution_id=solution.id, evaluator=evaluator, gpu=gpu, status=again.status.value,
+                              score=again.score if again.passed else None)
+            if again.passed:
+                self.state.note_score(gpu, solution.id, again.score)
+        self.on_line(f"seed {solution.name}: {with_noise(value, self.noise(evaluator))} over the baseline; "
+                     f"{format_noise(self.noise(evaluator))} (repeated measurements of one kernel)")
         await self.wm("apply", ops=[{
             "op": "attach_solution", "node": "root", "solution_id": solution.id,
             "evaluation": self._summary(result, value).model_dump(mode="json"),
         }])
+        # The seed is the first best: a run that never beats it hands out the seed, not a slower kernel.
+        self._note_best(solution.id, value, "root", 0, evaluator)
         self.state.seeded = True
 
     def _summary(self, result: EvalResult, value: float | None) -> EvalSummary:
@@ -400,9 +519,7 @@ class Search:
             current_result=current.result if current else None, history=list(rec.attempts), solutions=sols,
             seeds=self._seeds(),
         )
-        reply = await self._actor_call(
-            lambda: self.coder.code.remote(request), "coder", lambda: setattr(self, "coder", self._make_policy_actor("coder"))
-        )
+        reply = await self._policy_call("coder", kind, lambda: self.coder.code.remote(request))
         self._log_calls(reply, "coder", rec.cycle_id)
         attempt = Attempt(round=round_, kind=kind, error=reply.error if reply.solution is None else None)
         if reply.solution is not None:
@@ -428,11 +545,14 @@ class Search:
         solution = self.store.load_solution(attempt.solution_id)
         result, evaluator = await self.evaluate(solution)
         attempt.result = result
-        attempt.speedup = self._speedup(result)
+        attempt.speedup = self._speedup(result, evaluator)
         self.state.evaluations += 1
         self.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round, evaluator=evaluator,
-                          solution_id=attempt.solution_id, result=result.model_dump(mode="json"), speedup=attempt.speedup)
-        self._note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round)
+                          gpu=self.gpu_of[evaluator], solution_id=attempt.solution_id, result=result.model_dump(mode="json"),
+                          speedup=attempt.speedup)
+        outcome = with_noise(attempt.speedup, self.noise(evaluator)) if result.passed else result.message[:120]
+        self.on_line(f"round {attempt.round} ({rec.cycle_id} on {rec.node_id}, {attempt.kind}): {result.status.value} {outcome}")
+        self._note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round, evaluator)
         self.on_change(self)
 
     async def _finish(self, rec: CycleRecord) -> None:

@@ -68,6 +68,9 @@ class EvaluatorPool:
         self.idle: asyncio.Queue[int] = asyncio.Queue()
         for i in range(self.size):
             self.idle.put_nowait(i)
+        # One measurement at a time per evaluator, whether it came through the idle queue or was
+        # addressed to that evaluator (baselines and re-timing are measured on each GPU itself).
+        self._locks = [asyncio.Lock() for _ in range(self.size)]
 
     def _make(self, index: int) -> Any:
         from ksearch_ray.actors.evaluator import EvaluatorActor
@@ -77,36 +80,49 @@ class EvaluatorPool:
             num_cpus=self.config.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
         ).remote(self.device, f"{self.sandbox_root}/evaluator-{index}", self.config.eval_idle_timeout_s)
 
-    async def describe(self) -> dict[str, Any]:
-        """The first evaluator's hardware, as prompts and reports name it."""
+    async def describe(self, index: int = 0) -> dict[str, Any]:
+        """An evaluator's hardware, as prompts and reports name it."""
         for attempt in range(1, ACTOR_RETRIES + 1):
             try:
-                info: dict[str, Any] = await self.actors[0].describe.remote()
+                info: dict[str, Any] = await self.actors[index].describe.remote()
                 return info
             except RayActorError:
-                log.warning("evaluator 0 died before it described itself; starting a new one (%d/%d)", attempt, ACTOR_RETRIES)
-                self.actors[0] = self._make(0)
-        raise EvaluatorPoolError(f"evaluator 0 died {ACTOR_RETRIES} times in a row while starting")
+                log.warning("evaluator %d died before it described itself; starting a new one (%d/%d)", index, attempt, ACTOR_RETRIES)
+                self.actors[index] = self._make(index)
+        raise EvaluatorPoolError(f"evaluator {index} died {ACTOR_RETRIES} times in a row while starting")
+
+    async def describe_all(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self.describe(i) for i in range(self.size))))
 
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
-        """The verdict on `solution`, and which evaluator gave it."""
+        """The verdict on `solution` from whichever evaluator is free first, and which one it was."""
         index = await self.idle.get()
-        self.in_flight[index] = (solution.name, time.monotonic())
         try:
-            for attempt in range(1, ACTOR_RETRIES + 1):
-                try:
-                    result: EvalResult = await self.actors[index].evaluate.remote(
-                        self.config.task, self.config.task_dirs, solution, workload_set, self.config.mode
-                    )
-                except RayActorError:
-                    log.warning("evaluator %d died mid-evaluation; starting a new one (%d/%d)", index, attempt, ACTOR_RETRIES)
-                    self.on_lost(index, solution.id)
-                    self.actors[index] = self._make(index)
-                    continue
-                self.done += 1
-                self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
-                return result, index
-            raise EvaluatorPoolError(f"evaluator {index} died {ACTOR_RETRIES} times in a row")
+            return await self.evaluate_on(index, solution, workload_set), index
         finally:
-            self.in_flight.pop(index, None)
             self.idle.put_nowait(index)
+
+    async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
+        """The verdict of evaluator `index` (waits until it is free)."""
+        async with self._locks[index]:
+            self.in_flight[index] = (solution.name, time.monotonic())
+            try:
+                return await self._evaluate_locked(index, solution, workload_set)
+            finally:
+                self.in_flight.pop(index, None)
+
+    async def _evaluate_locked(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
+        for attempt in range(1, ACTOR_RETRIES + 1):
+            try:
+                result: EvalResult = await self.actors[index].evaluate.remote(
+                    self.config.task, self.config.task_dirs, solution, workload_set, self.config.mode
+                )
+            except RayActorError:
+                log.warning("evaluator %d died mid-evaluation; starting a new one (%d/%d)", index, attempt, ACTOR_RETRIES)
+                self.on_lost(index, solution.id)
+                self.actors[index] = self._make(index)
+                continue
+            self.done += 1
+            self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
+            return result
+        raise EvaluatorPoolError(f"evaluator {index} died {ACTOR_RETRIES} times in a row")

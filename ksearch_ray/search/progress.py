@@ -1,19 +1,52 @@
-"""The live progress view of a search (rich). It only reads the driver's state."""
+"""What a search shows while it runs: a live view on a terminal, plain lines anywhere else.
+
+Both read the driver's state and never change it. Waiting is always visible: the live view
+redraws every half second with the LLM calls and evaluations in flight and their age, and
+plain lines (job logs, pipes) repeat what is being waited for when it takes long.
+"""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ksearch_ray.worldmodel.render import format_speedup
+from ksearch_ray.search.measure import with_noise
 
 if TYPE_CHECKING:
     from ksearch_ray.search.driver import Search
+
+HEARTBEAT_S = 30.0
+"""Plain-line mode repeats what it waits for once a wait is this old, and then this often."""
+
+
+class Reporter(Protocol):
+    def phase(self, text: str) -> None:
+        """What is happening before the search exists (starting Ray, checking the model)."""
+
+    def line(self, text: str) -> None:
+        """One notable event."""
+
+    def attach(self, search: Search) -> None:
+        """From now on, show this search."""
+
+    def close(self) -> None: ...
+
+
+def waiting(search: Search) -> list[tuple[str, float]]:
+    """(what, seconds) for every LLM call and evaluation in flight, oldest first."""
+    now = time.monotonic()
+    items = [(f"{role} {kind}", now - t0) for role, kind, t0 in search.llm_in_flight.values()]
+    pool = getattr(search, "pool", None)
+    if pool is not None:
+        items += [(f"evaluator {i}: {name}", now - t0) for i, (name, t0) in sorted(pool.in_flight.items())]
+    return sorted(items, key=lambda item: -item[1])
 
 
 def render(search: Search) -> Group:
@@ -22,35 +55,102 @@ def render(search: Search) -> Group:
     best = st.best
     head = Table.grid(padding=(0, 2))
     head.add_row(Text(f"{cfg.task}", style="bold"), Text(search.policy_name, style="cyan"), Text(search.hardware, style="dim"))
+    pool = getattr(search, "pool", None)
+    rate = (pool.done if pool else 0) / max((time.monotonic() - search.started) / 60, 1e-9)
     stats = Table.grid(padding=(0, 3))
     stats.add_row(
         f"rounds {st.rounds_used}/{cfg.rounds}",
-        f"evaluations {st.evaluations} ({search.pool.done / max((time.monotonic() - search.started) / 60, 1e-9):.1f}/min)",
-        f"best {format_speedup(best['speedup'])} ({best['node']}, round {best['round']})" if best else "best —",
+        f"evaluations {st.evaluations} ({rate:.1f}/min)",
+        f"best {with_noise(best['speedup'], search.noise())} ({best['node']}, round {best['round']})" if best else "best —",
         f"LLM ${st.llm_cost_usd:.2f}, {st.llm_tokens} tokens, {st.llm_calls} calls" if cfg.model else "no LLM",
         f"{minutes:.1f} min",
     )
-    cycles = Table("cycle", "action", box=None, show_header=True, header_style="dim")
-    for cycle_id, title in sorted(search.in_flight.items()):
-        cycles.add_row(cycle_id, title)
-    return Group(head, stats, cycles)
+    parts: list[Table | Text] = [head, stats, Text(f"now: {search.phase}", style="dim")]
+    if search.in_flight:
+        cycles = Table("cycle", "action", box=None, show_header=True, header_style="dim")
+        for cycle_id, title in sorted(search.in_flight.items()):
+            cycles.add_row(cycle_id, title)
+        parts.append(cycles)
+    waits = waiting(search)
+    if waits:
+        table = Table("waiting for", "for", box=None, show_header=True, header_style="dim")
+        for what, age in waits:
+            table.add_row(what, f"{age:.0f} s")
+        parts.append(table)
+    return Group(*parts)
 
 
-class ProgressView:
-    def __init__(self, console: Console | None = None, min_interval_s: float = 0.5):
-        self.live = Live(console=console or Console(stderr=True), auto_refresh=False, transient=False)
-        self.min_interval_s = min_interval_s
-        self._last = 0.0
+class LiveView:
+    """A rich live display, redrawn twice a second (so ages tick) until closed."""
 
-    def __enter__(self) -> ProgressView:
-        self.live.__enter__()
-        return self
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.search: Search | None = None
+        self.status = "starting"
+        self.live = Live(console=self.console, get_renderable=self._renderable, refresh_per_second=2, transient=False)
+        self.live.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.live.__exit__(None, None, None)
+    def _renderable(self) -> Group | Text:
+        if self.search is None:
+            return Text(f"{self.status} ...", style="dim")
+        return render(self.search)
 
-    def update(self, search: Search) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.min_interval_s or search.state.finished:
-            self._last = now
-            self.live.update(render(search), refresh=True)
+    def phase(self, text: str) -> None:
+        self.status = text
+
+    def line(self, text: str) -> None:
+        self.live.console.print(text, highlight=False, markup=False)
+
+    def attach(self, search: Search) -> None:
+        self.search = search
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+class PlainLines:
+    """One line per event on stderr, and a heartbeat line while something takes long."""
+
+    def __init__(self, stream: TextIO | None = None, heartbeat_s: float = HEARTBEAT_S):
+        self.stream = stream or sys.stderr
+        self.search: Search | None = None
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._last_print = time.monotonic()
+        self._thread = threading.Thread(target=self._beat, name="ksearch-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _print(self, text: str) -> None:
+        self._last_print = time.monotonic()
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
+
+    def phase(self, text: str) -> None:
+        self._print(text)
+
+    def line(self, text: str) -> None:
+        self._print(text)
+
+    def attach(self, search: Search) -> None:
+        self.search = search
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            search = self.search
+            if search is None or time.monotonic() - self._last_print < self.heartbeat_s:
+                continue
+            waits = [(what, age) for what, age in waiting(search) if age >= self.heartbeat_s]
+            if waits:
+                self._print("waiting for " + "; ".join(f"{what} ({age:.0f} s)" for what, age in waits[:4])
+                            + (f" and {len(waits) - 4} more" if len(waits) > 4 else ""))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def make_reporter(progress: bool) -> Reporter:
+    """A live view on a terminal (unless --no-progress), plain lines in pipes and job logs."""
+    if progress and sys.stderr.isatty():
+        return LiveView()
+    return PlainLines()
+

@@ -6,19 +6,21 @@ import asyncio
 import logging
 import os
 import secrets
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import ray
+from pydantic import ValidationError
 
 from ksearch_ray.config import ConfigError, RunConfig
+from ksearch_ray.evaluation.sandbox.client import SandboxError
 from ksearch_ray.search.driver import Search
+from ksearch_ray.search.errors import RunInterrupted, RunStopped, SearchError
 from ksearch_ray.search.evaluators import evaluator_count
-from ksearch_ray.search.progress import ProgressView
-from ksearch_ray.search.runstate import RunState
+from ksearch_ray.search.progress import Reporter, make_reporter
+from ksearch_ray.search.runstate import RunState, fold
 from ksearch_ray.search.store import RunStore, versions
 from ksearch_ray.taskspec.task import Task, find_task
 
@@ -36,7 +38,9 @@ def init_ray(config: RunConfig) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     package_parent = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(include_dashboard=False, logging_level=logging.WARNING,
+    # address="local": always a new cluster of our own. Without it ray.init() attaches to whatever
+    # Ray another program left running on this machine, and dies with it.
+    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
 
 
@@ -81,50 +85,102 @@ def resolve(config: RunConfig) -> tuple[RunConfig, Task]:
     return config, task
 
 
+def absolute_paths(config: RunConfig) -> RunConfig:
+    """Every path of the configuration made absolute against the current directory, once, here.
+
+    Evaluators, sandboxes and later `ksearch resume`s run in other working directories: a
+    relative path that reached them would name something else (or nothing).
+    """
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    updates: dict[str, object] = {"task_dirs": [absolute(d) for d in config.task_dirs]}
+    if config.run_dir:
+        updates["run_dir"] = absolute(config.run_dir)
+    if (Path(config.task) / "task.json").is_file():
+        updates["task"] = absolute(config.task)
+    if config.from_solution and Path(config.from_solution).exists():
+        updates["from_solution"] = absolute(config.from_solution)
+    return config.model_copy(update=updates)
+
+
 def new_run_dir(config: RunConfig, task: Task) -> Path:
     if config.run_dir:
         return Path(config.run_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{task.name}-{stamp}-{secrets.token_hex(2)}"
+    return (Path("runs") / f"{task.name}-{stamp}-{secrets.token_hex(2)}").resolve()
 
 
-def _execute(search: Search, progress: bool) -> RunState:
-    async def go() -> RunState:
-        return await search.run()
-
-    if not progress or not sys.stderr.isatty():  # a live view is noise in job logs and pipes
-        return asyncio.run(go())
-    with ProgressView() as view:
-        search.on_change = view.update
-        return asyncio.run(go())
+def _execute(search: Search, reporter: Reporter) -> RunState:
+    """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable."""
+    search.on_line = reporter.line
+    reporter.attach(search)
+    try:
+        return asyncio.run(search.run())
+    except KeyboardInterrupt:
+        search.store.append("stopped", reason="interrupted")
+        raise RunInterrupted(search.store.root) from None
+    except (SearchError, SandboxError) as exc:
+        message = str(getattr(exc, "cause", None) or exc)  # Ray wraps an actor's exception; keep its one line
+        search.store.append("stopped", reason=message)
+        raise RunStopped(message, search.store.root) from None
 
 
 def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:
+    config = absolute_paths(config)
     find_task(config.task, config.task_dirs)  # an unknown task fails before anything starts
-    if config.run_dir and (Path(config.run_dir) / "manifest.json").exists():
-        raise ConfigError(f"{config.run_dir} already holds a run; use `ksearch resume {config.run_dir}`")
-    check_model(config)
-    init_ray(config)
-    config, task = resolve(config)
-    evaluator_count(config)  # no evaluator resources: say so before the run directory exists
-    run_dir = new_run_dir(config, task)
-    store = RunStore.create(run_dir, {
-        "run_id": run_dir.name, "created": time.time(), "config": config.model_dump(mode="json"),
-        "versions": versions(), "task_root": str(task.root), "ray": {"resources": ray.cluster_resources()},
-    })
+    if config.run_dir:
+        where = Path(config.run_dir)
+        if where.exists() and not where.is_dir():
+            raise ConfigError(f"--run-dir {where}: exists and is not a directory")
+        if (where / "manifest.json").exists():
+            raise ConfigError(f"{where} already holds a run; use `ksearch resume {where}`")
+    reporter = make_reporter(progress)
     try:
-        return run_dir, _execute(Search(config, task, store), progress)
-    finally:
-        store.close()
-
-
-def resume(run_dir: Path, *, progress: bool = True) -> RunState:
-    store = RunStore.open(run_dir)
-    try:
-        config = RunConfig.model_validate(store.manifest()["config"])
         check_model(config)
+        reporter.phase("starting Ray" if not ray.is_initialized() else "attaching to Ray")
+        init_ray(config)
+        config, task = resolve(config)
+        evaluator_count(config)  # no evaluator resources: say so before the run directory exists
+        run_dir = new_run_dir(config, task)
+        config = config.model_copy(update={"run_dir": str(run_dir)})
+        store = RunStore.create(run_dir, {
+            "run_id": run_dir.name, "created": time.time(), "config": config.model_dump(mode="json"),
+            "versions": versions(), "task_root": str(task.root), "ray": {"resources": ray.cluster_resources()},
+        })
+        reporter.phase(f"run directory {run_dir}")
+        try:
+            return run_dir, _execute(Search(config, task, store), reporter)
+        finally:
+            store.close()
+    finally:
+        reporter.close()
+
+
+BUDGET_KEYS = ("rounds", "max_cost_usd", "max_wall_s")
+"""What `ksearch resume` may change: the budget, never what the run searches."""
+
+
+def resume(run_dir: Path, *, progress: bool = True, budget: dict[str, object] | None = None) -> RunState:
+    """Continue a run where its event log stops; `budget` extends (or cuts) its budget from now on."""
+    change = {k: v for k, v in (budget or {}).items() if v is not None}
+    unknown = set(change) - set(BUDGET_KEYS)
+    if unknown:
+        raise ConfigError(f"resume can change only {', '.join(BUDGET_KEYS)}, not {', '.join(sorted(unknown))}")
+    store = RunStore.open(Path(run_dir).resolve())
+    reporter = make_reporter(progress)
+    try:
+        state = fold(store.read_events(), store.has_solution)
+        try:
+            config = RunConfig.model_validate({**store.manifest()["config"], **state.budget, **change})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        check_model(config)
+        reporter.phase("starting Ray" if not ray.is_initialized() else "attaching to Ray")
         init_ray(config)
         task = find_task(config.task, config.task_dirs)
-        return _execute(Search(config, task, store), progress)
+        return _execute(Search(config, task, store, budget_change=change), reporter)
     finally:
         store.close()
+        reporter.close()

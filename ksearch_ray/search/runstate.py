@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksearch_ray.models import EvalResult
+from ksearch_ray.search.measure import relative_spread
 from ksearch_ray.search.policy import Attempt
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
@@ -29,12 +30,19 @@ class CycleRecord:
 @dataclass
 class RunState:
     tree: Tree | None = None
-    baseline: EvalResult | None = None
+    baseline: EvalResult | None = None  # the first baseline measurement (of evaluator 0)
+    repeat_scores: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """GPU name -> solution id -> every score measured for it: repeated measurements give the noise."""
     seeded: bool = False
+    seed: dict[str, Any] | None = None  # {"solution_id", "speedup"} of the seed, once evaluated
     rounds_used: int = 0
     evaluations: int = 0
     cycles: dict[str, CycleRecord] = field(default_factory=dict)
-    best: dict[str, Any] | None = None
+    best: dict[str, Any] | None = None  # the best over all GPU types (each against its own baseline)
+    best_by_gpu: dict[str, dict[str, Any]] = field(default_factory=dict)
+    confirms: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU name -> its last `confirm` event
+    budget: dict[str, Any] = field(default_factory=dict)  # budget settings changed by `ksearch resume`
+    stopped: str | None = None  # why the last session stopped early (an error, or an interrupt)
     llm_calls: int = 0
     llm_failed_calls: int = 0
     llm_cost_usd: float = 0.0
@@ -46,6 +54,21 @@ class RunState:
     @property
     def open_cycles(self) -> list[CycleRecord]:
         return [c for c in self.cycles.values() if not c.ended]
+
+    def note_score(self, gpu: str, solution_id: str, score: float | None) -> None:
+        if score is not None:
+            self.repeat_scores.setdefault(gpu, {}).setdefault(solution_id, []).append(score)
+
+    def noise(self, gpu: str) -> float | None:
+        """The largest relative spread among kernels measured more than once on this GPU type:
+        a speedup difference smaller than this is not evidence of anything."""
+        spreads = [s for scores in self.repeat_scores.get(gpu, {}).values() if (s := relative_spread(scores)) is not None]
+        return max(spreads, default=None)
+
+    def note_best(self, best: dict[str, Any]) -> None:
+        self.best_by_gpu[best.get("gpu", "")] = best
+        if self.best is None or best["speedup"] > self.best["speedup"]:
+            self.best = best
 
 
 def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -> RunState:
@@ -59,9 +82,16 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             assert wm is not None, "world-model call before wm_init"
             wm.call(ev["call"], ev["args"])
         elif kind == "baseline":
-            state.baseline = EvalResult.model_validate(ev["result"])
+            result = EvalResult.model_validate(ev["result"])
+            state.baseline = state.baseline or result
+            state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
         elif kind == "seed":
             state.seeded = True
+            if ev.get("solution_id"):
+                state.seed = {"solution_id": ev["solution_id"], "speedup": ev.get("speedup")}
+                state.note_score(ev.get("gpu", ""), ev["solution_id"], ev["result"].get("score"))
+        elif kind == "seed_repeat":
+            state.note_score(ev.get("gpu", ""), ev["solution_id"], ev.get("score"))
         elif kind == "llm_call":
             call = ev["call"]
             state.llm_calls += 1
@@ -77,6 +107,8 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             )
         elif kind == "evaluation":
             state.evaluations += 1
+            if ev["result"].get("status") == "PASSED":
+                state.note_score(ev.get("gpu", ""), ev["solution_id"], ev["result"].get("score"))
             cycle = state.cycles.get(ev.get("cycle", ""))
             if cycle is not None:
                 attempt = next(a for a in cycle.attempts if a.round == ev["round"])
@@ -87,11 +119,20 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
         elif kind == "cycle_end":
             state.cycles[ev["cycle"]].ended = True
         elif kind == "best":
-            state.best = {k: ev[k] for k in ("solution_id", "speedup", "node", "round")}
+            state.note_best({k: ev[k] for k in ("solution_id", "speedup", "node", "round", "gpu") if k in ev})
+        elif kind == "confirm":
+            state.confirms[ev.get("gpu", "")] = ev
+            for row in ev.get("repeats", []):
+                for role, solution_id in row.get("ids", {}).items():
+                    state.note_score(ev.get("gpu", ""), solution_id, row.get(role))
         elif kind == "run_end":
             state.finished = ev["reason"]
+        elif kind == "stopped":
+            state.stopped = ev["reason"]
         elif kind == "resume":
             state.resumes += 1
+            state.stopped = None
+            state.budget.update(ev.get("budget") or {})
     state.tree = wm.tree if wm else None
     state.wall_s = _active_wall_s(events)
     return state

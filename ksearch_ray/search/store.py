@@ -7,16 +7,24 @@
       world_model/         v<version>.json snapshots and latest.json
       llm_cache/           replayable LLM responses (content-hash keyed)
       best.json            the best passing solution so far, rewritten as it improves
+      best/                the same solution's source files, as plain files
+      lock                 held by the one process that writes the run (pid, host, since)
 
 Events are written by one process (the driver), one JSON line each, flushed and fsynced; a
-line cut short by SIGKILL is dropped when the log is reopened. Resume folds the events.
+line cut short by SIGKILL is dropped when the log is reopened. Resume folds the events. One
+writer at a time: opening a run for writing takes an exclusive lock on `lock` (flock, released
+by the kernel when the process dies, so a killed run never stays locked), and a second writer is
+told who holds it. Readers (`show`, `report`) take no lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -56,29 +64,56 @@ class RunStore:
         self.cache_dir = self.root / "llm_cache"
         self._seq = 0
         self._fh: Any = None
+        self._lock_fh: Any = None
 
     # --- creation / opening -----------------------------------------------------------------
 
     @classmethod
     def create(cls, root: Path, manifest: dict[str, Any]) -> RunStore:
-        root = Path(root)
+        root = Path(root).resolve()
+        if root.exists() and not root.is_dir():
+            raise RunDirError(f"{root} exists and is not a directory; give --run-dir a new or empty directory")
         if (root / "manifest.json").exists():
             raise RunDirError(f"{root} already holds a run; use `ksearch resume {root}`")
         for sub in ("solutions", "world_model", "llm_cache"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         store = cls(root)
+        store._lock()
         _atomic_write(root / "manifest.json", json.dumps(manifest, indent=2, default=str))
         store._open()
         return store
 
     @classmethod
     def open(cls, root: Path) -> RunStore:
-        root = Path(root)
+        root = Path(root).resolve()
         if not (root / "manifest.json").is_file():
             raise RunDirError(f"{root} is not a run directory (no manifest.json)")
         store = cls(root)
+        store._lock()
         store._open()
         return store
+
+    def _lock(self) -> None:
+        """Become the run's only writer, or say who is."""
+        fh = open(self.root / "lock", "a+", encoding="utf-8")  # noqa: SIM115  (held for the run)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip()
+            fh.close()
+            try:
+                info = json.loads(holder)
+                who = (f"process {info['pid']} on {info['host']} since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info['since']))}")
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise RunDirError(f"{self.root} is in use by {who}; wait for it to end or stop it first") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+        fh.flush()
+        self._lock_fh = fh
 
     def manifest(self) -> dict[str, Any]:
         return json.loads((self.root / "manifest.json").read_text())
@@ -92,6 +127,11 @@ class RunStore:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._lock_fh is not None:
+            with contextlib.suppress(OSError):
+                self._lock_fh.truncate(0)
+            self._lock_fh.close()  # releases the flock
+            self._lock_fh = None
 
     # --- events -------------------------------------------------------------------------------
 
@@ -144,5 +184,13 @@ class RunStore:
         _atomic_write(self.snapshots_dir / f"v{version:05d}.json", tree_json)
         _atomic_write(self.snapshots_dir / "latest.json", tree_json)
 
-    def write_best(self, payload: dict[str, Any]) -> None:
+    def write_best(self, payload: dict[str, Any], solution: Solution) -> None:
+        """best.json (the record), and the solution's sources as plain files in best/."""
+        best = self.root / "best"
+        best.mkdir(exist_ok=True)
+        for old in best.iterdir():
+            if old.name not in solution.sources:
+                old.unlink()
+        for name, text in solution.sources.items():
+            _atomic_write(best / name, text)
         _atomic_write(self.root / "best.json", json.dumps(payload, indent=2, default=str))

@@ -226,8 +226,11 @@ class _SolutionMeta(BaseModel):
 
 
 def _read_meta(path: Path) -> _SolutionMeta:
+    meta = path / "solution.json"
+    if not meta.is_file():
+        raise TaskError(f"{path}: not a solution directory (no solution.json); give a source file or a directory holding solution.json")
     try:
-        return _SolutionMeta.model_validate_json((path / "solution.json").read_text())
+        return _SolutionMeta.model_validate_json(meta.read_text())
     except ValidationError as exc:
         raise TaskError(f"{path / 'solution.json'}: {exc.errors()[0]['msg']}") from None
 

@@ -59,7 +59,7 @@ class WorkerHandle:
 class Sandbox:
     def __init__(self, device: str, work_root: Path, *, startup_timeout: float = 300.0):
         self.device = device
-        self.work_root = Path(work_root)
+        self.work_root = Path(work_root).resolve()  # the worker chdirs into job dirs below it from elsewhere
         self.work_root.mkdir(parents=True, exist_ok=True)
         self.startup_timeout = startup_timeout
         self.visible_gpu = self._current_gpu() if device == "cuda" else None

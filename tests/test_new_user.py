@@ -1,0 +1,241 @@
+"""What a new user meets, typed as they type it: `ksearch` from a working directory of their own,
+relative paths, default options, the installed package (no PYTHONPATH), real Ray, real sandboxes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fake_llm_server import Completion, FakeLLMServer, HTTPError, always
+
+DATA = Path(__file__).parent / "data"
+TOY = ["--task", "toy_axpy", "--task-dir", "data", "--device", "cpu"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    return {**env, "RAY_AUTH_MODE": "disabled", "COLUMNS": "80"}
+
+
+def ksearch(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ksearch_ray", *args], cwd=cwd, env={**_env(), **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A user's own working directory, holding a copy of the test task bundles as `data/`."""
+    shutil.copytree(DATA, tmp_path / "data", ignore=shutil.ignore_patterns("candidates"))
+    return tmp_path
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _only_run(home: Path) -> Path:
+    runs = list((home / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigger_budget(home):
+    first = ksearch(home, "run", *TOY, "--width", "2", "--rounds", "3", "--confirm-repeats", "2")
+    assert first.returncode == 0, first.stderr + first.stdout
+    run_dir = _only_run(home)
+    evaluations = [e for e in _events(run_dir) if e["kind"] == "evaluation"]
+    assert evaluations and all(e["result"]["status"] == "PASSED" for e in evaluations), evaluations
+    # Plain lines on stdout: the path is printed whole even in an 80-column pipe.
+    assert f"run directory: {run_dir}" in first.stdout.splitlines()
+    assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
+    assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
+
+    relative = run_dir.relative_to(home)
+    more = ksearch(home, "resume", str(relative), "--rounds", "5")
+    assert more.returncode == 0, more.stderr + more.stdout
+    events = _events(run_dir)
+    assert sorted(e["round"] for e in events if e["kind"] == "candidate") == [1, 2, 3, 4, 5]
+    assert all(e["result"]["status"] == "PASSED" for e in events if e["kind"] == "evaluation")
+    resumed = [e for e in events if e["kind"] == "resume"]
+    assert resumed and resumed[-1]["budget"] == {"rounds": 5}
+    # The resumed session measured the baseline again before spending a round.
+    first_round = next(e["seq"] for e in events if e["kind"] == "candidate" and e["round"] == 4)
+    assert any(e["kind"] == "baseline" and resumed[-1]["seq"] < e["seq"] < first_round for e in events)
+
+
+@pytest.mark.slow
+def test_readme_main_job_and_eval_with_a_relative_work_dir(home):
+    main_job = ksearch(home, "eval", "--task", "trimul", "triton_seed")
+    assert main_job.returncode == 0, main_job.stderr + main_job.stdout
+    assert "PASSED" in main_job.stdout
+    local = ksearch(home, "eval", *TOY, "good", "--work-dir", "scratch", "--json")
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout)["result"]["status"] == "PASSED"
+    assert "correct on" in local.stderr  # progress per workload
+
+
+@pytest.mark.slow
+def test_trimul_search_from_a_fresh_directory(home):
+    result = ksearch(home, "run", "--task", "trimul", "--width", "2", "--rounds", "2", "--workloads", "smoke",
+                     "--confirm-repeats", "1")
+    assert result.returncode == 0, result.stderr + result.stdout
+    events = _events(_only_run(home))
+    assert [e["result"]["status"] for e in events if e["kind"] == "evaluation"] == ["PASSED", "PASSED"]
+
+
+def _needs_a_secret(home: Path) -> None:
+    """A task bundle whose reference needs an environment variable the sandbox scrubs."""
+    reference = home / "data" / "toy" / "reference.py"
+    reference.write_text(
+        "import os\nif 'KSEARCH_TEST_TOKEN' not in os.environ:\n"
+        "    raise RuntimeError('this reference needs KSEARCH_TEST_TOKEN')\n" + reference.read_text()
+    )
+
+
+@pytest.mark.slow
+def test_a_sandbox_that_cannot_start_stops_the_run_with_its_cause_and_resume_checks_again(home):
+    _needs_a_secret(home)
+    env = {"KSEARCH_TEST_TOKEN": "1"}
+    result = ksearch(home, "run", *TOY, "--rounds", "3", env=env)
+    assert result.returncode == 3, result.stderr + result.stdout
+    said = " ".join(result.stderr.split())
+    assert "the sandbox could not start a worker" in said and "needs KSEARCH_TEST_TOKEN" in said
+    assert "Traceback" not in result.stderr
+    run_dir = _only_run(home)
+    assert f"ksearch resume {run_dir}" in said
+    again = ksearch(home, "resume", str(run_dir.relative_to(home)), env=env)
+    assert again.returncode == 3 and "the sandbox could not start a worker" in again.stderr
+    events = _events(run_dir)
+    assert not any(e["kind"] in ("candidate", "evaluation") for e in events)
+    assert [e["kind"] for e in events].count("stopped") == 2
+
+
+@pytest.mark.slow
+def test_a_rejected_api_key_ends_the_run_loudly_and_it_resumes_once_fixed(home):
+    with FakeLLMServer(always(HTTPError(401, "Incorrect API key provided"))) as server:
+        args = ["run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+                "--from-solution", "triton_seed"]
+        result = ksearch(home, *args)
+        asked = len(server.chat_requests)
+    assert result.returncode == 3, result.stderr + result.stdout
+    said = " ".join(result.stderr.split())
+    assert "retrying cannot fix it" in said and "auth" in said and "Incorrect API key" in said
+    assert asked == 1  # no retries of an authentication error, no further calls
+    run_dir = _only_run(home)
+    assert not any(e["kind"] == "candidate" for e in _events(run_dir))
+
+    plan = '```json\n[{"op": "insert", "parent": "root", "title": "fma", "difficulty": 1, "score": 0.9, "expected_speedup": 1.1}]\n```'
+    code = "```python\ndef run(x, a, b):\n    return a * x + b\n```"
+
+    def answer(request):
+        text = json.dumps(request.body["messages"])
+        return Completion(plan if "edit ops" in text else code)
+
+    with FakeLLMServer(answer) as fixed:
+        # The model settings are part of the run; a user fixes the key (or the server), not the run.
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest["config"]["api_base"] = fixed.api_base
+        (run_dir / "manifest.json").write_text(json.dumps(manifest))
+        resumed = ksearch(home, "resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert sum(e["kind"] == "candidate" for e in _events(run_dir)) == 2
+
+
+@pytest.mark.slow
+def test_waiting_is_visible_a_second_writer_is_refused_and_ctrl_c_prints_the_resume_command(home):
+    with FakeLLMServer(always(Completion("never sent", delay_s=3600))) as server:
+        main, follower = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ksearch_ray", "run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m",
+             "--api-base", server.api_base, "--run-dir", "hanging"],
+            cwd=home, env={**_env(), "TERM": "xterm", "COLUMNS": "100"}, stdin=follower, stdout=follower,
+            stderr=follower, start_new_session=True,
+        )
+        os.close(follower)
+        screen = b""
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (b"planner initialize_tree" in screen and b" s" in screen):
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if ready:
+                try:
+                    screen += os.read(main, 65536)
+                except OSError:
+                    break
+        text = screen.decode(errors="replace")
+        assert "waiting for" in text and "planner initialize_tree" in text, text[-3000:]
+
+        second = ksearch(home, "resume", "hanging")
+        assert second.returncode == 2
+        assert "is in use by process" in second.stderr and "Traceback" not in second.stderr
+
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        rest = b""
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None:
+            ready, _, _ = select.select([main], [], [], 0.5)
+            if ready:
+                try:
+                    rest += os.read(main, 65536)
+                except OSError:
+                    break
+        proc.wait(timeout=60)
+        os.close(main)
+    tail = " ".join(rest.decode(errors="replace").split())
+    assert proc.returncode == 130, tail
+    assert f"interrupted; resume with: ksearch resume {home / 'hanging'}" in tail
+    assert any(e["kind"] == "stopped" and e["reason"] == "interrupted" for e in _events(home / "hanging"))
+
+
+@pytest.mark.slow
+def test_the_seed_stays_the_best_when_nothing_beats_it(home):
+    slow = "```python\nimport time\n\ndef run(x, a, b):\n    time.sleep(0.2)\n    return a * x + b\n```"
+    plan = '```json\n[{"op": "insert", "parent": "root", "title": "sleep", "difficulty": 1, "score": 0.9, "expected_speedup": 1.1}]\n```'
+
+    def answer(request):
+        return Completion(plan if "edit ops" in json.dumps(request.body["messages"]) else slow)
+
+    with FakeLLMServer(answer) as server:
+        result = ksearch(home, "run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+                         "--from-solution", "good", "--confirm-repeats", "1")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "best: the seed; the search found nothing faster" in result.stdout
+    run_dir = _only_run(home)
+    best = json.loads((run_dir / "best.json").read_text())
+    assert best["node"] == "root" and best["solution"]["name"] == "good"
+    assert (run_dir / "best" / "good.py").read_text() == (DATA / "toy" / "solutions" / "good" / "good.py").read_text()
+    exported = ksearch(home, "export", str(run_dir.relative_to(home)), "--task-dir", "data")
+    assert exported.returncode == 0 and "time.sleep" not in exported.stdout
+
+
+def test_bad_paths_get_one_line_errors(home):
+    (home / "afile").write_text("not a directory")
+    (home / "emptydir").mkdir()
+    cases = [
+        (["run", *TOY, "--run-dir", "afile"], "exists and is not a directory"),
+        (["eval", *TOY, "emptydir"], "not a solution directory (no solution.json)"),
+        (["export", "emptydir"], "neither a run directory (no manifest.json) nor a solution directory"),
+        (["export", "emptydir", "--task", "trimul"], "neither a run directory"),
+    ]
+    for args, message in cases:
+        result = ksearch(home, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in " ".join(result.stderr.split()), (args, result.stderr)
+        assert "Traceback" not in result.stderr + result.stdout
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_help_shows_the_defaults(home):
+    result = ksearch(home, "run", "--help", env={"COLUMNS": "200"})
+    text = " ".join(result.stdout.split())
+    assert "[default: 40]" in text and "[default: 2]" in text and "[default: fresh]" in text

@@ -190,6 +190,10 @@ def run(
     workloads: Annotated[str | None, typer.Option(help="Workload set that scores candidates.")] = None,
     mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse." + _default("mode"))] = None,
     language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python." + _default("language"))] = None,
+    method: Annotated[str | None, typer.Option(help="Search method: ksearch." + _default("method"))] = None,
+    price_per_mtok: Annotated[str | None, typer.Option(help="USD per million prompt and completion tokens, 'IN,OUT', for a model litellm has no price for.")] = None,
+    max_llm_tokens: Annotated[int | None, typer.Option(help="Budget of LLM tokens, prompt and completion together.")] = None,
+    structured_output: Annotated[str | None, typer.Option(help="JSON-schema planner replies: auto, on or off." + _default("structured_output"))] = None,
     noise_repeats: Annotated[int | None, typer.Option(help="Measurements of the baseline and the seed at the start (the noise estimate)." + _default("noise_repeats"))] = None,
     confirm_repeats: Annotated[int | None, typer.Option(help="Interleaved re-timings of the best against the baseline at the end (0: none)." + _default("confirm_repeats"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML file with the same keys; flags override it.")] = None,
@@ -209,7 +213,8 @@ def run(
         "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
         "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
         "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
-        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats,
+        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "method": method,
+        "price_per_mtok": _price(price_per_mtok), "max_llm_tokens": max_llm_tokens, "structured_output": structured_output,
     }
     try:
         cfg = load_config(config, overrides)
@@ -282,6 +287,33 @@ def export(
         print(text)
 
 
+@app.command()
+def standin(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+    seed: Annotated[int, typer.Option(help="Seed of its choices: the same prompt and seed get the same answer.")] = 0,
+) -> None:
+    """Serve the LLM stand-in: an OpenAI-compatible server on loopback that plays planner and coder.
+
+    It reads the prompts ksearch sends and answers as a model would (tunable changes, risky drafts
+    that fail, replies that drift from the format, now and then a 429), for demos and tests
+    without an LLM. It is not a model: it knows nothing of kernels beyond what the prompt shows.
+    """
+    import time
+
+    from ksearch_ray.standin.server import StandIn
+
+    try:
+        server = StandIn(port, seed=seed).start()
+    except OSError as exc:
+        fail(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}")
+    print(f"LLM stand-in at {server.api_base}; use --model hosted_vllm/standin --api-base {server.api_base}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.stop()
+
+
 def _runner():  # type: ignore[no-untyped-def]
     from ksearch_ray.search import runner
 
@@ -309,6 +341,16 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(exc))
     print("\n".join(outcome_lines(state, run_dir)))  # plain lines: paths and ids are never wrapped or cut
+
+
+def _price(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        prompt, completion = (float(part) for part in text.split(","))
+    except ValueError:
+        fail(f"--price-per-mtok wants two numbers 'IN,OUT' (USD per million prompt, completion tokens), not {text!r}")
+    return prompt, completion
 
 
 def _speedup(base, result, task) -> float | None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ksearch_ray.llm.types import LLMConfig
+
 
 class ConfigError(Exception):
     """Bad configuration; the message is one line for the user."""
@@ -32,9 +34,25 @@ class RunConfig(BaseModel):
     llm_max_retries: int = Field(default=4, ge=0)
     llm_backoff_base_s: float = Field(default=2.0, ge=0)
     llm_concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder actor.")
+    method: Literal["ksearch"] = Field(default="ksearch", description="Search method: ksearch (the world-model search).")
     width: int = Field(default=2, ge=1, description="Action cycles in parallel (the search width W).")
     rounds: int = Field(default=40, ge=1, description="Budget of code generations.")
-    stagnation_window: int = Field(default=5, ge=1)
+    stagnation_window: int = Field(default=5, ge=1, description="Non-improving attempts in a row that end a cycle.")
+    parent_patience: int = Field(
+        default=5, ge=1, description="Attempts in a row, after one passed, that leave the cycle no faster than its parent: the cycle ends."
+    )
+    lease_ttl_s: float = Field(default=3600.0, gt=0, description="A cycle that stops reporting this long loses its action.")
+    prompt_budget_tokens: int = Field(
+        default=100_000, ge=2_000, description="Largest prompt, in tokens (estimated); fits a 128k-context model with room to answer."
+    )
+    structured_output: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Ask for JSON-schema replies from the planner: auto = where litellm says the model supports it."
+    )
+    planner_reasks: int = Field(default=1, ge=0, description="Times a planner reply that cannot be used is asked again, with the reasons.")
+    price_per_mtok: tuple[float, float] | None = Field(
+        default=None, description="USD per million prompt and completion tokens, for a model litellm has no price for."
+    )
+    max_llm_tokens: int | None = Field(default=None, gt=0, description="Budget of LLM tokens (prompt + completion).")
     max_difficulty: int = Field(default=4, ge=1, le=5)
     relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0)
     max_cost_usd: float | None = Field(default=None, ge=0)
@@ -60,6 +78,18 @@ class RunConfig(BaseModel):
     run_dir: str | None = Field(default=None, description="Default: runs/<run-id>.")
     ray_address: str | None = Field(default=None, description="Attach to this cluster; default: auto / local.")
     progress: bool = True
+
+
+    def llm_config(self) -> LLMConfig:
+        """What the LLM client needs, from this run's settings."""
+        assert self.model is not None
+        return LLMConfig(
+            model=self.model, api_base=self.api_base, api_key_env=self.api_key_env, temperature=self.temperature,
+            max_tokens=self.max_tokens, reasoning_effort=self.reasoning_effort, timeout_s=self.llm_timeout_s,
+            max_retries=self.llm_max_retries, backoff_base_s=self.llm_backoff_base_s,
+            max_concurrency=self.llm_concurrency, structured_output=self.structured_output,
+            planner_reasks=self.planner_reasks, price_per_mtok=self.price_per_mtok,
+        )
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> RunConfig:

@@ -1,12 +1,14 @@
-"""LLM access: one async call interface, a litellm implementation, a replay cache and a cost ledger.
+"""LLM access: one async call interface, a litellm implementation, and a replay cache.
 
 This module is the one boundary where provider exceptions become data: a failed call ends as an
 `LLMError` carrying a classified reason and the `LLMCall` record, so callers count failures
 instead of crashing on them. litellm is imported lazily (it takes seconds) and only inside the
 client, which is built inside the actor that uses it.
 
-The call interface lives in `llm_types` and the response cache and ledger in `llm_store`; every
-public name of those is importable from here too.
+Retries follow tenacity's policy (exponential backoff with jitter, a server's Retry-After
+honoured up to the cap), with litellm's and the OpenAI SDK's own retries off so that every HTTP
+request is counted once, in `LLMCall.attempts`. The call interface lives in `llm.types` and the
+response cache in `llm.store`; every public name of those is importable from here too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ksearch_ray.llm.store import CachedReply, Ledger, LedgerTotals, ResponseCache
+import tenacity
+
+from ksearch_ray.llm.store import CachedReply, ResponseCache
 from ksearch_ray.llm.types import ErrorKind, LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, Message
 
 __all__ = [
@@ -32,8 +36,6 @@ __all__ = [
     "LLMConfig",
     "LLMError",
     "LLMReply",
-    "Ledger",
-    "LedgerTotals",
     "LiteLLMClient",
     "Message",
     "ResponseCache",
@@ -155,18 +157,18 @@ class LiteLLMClient:
         config: LLMConfig,
         *,
         cache: ResponseCache | None = None,
-        ledger: Ledger | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
-        self.ledger = ledger
         self._rng = rng or random.Random()
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
         self._litellm: Any = None
 
-    async def complete(self, kind: str, messages: list[Message]) -> LLMReply:
-        key = request_hash(self.config.reply_parameters(), messages)
+    async def complete(self, kind: str, messages: list[Message], *, response_format: dict[str, Any] | None = None
+                       ) -> LLMReply:
+        parameters = self.config.reply_parameters() | ({"response_format": response_format} if response_format else {})
+        key = request_hash(parameters, messages)
         sample = self.cache.claim(key) if self.cache else 0
         started = time.monotonic()
         base = LLMCall(kind=kind, model=self.config.model, request_hash=key, sample=sample)
@@ -183,11 +185,10 @@ class LiteLLMClient:
                     "latency_s": time.monotonic() - started,
                 }
             )
-            self._record(call)
             return LLMReply(text=hit.text, call=call)
 
         try:
-            response, attempts = await self._attempt_with_retries(kind, messages)
+            response, attempts = await self._attempt_with_retries(kind, messages, response_format)
         except LLMError as error:
             error.call = base.model_copy(
                 update={
@@ -197,7 +198,6 @@ class LiteLLMClient:
                     "latency_s": time.monotonic() - started,
                 }
             )
-            self._record(error.call)
             raise
 
         text, finish_reason, prompt_tokens, completion_tokens = _unpack(response)
@@ -227,34 +227,43 @@ class LiteLLMClient:
                     finish_reason=finish_reason,
                 )
             )
-        self._record(call)
         return LLMReply(text=text, call=call)
 
-    async def _attempt_with_retries(self, kind: str, messages: list[Message]) -> tuple[Any, int]:
+    async def _attempt_with_retries(self, kind: str, messages: list[Message], response_format: dict[str, Any] | None
+                                    ) -> tuple[Any, int]:
         """(response, requests sent); the final LLMError carries the number of requests in `attempts`."""
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return await self._attempt(messages), attempts
-            except LLMError as error:
-                error.attempts = attempts if error.sent_request else attempts - 1
-                if not error.retryable or attempts > self.config.max_retries:
-                    raise
-                delay = self._backoff_s(attempts, error.retry_after_s)
-                log.warning(
-                    "%s attempt %d/%d failed (%s); retrying in %.2fs",
-                    kind,
-                    attempts,
-                    self.config.max_retries + 1,
-                    error,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+        sent = 0
 
-    def _record(self, call: LLMCall) -> None:
-        if self.ledger is not None:
-            self.ledger.record(call)
+        def wait(state: tenacity.RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome else None
+            return self._backoff_s(state.attempt_number, getattr(error, "retry_after_s", None))
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("%s attempt %d/%d failed (%s); retrying in %.2fs", kind, state.attempt_number,
+                        self.config.max_retries + 1, error, state.upcoming_sleep)
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.config.max_retries + 1),
+            wait=wait,
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, LLMError) and e.retryable),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    sent += 1
+                    try:
+                        response = await self._attempt(messages, response_format)
+                    except LLMError as error:
+                        if not error.sent_request:
+                            sent -= 1
+                        raise
+            return response, sent
+        except LLMError as error:
+            error.attempts = sent
+            raise
 
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
         cfg = self.config
@@ -296,7 +305,7 @@ class LiteLLMClient:
             )
         return None
 
-    async def _attempt(self, messages: list[Message]) -> Any:
+    async def _attempt(self, messages: list[Message], response_format: dict[str, Any] | None = None) -> Any:
         litellm = self._litellm_module()
         cfg = self.config
         kwargs: dict[str, Any] = {
@@ -317,6 +326,8 @@ class LiteLLMClient:
         for name in ("temperature", "max_tokens", "reasoning_effort"):
             if (value := getattr(cfg, name)) is not None:
                 kwargs[name] = value
+        if response_format is not None:
+            kwargs["response_format"] = response_format
 
         async with self._semaphore:
             try:
@@ -331,6 +342,11 @@ class LiteLLMClient:
 
     def _cost(self, response: Any) -> tuple[float, bool]:
         litellm = self._litellm_module()
+        if self.config.price_per_mtok is not None:
+            # The user's price wins: it is the one they budget with.
+            _, _, prompt_tokens, completion_tokens = _unpack(response)
+            per_in, per_out = self.config.price_per_mtok
+            return (prompt_tokens * per_in + completion_tokens * per_out) / 1e6, True
         try:
             return float(litellm.completion_cost(completion_response=response)), True
         except litellm.exceptions.ModelNotMappedError:

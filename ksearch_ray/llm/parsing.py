@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ksearch_ray.llm.leniency import normalize_ops
+
 CodeLanguage = Literal["python", "triton", "cuda"]
 
 _LANGUAGE_TAGS: dict[str, str] = {
@@ -175,8 +177,25 @@ def extract_code(text: str, language: CodeLanguage, default_name: str | None = N
     return {_check_name(default_name or _DEFAULT_NAMES[target]): chosen.source}
 
 
-def extract_ops(text: str) -> list[dict[str, Any]]:
-    """World-model edit ops from a reply: the last ```json block, else a bare JSON array in the text."""
+def read_plan(text: str, default_parent: str = "root") -> tuple[list[dict[str, Any]], list[str]]:
+    """(ops, notes): the edit ops of a planner reply, read leniently (see `leniency`), and what was
+    read leniently. The last ```json block counts, else a bare JSON value in the text, else the
+    whole reply as JSON (structured output)."""
+    ops, notes = normalize_ops(_plan_json(text), default_parent)
+    return _as_ops(ops), notes
+
+
+def extract_ops(text: str, default_parent: str = "root") -> list[dict[str, Any]]:
+    return read_plan(text, default_parent)[0]
+
+
+def _plan_json(text: str) -> Any:
+    stripped = text.strip()
+    if stripped[:1] in ("[", "{"):
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError:
+            pass  # prose after JSON, or JSON inside prose: the searches below find it
     blocks = _scan(text)
     if blocks and not blocks[-1].closed and blocks[-1].language in ("json", None):
         raise ParseError("the reply ends inside an unclosed ```json block: truncated?")
@@ -192,13 +211,13 @@ def extract_ops(text: str) -> list[dict[str, Any]]:
             raise ParseError(
                 f"the ```json block is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from exc
-        return _as_ops(value)
+        return value
     value = _last_bare_json(text)
     if value is None:
         raise ParseError(
             f"no ```json block and no JSON array of ops in the reply ({_describe(text, blocks)})"
         )
-    return _as_ops(value)
+    return value
 
 
 def _last_bare_json(text: str) -> Any:
@@ -212,7 +231,7 @@ def _last_bare_json(text: str) -> Any:
         except json.JSONDecodeError:
             position = match.start() + 1
             continue
-        looks_like_ops = (isinstance(value, dict) and "ops" in value) or (
+        looks_like_ops = (isinstance(value, dict) and bool({"ops", "actions", "op"} & set(value))) or (
             isinstance(value, list) and all(isinstance(item, dict) for item in value)
         )
         # An empty list is a valid "no edits", but a non-empty one elsewhere outranks it.
@@ -223,10 +242,6 @@ def _last_bare_json(text: str) -> Any:
 
 
 def _as_ops(value: Any) -> list[dict[str, Any]]:
-    if isinstance(value, dict) and "ops" in value:
-        value = value["ops"]
-    elif isinstance(value, dict) and "op" in value:
-        value = [value]
     if not isinstance(value, list):
         kind = f"an object with keys {sorted(value)[:5]}" if isinstance(value, dict) else type(value).__name__
         raise ParseError(f'expected a JSON array of ops (or {{"ops": [...]}}), got {kind}')

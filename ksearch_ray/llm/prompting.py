@@ -75,12 +75,26 @@ def _split_roles(text: str) -> list[tuple[str, str]]:
     return parts
 
 
+def _fragment_exists(name: str, prompts_dir: Path | str | None) -> bool:
+    override = _override_dir(prompts_dir)
+    if override is not None and (override / f"_{name}.md").is_file():
+        return True
+    return (importlib.resources.files("ksearch_ray.llm") / "prompts" / f"_{name}.md").is_file()
+
+
 def _fragments_for(
     identifiers: set[str], fields: dict[str, Any], prompts_dir: Path | str | None
 ) -> dict[str, str]:
+    """Fragment files (`_name.md`) the template names as `$name`, filled with the same fields."""
     fragments: dict[str, str] = {}
-    if "ops_format" in identifiers and "ops_format" not in fields:
-        fragments["ops_format"] = load_template("_ops_format", prompts_dir)[0].strip()
+    for name in sorted(identifiers - fields.keys() - {"code_format"}):
+        if _fragment_exists(name, prompts_dir):
+            text, source = load_template(f"_{name}", prompts_dir)
+            template = Template(text.strip())
+            missing = sorted(set(template.get_identifiers()) - fields.keys())
+            if missing:
+                raise PromptError(f"{source} needs field(s) {', '.join(missing)}")
+            fragments[name] = template.substitute(fields)
     if "code_format" in identifiers and "code_format" not in fields:
         language = str(fields.get("language", ""))
         fragment = _CODE_FORMAT_FRAGMENT.get(language)

@@ -15,7 +15,7 @@ Message = dict[str, Any]
 
 ErrorKind = Literal[
     "rate_limit", "timeout", "connection", "server", "malformed_response", "auth", "bad_request", "client",
-    "context_window",
+    "context_window", "unsupported",
 ]
 FATAL_ERROR_KINDS: frozenset[str] = frozenset({"auth", "bad_request", "client"})
 """Failures no retry and no other prompt can fix (a rejected key, an unknown model, a request the
@@ -57,6 +57,13 @@ class LLMConfig(BaseModel):
         default=60.0, ge=0, description="Cap on one wait, including a server's Retry-After."
     )
     max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once from one client.")
+    structured_output: Literal["auto", "on", "off"] = Field(
+        default="auto", description="JSON-schema replies for planner calls: auto = where litellm says the model supports them."
+    )
+    planner_reasks: int = Field(default=1, ge=0, description="Re-asks of a planner reply that cannot be used.")
+    price_per_mtok: tuple[float, float] | None = Field(
+        default=None, description="USD per million prompt / completion tokens where litellm knows no price."
+    )
 
     def reply_parameters(self) -> dict[str, Any]:
         """The parameters that change what the model says; they key the response cache."""
@@ -135,4 +142,5 @@ class LLMError(Exception):
 
 
 class LLMClient(Protocol):
-    async def complete(self, kind: str, messages: list[Message]) -> LLMReply: ...
+    async def complete(self, kind: str, messages: list[Message], *, response_format: dict[str, Any] | None = None
+                       ) -> LLMReply: ...

@@ -30,10 +30,33 @@ class Attempt:
     error: str | None = None  # why no code came back (unparseable reply, LLM failure)
     result: EvalResult | None = None
     speedup: float | None = None
+    evaluator: int | None = None  # which evaluator measured it (speedups are against its baseline)
 
     @property
     def passed(self) -> bool:
         return self.result is not None and self.result.passed
+
+
+@dataclass
+class WorkloadTime:
+    workload: str
+    ms: float
+    parent_ms: float | None
+    baseline_ms: float | None
+
+
+@dataclass
+class AttemptEvidence:
+    """One attempt of a finished cycle, as the planner is told about it."""
+
+    round: int
+    kind: CodeKind
+    status: str  # an evaluation Status value, or NO_CODE when the coder gave none
+    change: str  # the coder's own words on what it changed
+    error: str  # the decisive lines of the failure; '' when it passed
+    speedup: float | None  # over the baseline
+    over_parent: float | None
+    times: list[WorkloadTime] = field(default_factory=list)
 
 
 @dataclass
@@ -43,18 +66,24 @@ class PlanRequest:
     tree: Tree
     hardware: str
     language: str
-    node_id: str | None = None
+    node_id: str | None = None  # the node to expand (propose_actions) or just implemented (refine, too_hard)
     attempts: list[Attempt] = field(default_factory=list)  # the finished cycle's, for refine / too_hard
+    evidence: list[AttemptEvidence] = field(default_factory=list)  # the same attempts, as the planner reads them
     solutions: dict[str, Solution] = field(default_factory=dict)  # attached solutions, by id
     seeds: dict[str, Solution] = field(default_factory=dict)  # the task's seed kernels, by name
+    seed_times: list[WorkloadTime] = field(default_factory=list)  # the seed's measured times (initialize_tree)
     max_actions: int = 6
+    noise: float | None = None  # relative spread of repeated measurements of one kernel
+    prompt_budget_tokens: int = 100_000
 
 
 @dataclass
 class PlanReply:
     ops: list[dict] = field(default_factory=list)  # raw edit ops; apply_ops validates them
     calls: list[LLMCall] = field(default_factory=list)
-    error: str | None = None
+    error: str | None = None  # nothing usable came back: why
+    notes: list[str] = field(default_factory=list)  # how the reply was read (aliases, re-asks), for the log
+    source: tuple[str, int] | None = None  # (request hash, sample) of the cached reply the ops were read from
 
 
 @dataclass
@@ -67,11 +96,16 @@ class CodeRequest:
     language: str
     base: Solution | None = None  # the parent's solution (attempt 1) or None: write from the spec
     base_speedup: float | None = None
+    base_times: list[WorkloadTime] = field(default_factory=list)  # the base solution's times
     current: Solution | None = None  # the code to debug or improve (attempts 2..N)
     current_result: EvalResult | None = None
+    current_speedup: float | None = None  # of exactly `current`, over the baseline
+    current_times: list[WorkloadTime] = field(default_factory=list)
     history: list[Attempt] = field(default_factory=list)
     solutions: dict[str, Solution] = field(default_factory=dict)  # every solution of this cycle, by id
     seeds: dict[str, Solution] = field(default_factory=dict)
+    noise: float | None = None
+    prompt_budget_tokens: int = 100_000
 
 
 @dataclass

@@ -20,7 +20,7 @@ from rich.text import Text
 from ksearch_ray.search.measure import with_noise
 
 if TYPE_CHECKING:
-    from ksearch_ray.search.driver import Search
+    from ksearch_ray.search.engine import Search
 
 HEARTBEAT_S = 30.0
 """Plain-line mode repeats what it waits for once a wait is this old, and then this often."""

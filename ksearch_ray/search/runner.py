@@ -9,6 +9,7 @@ import secrets
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -16,7 +17,8 @@ from pydantic import ValidationError
 
 from ksearch_ray.config import ConfigError, RunConfig
 from ksearch_ray.evaluation.sandbox.client import SandboxError
-from ksearch_ray.search.driver import Search
+from ksearch_ray.search.driver import ray_search
+from ksearch_ray.search.engine import Search
 from ksearch_ray.search.errors import RunInterrupted, RunStopped, SearchError
 from ksearch_ray.search.evaluators import evaluator_count
 from ksearch_ray.search.progress import Reporter, make_reporter
@@ -67,6 +69,28 @@ def check_model(config: RunConfig) -> None:
     if not config.api_key_env and not check.get("keys_in_environment", True):
         missing = ", ".join(check.get("missing_keys", [])) or "its API key"
         raise ConfigError(f"model {config.model} needs {missing} in the environment")
+
+
+def price_known(model: str) -> bool:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # noqa: BLE001  (litellm raises for any model it has no entry for)
+        return False
+    return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+
+
+def check_price(config: RunConfig, say: Callable[[str], None]) -> None:
+    """A model without a price counts $0 a call: say so at the start, and refuse a dollar budget
+    that could never be reached."""
+    if config.model is None or config.price_per_mtok is not None or price_known(config.model):
+        return
+    if config.max_cost_usd is not None and config.max_llm_tokens is None:
+        raise ConfigError(f"--max-cost-usd needs a price for {config.model}, which litellm does not know: "
+                          "give --price-per-mtok IN,OUT (USD per million tokens), or cap tokens with --max-llm-tokens")
+    say(f"model {config.model} has no known price: its calls count $0 (give --price-per-mtok IN,OUT to count them)")
 
 
 def resolve(config: RunConfig) -> tuple[RunConfig, Task]:
@@ -135,9 +159,11 @@ def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:
             raise ConfigError(f"--run-dir {where}: exists and is not a directory")
         if (where / "manifest.json").exists():
             raise ConfigError(f"{where} already holds a run; use `ksearch resume {where}`")
+    check_price(config, lambda text: None)  # a dollar budget without a price is refused before anything starts
     reporter = make_reporter(progress)
     try:
         check_model(config)
+        check_price(config, reporter.line)
         reporter.phase("starting Ray" if not ray.is_initialized() else "attaching to Ray")
         init_ray(config)
         config, task = resolve(config)
@@ -150,7 +176,7 @@ def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:
         })
         reporter.phase(f"run directory {run_dir}")
         try:
-            return run_dir, _execute(Search(config, task, store), reporter)
+            return run_dir, _execute(ray_search(config, task, store), reporter)
         finally:
             store.close()
     finally:
@@ -177,10 +203,11 @@ def resume(run_dir: Path, *, progress: bool = True, budget: dict[str, object] | 
             first = exc.errors()[0]
             raise ConfigError(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
         check_model(config)
+        check_price(config, reporter.line)
         reporter.phase("starting Ray" if not ray.is_initialized() else "attaching to Ray")
         init_ray(config)
         task = find_task(config.task, config.task_dirs)
-        return _execute(Search(config, task, store, budget_change=change), reporter)
+        return _execute(ray_search(config, task, store, budget_change=change), reporter)
     finally:
         store.close()
         reporter.close()

@@ -25,6 +25,7 @@ class CycleRecord:
     attempts: list[Attempt] = field(default_factory=list)
     steps: set[str] = field(default_factory=set)  # end-of-cycle steps already done
     ended: bool = False
+    stop_reason: str | None = None  # why its attempts stopped: stagnation, cannot beat the parent, budget
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RunState:
     confirms: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU name -> its last `confirm` event
     budget: dict[str, Any] = field(default_factory=dict)  # budget settings changed by `ksearch resume`
     stopped: str | None = None  # why the last session stopped early (an error, or an interrupt)
+    results: dict[str, EvalResult] = field(default_factory=dict)  # solution id -> its latest evaluation
     llm_calls: int = 0
     llm_failed_calls: int = 0
     llm_cost_usd: float = 0.0
@@ -64,6 +66,13 @@ class RunState:
         a speedup difference smaller than this is not evidence of anything."""
         spreads = [s for scores in self.repeat_scores.get(gpu, {}).values() if (s := relative_spread(scores)) is not None]
         return max(spreads, default=None)
+
+    def note_llm_call(self, call: dict[str, Any]) -> None:
+        """Spend is counted from the logged calls, the one source of the budget."""
+        self.llm_calls += 1
+        self.llm_failed_calls += call.get("error") is not None
+        self.llm_cost_usd += float(call.get("cost_usd") or 0.0)
+        self.llm_tokens += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
 
     def note_best(self, best: dict[str, Any]) -> None:
         self.best_by_gpu[best.get("gpu", "")] = best
@@ -90,14 +99,11 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             if ev.get("solution_id"):
                 state.seed = {"solution_id": ev["solution_id"], "speedup": ev.get("speedup")}
                 state.note_score(ev.get("gpu", ""), ev["solution_id"], ev["result"].get("score"))
+                state.results[ev["solution_id"]] = EvalResult.model_validate(ev["result"])
         elif kind == "seed_repeat":
             state.note_score(ev.get("gpu", ""), ev["solution_id"], ev.get("score"))
         elif kind == "llm_call":
-            call = ev["call"]
-            state.llm_calls += 1
-            state.llm_failed_calls += call.get("error") is not None
-            state.llm_cost_usd += float(call.get("cost_usd") or 0.0)
-            state.llm_tokens += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
+            state.note_llm_call(ev["call"])
         elif kind == "cycle_start":
             state.cycles[ev["cycle"]] = CycleRecord(ev["cycle"], ev["node"])
         elif kind == "candidate":
@@ -107,13 +113,18 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             )
         elif kind == "evaluation":
             state.evaluations += 1
-            if ev["result"].get("status") == "PASSED":
-                state.note_score(ev.get("gpu", ""), ev["solution_id"], ev["result"].get("score"))
+            result = EvalResult.model_validate(ev["result"])
+            state.results[ev["solution_id"]] = result
+            if result.passed:
+                state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
             cycle = state.cycles.get(ev.get("cycle", ""))
             if cycle is not None:
                 attempt = next(a for a in cycle.attempts if a.round == ev["round"])
-                attempt.result = EvalResult.model_validate(ev["result"])
+                attempt.result = result
                 attempt.speedup = ev.get("speedup")
+                attempt.evaluator = ev.get("evaluator")
+        elif kind == "cycle_stop":
+            state.cycles[ev["cycle"]].stop_reason = ev["reason"]
         elif kind == "cycle_step":
             state.cycles[ev["cycle"]].steps.add(ev["step"])
         elif kind == "cycle_end":

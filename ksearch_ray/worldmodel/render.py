@@ -1,10 +1,15 @@
-"""Short plain-text views of the world model, for prompts and `ksearch show`.
+"""Plain-text views of the world model, for prompts and `ksearch show`.
 
-Prompts pay per token, so every view is one line per node, titles trimmed, and the evidence cut to
-its first sentences; the full record is the tree's JSON.
+`render_world_model` is what a planner reads: the kernel summary, the hypotheses and questions,
+the action tree with each node's notes and observed outcome, the frontier and the failures. It
+fits a character budget by giving up detail in steps (older notes, failure digests, then whole
+subtrees far from the node in focus, each collapsed into one summary line), so a prompt stays the
+same size however large the tree grows. The other functions are the short views it is built from.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ksearch_ray.worldmodel.select import (
     DEFAULT_MAX_DIFFICULTY,
@@ -19,22 +24,132 @@ from ksearch_ray.worldmodel.tree import (
     NoteKind,
     RootNode,
     Tree,
+    best_solution,
     measured_over_parent,
     path_to,
     solution_speedup,
+    subtree_ids,
 )
 
 TITLE_LIMIT = 80
 NOTE_LIMIT = 160
 
 
-def render_tree(tree: Tree) -> str:
-    """The whole tree, children indented under their parent, in creation order."""
+def format_speedup(speedup: float | None) -> str:
+    """'1.35x'; tiny CPU-path values keep three significant digits ('0.00172x')."""
+    if speedup is None:
+        return "?x"
+    # CPU-path speedups against a PyTorch baseline can be tiny (0.00172x): keep their digits.
+    return f"{speedup:.2f}x" if speedup >= 0.1 else f"{speedup:.3g}x"
+
+
+@dataclass(frozen=True)
+class Detail:
+    """How much of each node a view shows; `render_world_model` lowers it step by step."""
+
+    notes: int = 3  # most recent notes per node
+    note_chars: int = NOTE_LIMIT
+    failure_chars: int = 240
+    frontier: int = 15
+    collapse: bool = False  # fold subtrees away from the focus into one line each
+    settled_items: bool = True  # show closed hypotheses and answered questions
+
+
+LEVELS = (
+    Detail(),
+    Detail(notes=1, note_chars=120, failure_chars=120),
+    Detail(notes=1, note_chars=100, failure_chars=80, frontier=10, collapse=True),
+    Detail(notes=0, note_chars=80, failure_chars=60, frontier=8, collapse=True, settled_items=False),
+)
+
+
+def render_world_model(tree: Tree, *, focus: str | None = None, budget_chars: int | None = None,
+                       max_difficulty: int = DEFAULT_MAX_DIFFICULTY,
+                       relax_when_speedup_at_least: float | None = DEFAULT_RELAX_AT_SPEEDUP) -> str:
+    """The planner's view, at the most detail that fits `budget_chars` (None: the most detail)."""
+    text = ""
+    for level in LEVELS:
+        text = _world_model(tree, focus, level, max_difficulty, relax_when_speedup_at_least)
+        if budget_chars is None or len(text) <= budget_chars:
+            return text
+    # Even the tersest view is too long: keep its head (summary, hypotheses, the focus's surroundings).
+    cut = max(budget_chars or 0, 200)
+    return text[: cut - 60] + "\n... (world model cut to fit the prompt budget)"
+
+
+def _world_model(tree: Tree, focus: str | None, detail: Detail, max_difficulty: int, relax: float | None) -> str:
+    sections = [
+        ("Kernel summary", render_summary(tree)),
+        ("Hypotheses", render_hypotheses(tree, detail)),
+        ("Questions", render_questions(tree, detail)),
+        ("Action tree", render_tree(tree, detail=detail, focus=focus)),
+        ("Open frontier", render_frontier(tree, limit=detail.frontier, max_difficulty=max_difficulty,
+                                          relax_when_speedup_at_least=relax)),
+        ("Best so far", render_best(tree)),
+        ("Found too hard", render_failures(tree, detail)),
+    ]
+    return "\n\n".join(f"## {title}\n{body}" for title, body in sections)
+
+
+# --------------------------------------------------------------------------------------- sections
+
+
+def render_summary(tree: Tree) -> str:
+    summary = tree.root.summary
+    lines = []
+    if summary.solution_id is None:
+        lines.append("No measured best solution yet.")
+    else:
+        lines.append(f"Best solution {summary.solution_id}: {format_speedup(summary.speedup)} over the baseline.")
+    lines.append(summary.text or "(no description yet: write one with an `update` of node root, field `summary`)")
+    if summary.time_ms:
+        parts = []
+        for name, ms in summary.time_ms.items():
+            base = summary.baseline_ms.get(name)
+            parts.append(f"  {name}: {ms:.4g} ms" + (f" (baseline {base:.4g} ms, {base / ms:.2f}x)" if base and ms else ""))
+        lines.append("Time per workload:\n" + "\n".join(parts))
+    return "\n".join(lines)
+
+
+def render_hypotheses(tree: Tree, detail: Detail = LEVELS[0]) -> str:
+    lines = []
+    for h in sorted(tree.hypotheses.values(), key=lambda h: int(h.id[1:])):
+        if h.status != "open" and not detail.settled_items:
+            continue
+        line = f"{h.id} [{h.status}] {_trim(h.text, 200)}"
+        if h.actions:
+            line += f" (actions: {', '.join(h.actions)})"
+        lines.append(line)
+        lines += [f"  for: {_trim(e.text, detail.note_chars)}" for e in h.evidence_for[-2:]]
+        lines += [f"  against: {_trim(e.text, detail.note_chars)}" for e in h.evidence_against[-2:]]
+    return "\n".join(lines) or "(none yet: add them with add_hypothesis)"
+
+
+def render_questions(tree: Tree, detail: Detail = LEVELS[0]) -> str:
+    lines = []
+    for q in sorted(tree.questions.values(), key=lambda q: int(q.id[1:])):
+        if q.status == "open":
+            lines.append(f"{q.id} [open] {_trim(q.text, 200)}" + (f" (so far: {_trim(q.answer, 120)})" if q.answer else ""))
+        elif detail.settled_items:
+            lines.append(f"{q.id} [{q.status}] {_trim(q.text, 120)} -> {_trim(q.answer, detail.note_chars)}")
+    return "\n".join(lines) or "(none)"
+
+
+def render_tree(tree: Tree, *, detail: Detail = LEVELS[0], focus: str | None = None) -> str:
+    """The tree, children indented under their parent, each node with its notes and outcome.
+
+    With `detail.collapse`, a subtree of the root that holds neither the focus, the best solution,
+    running work nor a top frontier action is folded into one line that counts what it holds.
+    """
+    keep = _kept(tree, focus, detail) if detail.collapse else None
     lines = [_root_line(tree.root)]
 
     def walk(parent_id: str, depth: int) -> None:
         for child in tree.children(parent_id):
-            lines.append("  " * depth + _node_line(tree, child))
+            if keep is not None and child.id not in keep:
+                lines.append("  " * depth + _folded(tree, child))
+                continue
+            lines.extend("  " * depth + line for line in _node_block(tree, child, detail))
             walk(child.id, depth + 1)
 
     walk(ROOT_ID, 1)
@@ -50,6 +165,24 @@ def render_path(tree: Tree, node_id: str) -> str:
     return "\n".join(lines)
 
 
+def render_node(tree: Tree, node_id: str) -> str:
+    """One action in full: what it is, where it sits, what was observed, what was noted."""
+    node = tree.get(node_id)
+    if not isinstance(node, ActionNode):
+        return _root_line(tree.root)
+    lines = [
+        f"{node.id}: {node.title}",
+        node.description or "(no description)",
+        f"Difficulty {node.difficulty}/5; score {node.score:.2f}; expected speedup over the parent "
+        f"{format_speedup(node.expected_speedup)}. Rationale: {node.rationale or '(none)'}",
+        "Path from the root:",
+        render_path(tree, node_id),
+    ]
+    block = _node_block(tree, node, Detail(notes=5, note_chars=300, failure_chars=600))
+    lines += [line.strip() for line in block[1:]]
+    return "\n".join(lines)
+
+
 def render_frontier(
     tree: Tree,
     *,
@@ -62,7 +195,7 @@ def render_frontier(
         tree, max_difficulty=max_difficulty, relax_when_speedup_at_least=relax_when_speedup_at_least
     )
     open_nodes = frontier(tree)
-    lines = [f"Open frontier ({len(open_nodes)}, best first; difficulty <= {gate} may run now):"]
+    lines = [f"{len(open_nodes)} open, best first; difficulty <= {gate} runs first:"]
     for node in open_nodes[:limit]:
         gated = f" [waits: difficulty {node.difficulty} > {gate}]" if node.difficulty > gate else ""
         lines.append(f"  {_node_line(tree, node)} on {node.parent}{gated}")
@@ -99,25 +232,79 @@ def render_best(tree: Tree, n: int = 5) -> str:
     return "\n".join(lines) if lines else "(no passing solutions yet)"
 
 
-def render_failures(tree: Tree) -> str:
-    """Actions found too hard, with the evidence of why, so the planner does not propose them again."""
+def render_failures(tree: Tree, detail: Detail = LEVELS[0]) -> str:
+    """Actions found too hard or closed, with why, so the planner does not propose them again."""
     lines = []
     for node in sorted(tree.nodes.values(), key=lambda node: node.seq):
-        if node.status is not NodeStatus.TOO_HARD:
+        if node.status not in (NodeStatus.TOO_HARD, NodeStatus.CLOSED):
             continue
         evidence = [
-            _trim(note.text, NOTE_LIMIT)
+            _trim(note.text, detail.note_chars)
             for note in node.notes
-            if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE)
-        ]
+            if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE, NoteKind.CLOSED)
+        ][-2:]
         lines.append(
-            f"{node.id} {_title(node)} (difficulty {node.difficulty}, expected {format_speedup(node.expected_speedup)}): "
+            f"{node.id} [{node.status}] {_title(node)} (difficulty {node.difficulty}): "
             + ("; ".join(evidence) or "no reason recorded")
         )
     return "\n".join(lines) if lines else "(no failed actions)"
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _kept(tree: Tree, focus: str | None, detail: Detail) -> set[str]:
+    """Nodes whose whole surroundings stay visible: the paths to what matters now, and their children."""
+    anchors = [n.id for n in frontier(tree)[: detail.frontier]] + list(tree.leases)
+    best = best_solution(tree)
+    if best is not None:
+        anchors.append(best.id)
+    if focus and focus in tree.nodes:
+        anchors.append(focus)
+    keep: set[str] = set()
+    for anchor in anchors:
+        keep.update(n.id for n in path_to(tree, anchor) if isinstance(n, ActionNode))
+    for around in (focus, best.id if best else None):
+        if around and around in tree.nodes:
+            keep.update(c.id for c in tree.children(around))
+    return keep
+
+
+def _folded(tree: Tree, node: ActionNode) -> str:
+    ids = subtree_ids(tree, node.id)
+    counts: dict[str, int] = {}
+    for i in ids:
+        status = tree.nodes[i].status.value
+        counts[status] = counts.get(status, 0) + 1
+    speedups = [s for i in ids if (s := solution_speedup(tree.nodes[i])) is not None]
+    best = f", best {format_speedup(max(speedups))}" if speedups else ""
+    what = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{node.id} {_title(node)} [folded: {len(ids)} actions: {what}{best}]"
+
+
+def _node_block(tree: Tree, node: ActionNode, detail: Detail) -> list[str]:
+    lines = [_node_line(tree, node)]
+    if node.outcome is not None and node.outcome.attempts:
+        o = node.outcome
+        statuses = ", ".join(f"{n} {s}" for s, n in sorted(o.statuses.items()))
+        line = f"    observed: {o.attempts} attempt(s): {statuses}"
+        if o.best_speedup is not None:
+            line += f"; best {format_speedup(o.best_speedup)} vs baseline, {format_speedup(o.over_parent)} over parent"
+        if o.budget_cut:
+            line += "; cut short by the budget (not judged)"
+        lines.append(line)
+        if o.failures and detail.failure_chars:
+            lines.append(f"    failures: {_trim(o.failures, detail.failure_chars)}")
+    if detail.notes:
+        for note in _notes(node, detail.notes):
+            lines.append(f"    note: {_trim(note, detail.note_chars)}")
+    return lines
+
+
+def _notes(node: ActionNode, n: int) -> list[str]:
+    # The status lines already carry too-hard and split reasons; notes add the rest.
+    skip = {NoteKind.TOO_HARD, NoteKind.SPLIT} if node.status in (NodeStatus.TOO_HARD, NodeStatus.SPLIT) else set()
+    return [note.text for note in node.notes if note.kind not in skip][-n:]
 
 
 def _root_line(root: RootNode) -> str:
@@ -132,14 +319,17 @@ def _node_line(tree: Tree, node: ActionNode) -> str:
         facts.append(f"rating {node.rating:g}")
     facts.append(f"expect {format_speedup(node.expected_speedup)}")
     line = f"{node.id} [{node.status}] {_title(node)} ({', '.join(facts)})"
+    if node.author != "planner":
+        line += f" (added by the {node.author})"
     if node.solution is not None:
         line += f" -> got {format_speedup(measured_over_parent(tree, node))} over parent, {format_speedup(solution_speedup(node))} vs baseline"
     if node.split_from is not None:
         line += f" (alternative to {node.split_from})"
     if node.status is NodeStatus.LEASED:
         line += f" (leased to {tree.leases[node.id].holder})"
-    if node.status in (NodeStatus.TOO_HARD, NodeStatus.SPLIT):
-        reasons = [note.text for note in node.notes if note.kind in (NoteKind.TOO_HARD, NoteKind.SPLIT)]
+    if node.status in (NodeStatus.TOO_HARD, NodeStatus.SPLIT, NodeStatus.CLOSED):
+        kinds = (NoteKind.TOO_HARD, NoteKind.SPLIT, NoteKind.CLOSED)
+        reasons = [note.text for note in node.notes if note.kind in kinds]
         if reasons:
             line += f": {_trim(reasons[-1], NOTE_LIMIT)}"
     return line
@@ -153,10 +343,3 @@ def _trim(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
-
-def format_speedup(speedup: float | None) -> str:
-    """'1.35x'; tiny CPU-path values keep three significant digits ('0.00172x')."""
-    if speedup is None:
-        return "?x"
-    # CPU-path speedups against a PyTorch baseline can be tiny (0.00172x): keep their digits.
-    return f"{speedup:.2f}x" if speedup >= 0.1 else f"{speedup:.3g}x"

@@ -8,8 +8,13 @@ in `Tree.leases`), which takes it off the frontier until the cycle attaches a so
 too hard, releases it, or dies and lets the lease expire. `select_and_lease` does both steps in one
 function so the actor cannot hand one node to two cycles.
 
-Every lease change bumps the tree version, like an edit batch: the actor snapshots on every
-change, and a version number should name exactly one state.
+Leasing, releasing and expiring bump the tree version, like an edit batch: the actor snapshots on
+every version. Renewing a lease does not: it only moves an expiry time, happens after every attempt
+of every cycle, and would otherwise write a full snapshot each time.
+
+When every frontier action is above the difficulty limit, selection does what the reference
+implementation does: it takes the best of them anyway (the gate orders work, it must not stop the
+search).
 """
 
 from __future__ import annotations
@@ -75,11 +80,14 @@ def select_frontier(
     max_difficulty: int = DEFAULT_MAX_DIFFICULTY,
     relax_when_speedup_at_least: float | None = DEFAULT_RELAX_AT_SPEEDUP,
 ) -> list[str]:
-    """Ids of the best `k` frontier actions that pass the difficulty gate, best first."""
+    """Ids of the best `k` frontier actions that pass the difficulty gate, best first; if none
+    passes it, the best `k` of the whole frontier."""
     limit = difficulty_limit(
         tree, max_difficulty=max_difficulty, relax_when_speedup_at_least=relax_when_speedup_at_least
     )
-    return [n.id for n in frontier(tree) if n.difficulty <= limit][: max(k, 0)]
+    open_nodes = frontier(tree)
+    gated = [n.id for n in open_nodes if n.difficulty <= limit]
+    return (gated or [n.id for n in open_nodes])[: max(k, 0)]
 
 
 def lease(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: float) -> Tree:
@@ -121,15 +129,15 @@ def select_and_lease(
 
 
 def renew(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: float) -> Tree:
-    """Extend `holder`'s leases to `now + ttl`: the heartbeat of a long cycle."""
+    """Extend `holder`'s leases to `now + ttl`: the heartbeat of a long cycle. The version stays."""
     ids = _unique(node_ids)
     if ttl <= 0:
         raise ValueError(f"lease ttl must be positive, got {ttl}")
-    out = tree.model_copy(deep=True)
+    out = tree.model_copy(update={"leases": {k: v.model_copy() for k, v in tree.leases.items()}})
     for node_id in ids:
         current = _held(out, node_id, holder)
         current.expires_at = max(current.expires_at, now + ttl)
-    return _bumped(out, tree, changed=out != tree)
+    return out
 
 
 def release(tree: Tree, node_ids: Iterable[str], holder: str) -> Tree:

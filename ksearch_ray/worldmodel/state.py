@@ -24,7 +24,8 @@ class WorldModelState:
         """Apply one named change; returns what the caller needs (JSON-serialisable)."""
         tree = self.tree
         if name == "apply":
-            self.tree, report = apply_ops(tree, args["ops"], solution_exists=self.solution_exists)
+            self.tree, report = apply_ops(tree, args["ops"], solution_exists=self.solution_exists,
+                                          system=args.get("system", True))
             return report.model_dump(mode="json")
         if name == "select_and_lease":
             self.tree, ids = select_and_lease(

@@ -1,12 +1,23 @@
 """The world model: a tree of optimization actions for one kernel task (K-Search's intrinsic world model).
 
-Pure data and queries; no Ray and no I/O beyond JSON. The parts:
+Pure data and queries; no Ray and no I/O beyond JSON. The world model is more than a list of
+actions: beside the action tree it holds what the search has learned about the kernel, as the
+paper's planner keeps it in its head:
 
-* this module: the records (`Tree`, `RootNode`, `ActionNode`, ...), the invariants, and queries
-  (`best_solution`, `path_to`, `measured_over_parent`);
-* `wm_ops`: the edit-op language and `apply_ops`, the only way a planner changes the tree;
-* `wm_select`: the open frontier, the deterministic selection policy, and leases;
-* `wm_render`: short plain-text views for prompts and `ksearch show`.
+* a **kernel summary** on the root: what the current best solution does (planner-written) and
+  where its time goes, workload by workload (measured, written by the system);
+* **hypotheses** about bottlenecks, each with the evidence for and against it, and a status;
+* **open questions** the planner wants answered, and their answers;
+* on every action, its **observed outcome**: the attempts' statuses, the best speedup over the
+  parent and over the baseline, and a short digest of why attempts failed.
+
+The parts:
+
+* this module: the records (`Tree`, `RootNode`, `ActionNode`, `Hypothesis`, ...), the
+  invariants, and queries (`best_solution`, `path_to`, `measured_over_parent`);
+* `ops`: the edit-op language and `apply_ops`, the only way a planner changes the tree;
+* `select`: the open frontier, the deterministic selection policy, and leases;
+* `render`: plain-text views for prompts (within a size budget) and `ksearch show`.
 
 Every function takes a tree and returns a new one, leaving its input untouched, so the actor that
 holds the state can snapshot any version and replay edits from the event log.
@@ -53,6 +64,8 @@ class NodeStatus(StrEnum):
     """A cycle ended without a passing attempt; the notes say why."""
     SPLIT = "split"
     """Replaced by finer alternatives (its siblings with `split_from` set); kept as a record."""
+    CLOSED = "closed"
+    """Withdrawn by the planner as not worth trying; kept, with the reason, so it is not proposed again."""
 
 
 class NoteKind(StrEnum):
@@ -60,6 +73,7 @@ class NoteKind(StrEnum):
     TOO_HARD = "too_hard"
     MEASURED = "measured"
     SPLIT = "split"
+    CLOSED = "closed"
 
 
 class Note(BaseModel):
@@ -125,6 +139,76 @@ class ActionNode(ActionFields):
     notes: list[Note] = Field(default_factory=list, description="Evidence: reasons, predicted vs measured.")
     split_from: str | None = Field(default=None, description="Id of the split node this one replaces.")
     created_at_version: int = Field(ge=0, description="Tree version whose batch created the node.")
+    outcome: Outcome | None = Field(default=None, description="What the cycles on this action observed.")
+    author: str = Field(default="planner", description="'planner', or 'system' for actions the driver added itself.")
+
+
+class Outcome(BaseModel):
+    """What happened when cycles implemented an action: written by the system, read by the planner."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempts: int = Field(default=0, ge=0, description="Code generations spent on this action, over all its cycles.")
+    statuses: dict[str, int] = Field(default_factory=dict, description="Evaluation status -> count; 'NO_CODE' for replies without code.")
+    best_speedup: Speedup | None = Field(default=None, description="Best passing attempt, over the baseline.")
+    over_parent: Speedup | None = Field(default=None, description="Best passing attempt, over the parent's solution.")
+    failures: str = Field(default="", description=f"Digest of why attempts failed, at most {LOG_LIMIT} characters.")
+    budget_cut: bool = Field(default=False, description="The last cycle ended because the budget ran out, not on its merits.")
+    cycles: list[str] = Field(default_factory=list, description="Cycles that worked on this action.")
+
+    @field_validator("failures")
+    @classmethod
+    def _keep_head(cls, text: str) -> str:
+        return text if len(text) <= LOG_LIMIT else text[: LOG_LIMIT - 3] + "..."
+
+
+class KernelSummary(BaseModel):
+    """The current best kernel, in words and in measured time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(default="", description="Planner-written: what the best solution does and why it is fast or slow.")
+    solution_id: str | None = Field(default=None, description="The solution the timings below are of.")
+    speedup: Speedup | None = Field(default=None, description="That solution's speedup over the baseline.")
+    time_ms: dict[str, float] = Field(default_factory=dict, description="Workload -> mean latency of that solution.")
+    baseline_ms: dict[str, float] = Field(default_factory=dict, description="Workload -> mean latency of the baseline.")
+
+
+class Evidence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1)
+    version: int
+
+
+HypothesisStatus = Literal["open", "supported", "refuted", "closed"]
+QuestionStatus = Literal["open", "answered", "closed"]
+
+
+class Hypothesis(BaseModel):
+    """A belief about where the kernel's time goes or what limits it, with the evidence both ways."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^h[0-9]+$", description="'h' + number, allocated by the tree.")
+    text: str = Field(min_length=1)
+    status: HypothesisStatus = "open"
+    evidence_for: list[Evidence] = Field(default_factory=list)
+    evidence_against: list[Evidence] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list, description="Action nodes that test or exploit it.")
+    created_at_version: int = 0
+
+
+class Question(BaseModel):
+    """Something the planner wants measured or tried before it commits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^q[0-9]+$", description="'q' + number, allocated by the tree.")
+    text: str = Field(min_length=1)
+    status: QuestionStatus = "open"
+    answer: str = ""
+    created_at_version: int = 0
 
 
 class RootNode(BaseModel):
@@ -137,6 +221,7 @@ class RootNode(BaseModel):
     description: str = Field(default="", description="The task specification, as prompts show it.")
     solution: SolutionRef | None = Field(default=None, description="The seed kernel, if the search has one.")
     notes: list[Note] = Field(default_factory=list)
+    summary: KernelSummary = Field(default_factory=KernelSummary, description="The current best kernel, summarised.")
 
 
 class Lease(BaseModel):
@@ -158,6 +243,9 @@ class Tree(BaseModel):
     root: RootNode
     nodes: dict[str, ActionNode] = Field(default_factory=dict, description="Action nodes by id.")
     leases: dict[str, Lease] = Field(default_factory=dict, description="Live leases by node id.")
+    hypotheses: dict[str, Hypothesis] = Field(default_factory=dict, description="Bottleneck hypotheses by id.")
+    questions: dict[str, Question] = Field(default_factory=dict, description="Open and answered questions by id.")
+    next_item: int = Field(default=1, ge=1, description="Counter for hypothesis and question ids.")
     version: int = Field(default=0, ge=0, description="Incremented once per call that changed the tree.")
     next_seq: int = Field(
         default=1, ge=1, description="Counter for node ids; never reused, even after a prune."
@@ -194,6 +282,12 @@ def invariant_problems(tree: Tree, solution_exists: Callable[[str], bool] | None
         if (node.status is NodeStatus.LEASED) != (node.id in tree.leases):
             problems.append(f"{node.id}: status {node.status} disagrees with the lease table")
     problems += _cycle_problems(tree)
+    for table in (tree.hypotheses, tree.questions):
+        for key, item in table.items():
+            if key != item.id:
+                problems.append(f"item stored as {key!r} has id {item.id!r}")
+            if int(item.id[1:]) >= tree.next_item:
+                problems.append(f"{item.id}: number not below the item counter {tree.next_item}")
     for node_id, lease in tree.leases.items():
         if node_id != lease.node_id or node_id not in tree.nodes:
             problems.append(f"lease on {node_id!r} names a missing node or the wrong one")

@@ -1,0 +1,255 @@
+"""One K-Search action cycle, in plain Python: implement one action, then teach the planner.
+
+Attempt 1 writes code from the parent's solution plus the action (or from the specification when
+the parent has none); later attempts debug (nothing passed yet) or improve (something passed),
+always from the best passing attempt, else the last attempt with code. The cycle stops after
+`stagnation_window` attempts in a row that do not improve on the cycle's best, or when, once an
+attempt has passed, `parent_patience` attempts in a row leave the cycle's best no faster than the
+parent's solution ("cannot beat the parent"), or when the budget runs out.
+
+Then, each step at most once (a resumed cycle skips the steps already logged): the system records
+the action's observed outcome; a passing cycle attaches its best solution and the planner refines
+the tree with the evidence; a failed one is marked too hard and the planner says why and splits
+it where it can; a cycle cut short by the budget is neither: the action goes back to the frontier
+with its partial outcome recorded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ksearch_ray.models import Solution
+from ksearch_ray.search.evidence import attempt_evidence, failure_digest, workload_times
+from ksearch_ray.search.measure import with_noise
+from ksearch_ray.search.policy import Attempt, AttemptEvidence, CodeKind, CodeRequest
+from ksearch_ray.search.runstate import CycleRecord
+from ksearch_ray.worldmodel.tree import ActionNode, Outcome
+
+if TYPE_CHECKING:
+    from ksearch_ray.search.engine import Search
+
+
+def stagnation(attempts: list[Attempt]) -> int:
+    """Attempts since the cycle's best last improved (every attempt, if nothing passed)."""
+    best, streak = None, 0
+    for a in attempts:
+        if a.passed and a.speedup is not None and (best is None or a.speedup > best):
+            best, streak = a.speedup, 0
+        else:
+            streak += 1
+    return streak
+
+
+def behind_parent(attempts: list[Attempt], parent_speedup: float | None) -> int:
+    """Attempts in a row, after the first pass, that left the cycle's best no faster than the parent."""
+    if parent_speedup is None:
+        return 0
+    best, streak, passed = None, 0, False
+    for a in attempts:
+        if a.passed and a.speedup is not None:
+            passed = True
+            best = max(best or a.speedup, a.speedup)
+        if passed:
+            streak = 0 if best is not None and best > parent_speedup else streak + 1
+    return streak
+
+
+def next_kind(attempts: list[Attempt], has_base: bool) -> CodeKind:
+    if not attempts:
+        return "generate_from_base" if has_base else "generate_from_spec"
+    return "improve" if any(a.passed for a in attempts) else "debug"
+
+
+def current_attempt(attempts: list[Attempt]) -> Attempt | None:
+    """What attempt N+1 works from: the best passing attempt, else the last one with code."""
+    passing = [a for a in attempts if a.passed]
+    if passing:
+        return max(passing, key=lambda a: a.speedup or 0.0)
+    with_code = [a for a in attempts if a.solution_id]
+    return with_code[-1] if with_code else None
+
+
+class ActionCycle:
+    def __init__(self, search: Search, record: CycleRecord):
+        self.search = search
+        self.rec = record
+        self.budget_cut = record.stop_reason == "budget"  # as logged, when a resumed cycle skips its attempts
+
+    @property
+    def config(self):  # type: ignore[no-untyped-def]
+        return self.search.config
+
+    async def run(self) -> None:
+        s, rec = self.search, self.rec
+        node = s.tree().nodes[rec.node_id]
+        s.in_flight[rec.cycle_id] = node.title
+        s.on_change(s)
+        try:
+            if not rec.steps:
+                await self._attempts(node)
+            await self._finish(node)
+        finally:
+            s.in_flight.pop(rec.cycle_id, None)
+            s.on_change(s)
+
+    # --- attempts -----------------------------------------------------------------------------
+
+    def _parent(self, node: ActionNode) -> tuple[Solution | None, float | None]:
+        parent = self.search.tree().get(node.parent)
+        ref = parent.solution if parent is not None else None
+        if ref is None:
+            return None, None
+        return self.search.store.load_solution(ref.solution_id), ref.evaluation.speedup
+
+    def _should_stop(self, parent_speedup: float | None) -> str | None:
+        attempts = self.rec.attempts
+        if stagnation(attempts) >= self.config.stagnation_window:
+            return "stagnation"
+        if behind_parent(attempts, parent_speedup) >= self.config.parent_patience:
+            return "cannot beat the parent"
+        return None
+
+    async def _attempts(self, node: ActionNode) -> None:
+        base, base_speedup = self._parent(node)
+        while (why := self._should_stop(base_speedup)) is None:
+            attempts = self.rec.attempts
+            pending = attempts[-1] if attempts and attempts[-1].solution_id and attempts[-1].result is None else None
+            if pending is None:
+                round_ = await self.search.take_round()
+                if round_ is None:
+                    self.budget_cut = True
+                    self.search.store.append("cycle_stop", cycle=self.rec.cycle_id, reason="budget")
+                    return
+                pending = await self._generate(node, base, base_speedup, round_)
+            if pending.solution_id is not None:
+                await self._evaluate(pending)
+        self.search.store.append("cycle_stop", cycle=self.rec.cycle_id, reason=why)
+
+    async def _generate(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int) -> Attempt:
+        s, rec = self.search, self.rec
+        kind = next_kind(rec.attempts, base is not None)
+        current = current_attempt(rec.attempts)
+        sols = {a.solution_id: s.store.load_solution(a.solution_id) for a in rec.attempts if a.solution_id}
+        base_result = s.results.get(base.id) if base else None
+        current_result = current.result if current else None
+        baseline = s.baseline_for(current.evaluator if current else None)
+        request = CodeRequest(
+            kind=kind, task=s.task.definition, tree=s.tree(), node_id=node.id, hardware=s.hardware,
+            language=s.config.language, base=base, base_speedup=base_speedup,
+            base_times=workload_times(base_result, None, s.baseline_for(None)),
+            current=sols.get(current.solution_id) if current and current.solution_id else None,
+            current_result=current_result, current_speedup=current.speedup if current else None,
+            current_times=workload_times(current_result, base_result, baseline),
+            history=list(rec.attempts), solutions=sols, seeds=s.seeds(), noise=s.noise(),
+            prompt_budget_tokens=s.config.prompt_budget_tokens,
+        )
+        reply = await s.code(request, rec.cycle_id)
+        attempt = Attempt(round=round_, kind=kind, error=reply.error if reply.solution is None else None)
+        if reply.solution is not None:
+            attempt.solution_id = s.store.save_solution(reply.solution)
+        elif attempt.error is None:
+            attempt.error = "the coder returned no code"
+        s.store.append("candidate", cycle=rec.cycle_id, node=node.id, round=round_, attempt_kind=kind,
+                       solution_id=attempt.solution_id, error=attempt.error)
+        rec.attempts.append(attempt)
+        if attempt.solution_id is None:
+            s.on_line(f"round {round_} ({rec.cycle_id} on {node.id}, {kind}): no code: {(attempt.error or '')[:120]}")
+        await s.wm("renew", ids=[node.id], holder=rec.cycle_id, now=s.clock(), ttl=s.config.lease_ttl_s)
+        return attempt
+
+    async def _evaluate(self, attempt: Attempt) -> None:
+        s, rec = self.search, self.rec
+        assert attempt.solution_id is not None
+        solution = s.store.load_solution(attempt.solution_id)
+        result, evaluator = await s.evaluate(solution)
+        attempt.result, attempt.evaluator = result, evaluator
+        attempt.speedup = s.speedup_of(result, evaluator)
+        s.state.evaluations += 1
+        s.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round, evaluator=evaluator,
+                       gpu=s.gpu_of[evaluator], solution_id=attempt.solution_id, result=result.model_dump(mode="json"),
+                       speedup=attempt.speedup)
+        if result.passed:
+            s.state.note_score(s.gpu_of[evaluator], attempt.solution_id, result.score)
+        shown = with_noise(attempt.speedup, s.noise(evaluator)) if result.passed else result.message[:120]
+        s.on_line(f"round {attempt.round} ({rec.cycle_id} on {rec.node_id}, {attempt.kind}): {result.status.value} {shown}")
+        await s.note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round, evaluator)
+        s.on_change(s)
+
+    # --- the end of the cycle -----------------------------------------------------------------
+
+    def evidence(self, node: ActionNode) -> list[AttemptEvidence]:
+        s = self.search
+        base, base_speedup = self._parent(node)
+        parent_result = s.results.get(base.id) if base else None
+        out = []
+        for a in self.rec.attempts:
+            change = s.store.load_solution(a.solution_id).description if a.solution_id else ""
+            out.append(attempt_evidence(a, change, parent_result, s.baseline_for(a.evaluator), base_speedup))
+        return out
+
+    def outcome(self, node: ActionNode, evidence: list[AttemptEvidence]) -> Outcome:
+        previous = node.outcome or Outcome()
+        statuses = dict(previous.statuses)
+        for e in evidence:
+            statuses[e.status] = statuses.get(e.status, 0) + 1
+        passing = [e for e in evidence if e.speedup is not None and e.status == "PASSED"]
+        best = max(passing, key=lambda e: e.speedup or 0.0, default=None)
+        keep_old = previous.best_speedup is not None and (best is None or (best.speedup or 0) <= previous.best_speedup)
+        digest = "; ".join(part for part in (previous.failures, failure_digest(evidence)) if part)
+        return Outcome(
+            attempts=previous.attempts + len(evidence), statuses=statuses,
+            best_speedup=previous.best_speedup if keep_old else (best.speedup if best else None),
+            over_parent=previous.over_parent if keep_old else (best.over_parent if best else None),
+            failures=digest[-600:], budget_cut=self.budget_cut, cycles=[*previous.cycles, self.rec.cycle_id],
+        )
+
+    async def _finish(self, node: ActionNode) -> None:
+        """Record, attach or mark, and ask the planner; each step once, so a resume repeats none."""
+        s, rec = self.search, self.rec
+        tag = {"cycle": rec.cycle_id}
+        best = current_attempt(rec.attempts)
+        passed = best is not None and best.passed
+        if not rec.attempts:
+            # The budget ran out before the first attempt: the action goes back to the frontier untouched.
+            await s.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._end(passed=False)
+            return
+        evidence = self.evidence(node)
+        if "recorded" not in rec.steps:
+            await s.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
+                                               "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
+            self._step("recorded")
+        if passed and "attached" not in rec.steps:
+            assert best is not None and best.result is not None and best.solution_id is not None
+            await s.wm("apply", tag=tag, ops=[{
+                "op": "attach_solution", "node": rec.node_id, "solution_id": best.solution_id,
+                "evaluation": s.summary(best.result, best.speedup).model_dump(mode="json"),
+            }])
+            self._step("attached")
+        elif not passed and self.budget_cut and "released" not in rec.steps:
+            # Cut short by the budget, not judged: back to the frontier, its outcome kept.
+            await s.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._step("released")
+        elif not passed and not self.budget_cut and "marked" not in rec.steps:
+            await s.wm("apply", tag=tag, ops=[{
+                "op": "mark_too_hard", "node": rec.node_id,
+                "reason": f"no passing attempt in {len(rec.attempts)}: {failure_digest(evidence)[:300] or 'no code came back'}",
+            }])
+            self._step("marked")
+        judged = passed or not self.budget_cut
+        if judged and "planned" not in rec.steps and s.budget_left() != "cost":
+            kind = "refine" if passed else "too_hard"
+            request = s.plan_request(kind, node_id=rec.node_id, attempts=rec.attempts, evidence=evidence)
+            await s.plan(request, cycle=rec.cycle_id)
+            self._step("planned")
+        self._end(passed=passed)
+
+    def _step(self, step: str) -> None:
+        self.rec.steps.add(step)
+        self.search.store.append("cycle_step", cycle=self.rec.cycle_id, step=step)
+
+    def _end(self, *, passed: bool) -> None:
+        self.rec.ended = True
+        self.search.store.append("cycle_end", cycle=self.rec.cycle_id, node=self.rec.node_id, passed=passed,
+                                 attempts=len(self.rec.attempts), budget_cut=self.budget_cut)
+

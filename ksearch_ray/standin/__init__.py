@@ -1,0 +1,1 @@
+"""An LLM stand-in: an OpenAI-compatible server on loopback that reads ksearch prompts and answers them."""

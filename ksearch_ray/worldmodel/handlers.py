@@ -1,0 +1,430 @@
+"""How each edit op changes the tree (the op language itself is in `ops`).
+
+Every handler works in place on the batch's working tree, checks everything before it changes
+anything (so a rejected op leaves no trace), and raises OpRejected with the one line the planner
+will read.
+
+Copy on write: the working tree starts as a shallow copy (new dicts, shared items), and an item is
+copied the first time an op of the batch resolves it, so the input tree is never changed and a
+batch costs what it touches, not the size of the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ksearch_ray.models import Status
+from ksearch_ray.worldmodel.tree import (
+    ActionFields,
+    ActionNode,
+    Evidence,
+    Hypothesis,
+    NodeStatus,
+    Note,
+    NoteKind,
+    Question,
+    RootNode,
+    SolutionRef,
+    Tree,
+    measured_over_parent,
+    subtree_ids,
+)
+
+SYSTEM_OPS = frozenset({"attach_solution", "record_outcome", "set_best", "insert_continuation"})
+
+CONTINUATION_TITLE = "Improve the best solution further"
+CONTINUATION_DESCRIPTION = (
+    "Find what limits the current best solution most (read its measurements) and change that, "
+    "keeping everything that already works."
+)
+
+
+class OpRejected(Exception):
+    """A planner's op that cannot apply; the message is the one-line reason it will read."""
+
+
+@dataclass
+class Batch:
+    version: int
+    solution_exists: Callable[[str], bool]
+    refs: dict[str, str] = field(default_factory=dict)
+    dead_refs: dict[str, int] = field(default_factory=dict)
+    """Placeholders whose creating op was rejected -> that op's index, so later ops can say so."""
+    changed: bool = False
+    owned: set[str] = field(default_factory=set)
+    """Ids of the items this batch has already copied into the working tree."""
+
+
+def working_copy(tree: Tree) -> Tree:
+    """A tree that shares its items with `tree` until a handler resolves (and so copies) them."""
+    return tree.model_copy(update={
+        "nodes": dict(tree.nodes), "leases": dict(tree.leases), "hypotheses": dict(tree.hypotheses),
+        "questions": dict(tree.questions),
+    })
+
+
+Item = ActionNode | RootNode | Hypothesis | Question
+Handler = Callable[[Tree, Any, Batch], tuple[list[str], list[str]]]
+
+
+def handler_for(op: Any) -> Handler:
+    return _HANDLERS[op.op]
+
+
+def _changed(batch: Batch, created: list[str] | None = None, removed: list[str] | None = None) -> tuple[list[str], list[str]]:
+    batch.changed = True
+    return created or [], removed or []
+
+
+# ------------------------------------------------------------------------------------- planner ops
+
+
+def _insert(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    parent = _resolve_node(tree, op.parent, batch)
+    if isinstance(parent, ActionNode) and parent.status in (NodeStatus.SPLIT, NodeStatus.CLOSED):
+        raise OpRejected(f"{parent.id} is {parent.status}; insert under {parent.parent} or another action")
+    _check_new_refs([op.ref], batch)
+    return _changed(batch, [_add_node(tree, op, parent.id, batch)])
+
+
+def _update(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    node = _resolve_node(tree, op.node, batch)
+    if isinstance(node, RootNode):
+        action_fields = op.model_dump(exclude_unset=True, exclude={"op", "node", "note", "summary"})
+        if action_fields:
+            raise OpRejected(f"the root takes only summary and note, not {', '.join(sorted(action_fields))}")
+        if op.summary is None and op.note is None:
+            raise OpRejected("nothing to update: give summary or note")
+        if op.summary is not None:
+            node.summary.text = op.summary
+        if op.note is not None:
+            node.notes.append(Note(kind=NoteKind.NOTE, text=op.note, version=batch.version))
+        return _changed(batch)
+    if op.summary is not None:
+        raise OpRejected("summary belongs to the root; use note for an action")
+    changes = op.model_dump(exclude_unset=True, exclude={"op", "node", "note", "status", "summary"})
+    if not changes and op.note is None and op.status is None:
+        raise OpRejected("nothing to update: give at least one field, a note or status")
+    if op.status is not None and node.status is not NodeStatus.TOO_HARD:
+        raise OpRejected(f"only a too_hard node can be reopened; {node.id} is {node.status}")
+    try:
+        updated = ActionNode.model_validate({**node.model_dump(), **changes})
+    except ValidationError as exc:
+        raise OpRejected(one_line(exc, set())) from None
+    if op.status is not None:
+        updated.status = NodeStatus.OPEN
+        updated.notes.append(Note(kind=NoteKind.NOTE, text="reopened by the planner", version=batch.version))
+    if op.note is not None:
+        updated.notes.append(Note(kind=NoteKind.NOTE, text=op.note, version=batch.version))
+    tree.nodes[node.id] = updated
+    return _changed(batch)
+
+
+def _split(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    node = _resolve_action(tree, op.node, batch)
+    if node.status is NodeStatus.OPEN:
+        if len(op.alternatives) < 2:
+            raise OpRejected("splitting an open action takes two or more alternatives")
+        if tree.children(node.id):
+            raise OpRejected(f"{node.id} has children; prune or re-plan them before splitting it")
+    elif node.status is not NodeStatus.TOO_HARD:
+        raise OpRejected(f"only an open or too_hard node can be split; {node.id} is {node.status}")
+    _check_new_refs([a.ref for a in op.alternatives], batch)
+    created = [_add_node(tree, alt, node.parent, batch, split_from=node.id) for alt in op.alternatives]
+    if node.status is NodeStatus.OPEN:
+        node.status = NodeStatus.SPLIT
+    text = f"split into {', '.join(created)}" + (f": {op.reason}" if op.reason else "")
+    node.notes.append(Note(kind=NoteKind.SPLIT, text=text, version=batch.version))
+    return _changed(batch, created)
+
+
+def _mark_too_hard(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    node = _resolve_action(tree, op.node, batch)
+    if node.status not in (NodeStatus.OPEN, NodeStatus.LEASED, NodeStatus.TOO_HARD):
+        raise OpRejected(f"only an open, leased or too_hard node can be marked too hard; {node.id} is {node.status}")
+    node.status = NodeStatus.TOO_HARD
+    tree.leases.pop(node.id, None)
+    node.notes.append(Note(kind=NoteKind.TOO_HARD, text=op.reason, version=batch.version))
+    return _changed(batch)
+
+
+def _prune(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    node = _resolve_action(tree, op.node, batch)
+    doomed = subtree_ids(tree, node.id)
+    for kind, statuses in (
+        ("a solution", {NodeStatus.DONE}),
+        ("running work", {NodeStatus.LEASED}),
+        ("failure evidence", {NodeStatus.TOO_HARD}),
+    ):
+        hits = [i for i in doomed if tree.nodes[i].status in statuses]
+        if hits:
+            raise OpRejected(f"the subtree of {node.id} holds {kind} ({', '.join(hits)}); it cannot be pruned")
+    for node_id in doomed:
+        del tree.nodes[node_id]
+    gone = set(doomed)
+    for key, hypothesis in list(tree.hypotheses.items()):
+        if gone & set(hypothesis.actions):
+            tree.hypotheses[key] = hypothesis.model_copy(update={"actions": [a for a in hypothesis.actions if a not in gone]})
+    return _changed(batch, removed=doomed)
+
+
+def _close(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    item = _resolve_item(tree, op.target, batch)
+    if isinstance(item, Hypothesis):
+        item.status = op.verdict or "closed"
+        if op.reason:
+            (item.evidence_against if item.status == "refuted" else item.evidence_for).append(
+                Evidence(text=op.reason, version=batch.version)
+            )
+        return _changed(batch)
+    if op.verdict is not None:
+        raise OpRejected("verdict applies to hypotheses only")
+    if isinstance(item, Question):
+        if not op.reason:
+            raise OpRejected(f"closing question {item.id} needs its answer in reason")
+        item.status, item.answer = "answered", op.reason
+        return _changed(batch)
+    if isinstance(item, RootNode):
+        raise OpRejected("the root is the task itself and cannot be closed")
+    if item.status is not NodeStatus.OPEN:
+        raise OpRejected(f"only an open action can be closed; {item.id} is {item.status}")
+    if tree.children(item.id):
+        raise OpRejected(f"{item.id} has children; prune them first or mark it too hard instead")
+    item.status = NodeStatus.CLOSED
+    item.notes.append(Note(kind=NoteKind.CLOSED, text=op.reason or "closed by the planner", version=batch.version))
+    return _changed(batch)
+
+
+def _reprioritise(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    nodes = [_resolve_action(tree, ref, batch) for ref in op.scores]
+    not_open = [n.id for n in nodes if n.status is not NodeStatus.OPEN]
+    if not_open:
+        raise OpRejected(f"only open actions can be reprioritised; not open: {', '.join(not_open)}")
+    for node, score in zip(nodes, op.scores.values(), strict=True):
+        if score != node.score:
+            node.notes.append(Note(kind=NoteKind.NOTE, text=f"score {node.score:.2f} -> {score:.2f}: {op.reason}",
+                                   version=batch.version))
+            node.score = score
+    return _changed(batch)
+
+
+def _annotate(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    item = _resolve_item(tree, op.target, batch)
+    if isinstance(item, Hypothesis):
+        if op.stance is None:
+            raise OpRejected(f'evidence on hypothesis {item.id} needs "stance": "for" or "against"')
+        (item.evidence_for if op.stance == "for" else item.evidence_against).append(Evidence(text=op.text, version=batch.version))
+        return _changed(batch)
+    if op.stance is not None:
+        raise OpRejected("stance applies to hypotheses only")
+    if isinstance(item, Question):
+        item.answer = f"{item.answer} {op.text}".strip()
+        return _changed(batch)
+    item.notes.append(Note(kind=NoteKind.NOTE, text=op.text, version=batch.version))
+    return _changed(batch)
+
+
+def _add_hypothesis(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    _check_new_refs([op.ref], batch)
+    actions = [_resolve_action(tree, ref, batch).id for ref in op.actions]
+    item_id = f"h{tree.next_item}"
+    tree.hypotheses[item_id] = Hypothesis(
+        id=item_id, text=op.text, actions=actions, created_at_version=batch.version,
+        evidence_for=[Evidence(text=t, version=batch.version) for t in op.evidence_for],
+        evidence_against=[Evidence(text=t, version=batch.version) for t in op.evidence_against],
+    )
+    return _changed(batch, [_allocate(tree, batch, item_id, op.ref)])
+
+
+def _add_question(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    _check_new_refs([op.ref], batch)
+    item_id = f"q{tree.next_item}"
+    tree.questions[item_id] = Question(id=item_id, text=op.text, created_at_version=batch.version)
+    return _changed(batch, [_allocate(tree, batch, item_id, op.ref)])
+
+
+# -------------------------------------------------------------------------------------- system ops
+
+
+def _attach_solution(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    target = _resolve_node(tree, op.node, batch)
+    if op.evaluation.status is not Status.PASSED:
+        raise OpRejected(f"only a PASSED solution can be attached (got {op.evaluation.status}); use mark_too_hard")
+    if not batch.solution_exists(op.solution_id):
+        raise OpRejected(f"solution {op.solution_id} is not in the solution store")
+    ref = SolutionRef(solution_id=op.solution_id, evaluation=op.evaluation)
+    if isinstance(target, RootNode):
+        target.solution = ref
+        return _changed(batch)
+    if target.status in (NodeStatus.SPLIT, NodeStatus.CLOSED):
+        raise OpRejected(f"{target.id} is {target.status}; attach the solution to the action it implements")
+    if target.solution is not None:
+        old = target.solution
+        text = f"replaced solution {old.solution_id} ({_fmt_speedup(old.evaluation.speedup)} vs baseline)"
+        target.notes.append(Note(kind=NoteKind.NOTE, text=text, version=batch.version))
+    target.solution = ref
+    target.status = NodeStatus.DONE
+    # Whoever held the lease is finished with the node, even if it is not the one reporting.
+    tree.leases.pop(target.id, None)
+    measured = measured_over_parent(tree, target)
+    text = f"predicted {target.expected_speedup:.2f}x over parent, measured {_fmt_speedup(measured)}"
+    target.notes.append(Note(kind=NoteKind.MEASURED, text=text, version=batch.version))
+    return _changed(batch)
+
+
+def _record_outcome(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    _resolve_action(tree, op.node, batch).outcome = op.outcome
+    return _changed(batch)
+
+
+def _set_best(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    summary = tree.root.summary
+    if summary.solution_id != op.solution_id and summary.text:
+        # The words describe the old best; keep them, marked, until the planner rewrites them.
+        summary.text = f"(written for solution {summary.solution_id}) {summary.text}"
+    summary.solution_id, summary.speedup = op.solution_id, op.speedup
+    summary.time_ms, summary.baseline_ms = dict(op.time_ms), dict(op.baseline_ms)
+    return _changed(batch)
+
+
+def _insert_continuation(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
+    parent = _resolve_node(tree, op.parent, batch)
+    action = ActionFields(title=CONTINUATION_TITLE, description=CONTINUATION_DESCRIPTION, difficulty=2, score=0.5,
+                          expected_speedup=1.05, rationale=op.reason)
+    node_id = _add_node(tree, action, parent.id, batch)
+    tree.nodes[node_id].author = "system"
+    return _changed(batch, [node_id])
+
+
+_HANDLERS: dict[str, Handler] = {
+    "insert": _insert, "update": _update, "split": _split, "mark_too_hard": _mark_too_hard, "prune": _prune,
+    "close": _close, "reprioritise": _reprioritise, "annotate": _annotate, "add_hypothesis": _add_hypothesis,
+    "add_question": _add_question, "attach_solution": _attach_solution, "record_outcome": _record_outcome,
+    "set_best": _set_best, "insert_continuation": _insert_continuation,
+}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _add_node(tree: Tree, action: ActionFields, parent: str, batch: Batch, split_from: str | None = None) -> str:
+    node_id = f"n{tree.next_seq}"
+    batch.owned.add(node_id)
+    tree.nodes[node_id] = ActionNode(
+        **action.model_dump(include=set(ActionFields.model_fields)),
+        id=node_id, parent=parent, seq=tree.next_seq, split_from=split_from, created_at_version=batch.version,
+    )
+    tree.next_seq += 1
+    ref = getattr(action, "ref", None)
+    if ref is not None:
+        batch.refs[ref.lstrip("$")] = node_id
+    return node_id
+
+
+def _allocate(tree: Tree, batch: Batch, item_id: str, ref: str | None) -> str:
+    tree.next_item += 1
+    batch.owned.add(item_id)
+    if ref is not None:
+        batch.refs[ref.lstrip("$")] = item_id
+    return item_id
+
+
+def _check_new_refs(refs: Sequence[str | None], batch: Batch) -> None:
+    names = [r.lstrip("$") for r in refs if r is not None]
+    for name in names:
+        if name in batch.refs or name in batch.dead_refs or names.count(name) > 1:
+            raise OpRejected(f"placeholder ${name} is already used in this batch")
+
+
+def _deref(ref: str, batch: Batch) -> str:
+    if not ref.startswith("$"):
+        return ref
+    name = ref[1:]
+    if name in batch.dead_refs:
+        raise OpRejected(f"placeholder {ref} was not created: op {batch.dead_refs[name]} was rejected")
+    if name not in batch.refs:
+        raise OpRejected(f'unknown placeholder {ref}; define it with "ref" on an earlier op of this batch')
+    return batch.refs[name]
+
+
+def _own(tree: Tree, batch: Batch, key: str) -> Item | None:
+    """The working tree's own copy of item `key` (copied on first use in this batch), or None."""
+    if key == "root":
+        if key not in batch.owned:
+            tree.root = tree.root.model_copy(deep=True)
+            batch.owned.add(key)
+        return tree.root
+    copy = key not in batch.owned
+    batch.owned.add(key)
+    if key in tree.nodes:
+        if copy:
+            tree.nodes[key] = tree.nodes[key].model_copy(deep=True)
+        return tree.nodes[key]
+    if key in tree.hypotheses:
+        if copy:
+            tree.hypotheses[key] = tree.hypotheses[key].model_copy(deep=True)
+        return tree.hypotheses[key]
+    if key in tree.questions:
+        if copy:
+            tree.questions[key] = tree.questions[key].model_copy(deep=True)
+        return tree.questions[key]
+    batch.owned.discard(key)
+    return None
+
+
+def _resolve_item(tree: Tree, ref: str, batch: Batch) -> Item:
+    item = _own(tree, batch, _deref(ref, batch))
+    if item is None:
+        raise OpRejected(f"no node, hypothesis or question {ref} in the world model")
+    return item
+
+
+def _resolve_node(tree: Tree, ref: str, batch: Batch) -> ActionNode | RootNode:
+    key = _deref(ref, batch)
+    if tree.get(key) is None:
+        raise OpRejected(f"no node {ref} in the tree")
+    node = _own(tree, batch, key)
+    assert isinstance(node, ActionNode | RootNode)
+    return node
+
+
+def _resolve_action(tree: Tree, ref: str, batch: Batch) -> ActionNode:
+    node = _resolve_node(tree, ref, batch)
+    if isinstance(node, RootNode):
+        raise OpRejected("the root is the task itself; this op applies to action nodes only")
+    return node
+
+
+def bury_refs(raw: object, index: int, batch: Batch) -> None:
+    """Remember the placeholders a rejected op would have defined, to explain later failures."""
+    if isinstance(raw, BaseModel):
+        raw = raw.model_dump()
+    if not isinstance(raw, Mapping):
+        return
+    wanted = [raw.get("ref")] + [a.get("ref") for a in raw.get("alternatives") or [] if isinstance(a, Mapping)]
+    for ref in wanted:
+        if isinstance(ref, str) and ref.lstrip("$") not in batch.refs:
+            batch.dead_refs.setdefault(ref.lstrip("$"), index)
+
+
+def one_line(exc: ValidationError, op_names: set[str] | frozenset[str]) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = [str(x) for x in err["loc"]]
+        # A tagged union puts the tag first in the location; the planner already knows which op it wrote.
+        if loc and loc[0] in op_names:
+            loc = loc[1:]
+        text = f"{'.'.join(loc)}: {err['msg']}" if loc else err["msg"]
+        value = err.get("input")
+        if err["type"] != "missing" and isinstance(value, str | int | float | bool):
+            text += f" (got {str(value)[:40]!r})" if isinstance(value, str) else f" (got {value!r})"
+        parts.append(text)
+    return "; ".join(parts).replace("\n", " ")
+
+
+def _fmt_speedup(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "unknown"

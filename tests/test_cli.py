@@ -30,6 +30,9 @@ def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (["run", "--task", "trimul", "--width", "0"], "width: Input should be greater than or equal to 1"),
     (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
     (["resume", "/nonexistent/run"], "is not a run directory"),
+    (["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1",
+      "--max-cost-usd", "1"], "--max-cost-usd needs a price for hosted_vllm/m"),
+    (["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--price-per-mtok", "3"], "--price-per-mtok wants two numbers"),
     pytest.param(
         ["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cuda", "--run-dir", "/tmp/ksearch-no-gpu-run"],
         "no evaluator resources", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),

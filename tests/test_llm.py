@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
 
-from ksearch_ray.llm.client import LiteLLMClient, LLMCall, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.llm.client import LiteLLMClient, LLMConfig, LLMError, ResponseCache
 from ksearch_ray.llm.parsing import ParseError, extract_code, extract_ops
 from ksearch_ray.llm.prompting import CALL_KINDS, PromptError, format_sources, render
 

@@ -211,7 +211,8 @@ class Search:
         if not reply.ops:
             self.store.append("plan_empty", plan_kind=request.kind, cycle=cycle, notes=reply.notes)
             return reply, None
-        tag = {"cycle": cycle, "plan_kind": request.kind, "focus": request.node_id, "source": reply.source}
+        tag = {"cycle": cycle, "plan_kind": request.kind, "focus": request.node_id, "source": reply.source,
+               "notes": reply.notes}
         report = await self.wm("apply", ops=reply.ops, system=False, tag=tag)
         rejected = [r for r in report["results"] if not r["ok"]]
         if rejected:

@@ -24,6 +24,8 @@ from ksearch_ray.taskspec.tunables import TunableError, read_tunables, rewrite_t
 VARIANT = re.compile(r"standin-variant:\s*(\{.*?\})\s*$", re.MULTILINE)
 NODE_LINE = re.compile(r"^\s*(n\d+) \[(\w+)\] ", re.MULTILINE)
 BREAKAGES = ("syntax", "wrong", "crash", "hang")
+PERSISTENT = ("crash", "hang")
+"""Breakages a debug attempt does not get rid of: some actions cannot be made to work."""
 
 
 @dataclass
@@ -142,7 +144,8 @@ class Player:
         return {
             "op": "insert", "parent": parent, "title": title,
             "description": f"{title}.\nstandin-variant: {json.dumps(variant, sort_keys=True)}",
-            "difficulty": 3 if "break" in variant else 1, "score": 0.4 if "break" in variant else 0.6,
+            # Bold ideas look promising before they are tried: the planner ranks them first.
+            "difficulty": 2 if "break" in variant else 1, "score": 0.7 if "break" in variant else 0.6,
             "expected_speedup": 1.1, "rationale": rationale,
         }
 
@@ -208,9 +211,9 @@ class Player:
             with contextlib.suppress(TunableError):  # a tunable the code no longer has: leave it
                 source = rewrite_tunables(source, variant["set"])
         breakage = variant.get("break")
-        if breakage and kind in ("generate_from_base", "generate_from_spec"):
+        if breakage and (kind in ("generate_from_base", "generate_from_spec") or breakage in PERSISTENT):
             source = _break(source, breakage, entry_name)
-            what = f"First draft of the risky rewrite ({breakage})."
+            what = f"A draft of the risky rewrite ({breakage})."
         elif kind == "debug":
             what = "The last attempt failed; this version removes the faulty change."
         else:

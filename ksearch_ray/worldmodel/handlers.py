@@ -283,7 +283,7 @@ def _record_outcome(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[
 
 def _set_best(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
     summary = tree.root.summary
-    if summary.solution_id != op.solution_id and summary.text:
+    if summary.solution_id not in (None, op.solution_id) and summary.text and not summary.text.startswith("(written for"):
         # The words describe the old best; keep them, marked, until the planner rewrites them.
         summary.text = f"(written for solution {summary.solution_id}) {summary.text}"
     summary.solution_id, summary.speedup = op.solution_id, op.speedup

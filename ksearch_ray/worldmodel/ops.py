@@ -303,7 +303,7 @@ def apply_ops(
         work.version = batch.version
     # Handlers keep the invariants by construction; a violation here is their bug, not the
     # planner's, and must stop the run loudly rather than be reported as a rejected op.
-    check_invariants(work, solution_exists)
+    check_invariants(work, solution_exists, only=batch.owned | set(work.leases))
     report = ApplyReport(results=results, refs=batch.refs, version_before=tree.version, version=work.version)
     return work, report
 

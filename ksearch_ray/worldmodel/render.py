@@ -28,7 +28,6 @@ from ksearch_ray.worldmodel.tree import (
     measured_over_parent,
     path_to,
     solution_speedup,
-    subtree_ids,
 )
 
 TITLE_LIMIT = 80
@@ -141,13 +140,14 @@ def render_tree(tree: Tree, *, detail: Detail = LEVELS[0], focus: str | None = N
     With `detail.collapse`, a subtree of the root that holds neither the focus, the best solution,
     running work nor a top frontier action is folded into one line that counts what it holds.
     """
-    keep = _kept(tree, focus, detail) if detail.collapse else None
+    kids = children_index(tree)
+    keep = _kept(tree, focus, detail, kids) if detail.collapse else None
     lines = [_root_line(tree.root)]
 
     def walk(parent_id: str, depth: int) -> None:
-        for child in tree.children(parent_id):
+        for child in kids.get(parent_id, []):
             if keep is not None and child.id not in keep:
-                lines.append("  " * depth + _folded(tree, child))
+                lines.append("  " * depth + _folded(tree, child, kids))
                 continue
             lines.extend("  " * depth + line for line in _node_block(tree, child, detail))
             walk(child.id, depth + 1)
@@ -253,7 +253,15 @@ def render_failures(tree: Tree, detail: Detail = LEVELS[0]) -> str:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _kept(tree: Tree, focus: str | None, detail: Detail) -> set[str]:
+def children_index(tree: Tree) -> dict[str, list[ActionNode]]:
+    """Parent id -> its children in creation order, built once per view (a view walks every node)."""
+    kids: dict[str, list[ActionNode]] = {}
+    for node in sorted(tree.nodes.values(), key=lambda n: n.seq):
+        kids.setdefault(node.parent, []).append(node)
+    return kids
+
+
+def _kept(tree: Tree, focus: str | None, detail: Detail, kids: dict[str, list[ActionNode]]) -> set[str]:
     """Nodes whose whole surroundings stay visible: the paths to what matters now, and their children."""
     anchors = [n.id for n in frontier(tree)[: detail.frontier]] + list(tree.leases)
     best = best_solution(tree)
@@ -266,12 +274,14 @@ def _kept(tree: Tree, focus: str | None, detail: Detail) -> set[str]:
         keep.update(n.id for n in path_to(tree, anchor) if isinstance(n, ActionNode))
     for around in (focus, best.id if best else None):
         if around and around in tree.nodes:
-            keep.update(c.id for c in tree.children(around))
+            keep.update(c.id for c in kids.get(around, []))
     return keep
 
 
-def _folded(tree: Tree, node: ActionNode) -> str:
-    ids = subtree_ids(tree, node.id)
+def _folded(tree: Tree, node: ActionNode, kids: dict[str, list[ActionNode]]) -> str:
+    ids = [node.id]
+    for current in ids:  # grows while walked: breadth first
+        ids += [child.id for child in kids.get(current, [])]
     counts: dict[str, int] = {}
     for i in ids:
         status = tree.nodes[i].status.value

@@ -97,7 +97,7 @@ def lease(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: flo
         raise ValueError(f"lease ttl must be positive, got {ttl}")
     if not holder:
         raise ValueError("a lease needs a holder")
-    out = tree.model_copy(deep=True)
+    out = _shallow(tree)
     for node_id in ids:
         node = out.nodes.get(node_id)
         if node is None:
@@ -106,7 +106,7 @@ def lease(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: flo
             raise LeaseError(f"{node_id} is already leased to {out.leases[node_id].holder}")
         if not _is_frontier(out, node):
             raise LeaseError(f"{node_id} is not on the frontier (status {node.status}, parent {node.parent})")
-        node.status = NodeStatus.LEASED
+        out.nodes[node_id] = node.model_copy(update={"status": NodeStatus.LEASED})
         out.leases[node_id] = Lease(node_id=node_id, holder=holder, granted_at=now, expires_at=now + ttl)
     return _bumped(out, tree, changed=bool(ids))
 
@@ -133,10 +133,10 @@ def renew(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: flo
     ids = _unique(node_ids)
     if ttl <= 0:
         raise ValueError(f"lease ttl must be positive, got {ttl}")
-    out = tree.model_copy(update={"leases": {k: v.model_copy() for k, v in tree.leases.items()}})
+    out = tree.model_copy(update={"leases": dict(tree.leases)})
     for node_id in ids:
         current = _held(out, node_id, holder)
-        current.expires_at = max(current.expires_at, now + ttl)
+        out.leases[node_id] = current.model_copy(update={"expires_at": max(current.expires_at, now + ttl)})
     return out
 
 
@@ -147,11 +147,11 @@ def release(tree: Tree, node_ids: Iterable[str], holder: str) -> Tree:
     another cycle: releasing it would take the node from under that cycle.
     """
     ids = _unique(node_ids)
-    out = tree.model_copy(deep=True)
+    out = _shallow(tree)
     for node_id in ids:
         _held(out, node_id, holder)
         del out.leases[node_id]
-        out.nodes[node_id].status = NodeStatus.OPEN
+        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN})
     return _bumped(out, tree, changed=bool(ids))
 
 
@@ -163,10 +163,10 @@ def expire_leases(tree: Tree, now: float) -> tuple[Tree, list[str]]:
     expired = sorted(
         (i for i, held in tree.leases.items() if held.expires_at <= now), key=lambda i: tree.nodes[i].seq
     )
-    out = tree.model_copy(deep=True)
+    out = _shallow(tree)
     for node_id in expired:
         del out.leases[node_id]
-        out.nodes[node_id].status = NodeStatus.OPEN
+        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN})
     return _bumped(out, tree, changed=bool(expired)), expired
 
 
@@ -190,6 +190,11 @@ def _unique(node_ids: Iterable[str]) -> list[str]:
     if len(set(ids)) != len(ids):
         raise LeaseError(f"node ids repeat in one lease request: {ids}")
     return ids
+
+
+def _shallow(tree: Tree) -> Tree:
+    """A copy that shares its nodes: these functions replace the nodes they change, never edit them."""
+    return tree.model_copy(update={"nodes": dict(tree.nodes), "leases": dict(tree.leases)})
 
 
 def _bumped(new: Tree, old: Tree, *, changed: bool) -> Tree:

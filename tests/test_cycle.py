@@ -1,0 +1,181 @@
+"""The K-Search control flow in plain Python (no Ray): cycles, stop rules, fallbacks, leases."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from local_backends import FakeEvaluators, ScriptedPolicy, local_search
+
+from ksearch_ray.models import Solution, Status
+from ksearch_ray.search.ksearch import KSearch
+from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.search.runstate import fold
+from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
+
+
+def kernel(tag: str) -> Solution:
+    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
+                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"}, description=f"change: {tag}")
+
+
+def judge(solution: Solution) -> tuple[float | None, Status, str]:
+    """The baseline runs 1 ms, the seed 2 ms; a candidate says in its first line how it fares."""
+    if solution.name == "good":
+        return 1.0, Status.PASSED, ""
+    if solution.name == "triton_seed":
+        return 2.0, Status.PASSED, ""
+    first = next(iter(solution.sources.values())).splitlines()[0]
+    if match := re.match(r"# ms=([0-9.]+)", first):
+        return float(match.group(1)), Status.PASSED, ""
+    return None, Status.COMPILE_ERROR, f"build failed: {first[2:]}"
+
+
+def insert(parent: str, title: str, **fields) -> dict:
+    return {"op": "insert", "parent": parent, "title": title, "difficulty": 1, "score": 0.5, "expected_speedup": 1.2} | fields
+
+
+def planner(first: list[dict], later: list[dict] | None = None) -> ScriptedPolicy:
+    calls = {"n": 0}
+
+    def plan(request: PlanRequest) -> PlanReply:
+        calls["n"] += 1
+        return PlanReply(ops=first if request.kind == "initialize_tree" else (later or []))
+
+    return ScriptedPolicy(plan=plan)
+
+
+def coder(*tags: str) -> ScriptedPolicy:
+    queue = list(tags)
+
+    def code(request: CodeRequest) -> CodeReply:
+        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1]))
+
+    return ScriptedPolicy(code=code)
+
+
+def run(search) -> object:
+    return asyncio.run(search.run())
+
+
+def test_a_cycle_cut_short_by_the_budget_goes_back_to_the_frontier_not_too_hard(tmp_path):
+    plans = planner([insert("root", "tile")])
+    search = local_search(tmp_path, plans, coder("broken"), FakeEvaluators(judge), rounds=2, stagnation_window=5)
+    state = run(search)
+    node = state.tree.nodes["n1"]
+    assert state.finished == "rounds" and node.status is NodeStatus.OPEN
+    assert node.outcome is not None and node.outcome.budget_cut and node.outcome.statuses == {"COMPILE_ERROR": 2}
+    assert not any(n.kind is NoteKind.TOO_HARD for n in node.notes)
+    assert [p.kind for p in plans.plans] == ["initialize_tree"]  # no too_hard verdict on an unjudged action
+
+
+def test_a_cycle_stops_when_it_cannot_beat_its_parent_and_still_attaches_its_best(tmp_path):
+    plans = planner([insert("root", "slower path")])
+    search = local_search(tmp_path, plans, coder("ms=3.0"), FakeEvaluators(judge), rounds=10, stagnation_window=10,
+                          parent_patience=2)
+    state = run(search)
+    events = search.store.read_events()
+    stops = [e["reason"] for e in events if e["kind"] == "cycle_stop"]
+    assert stops[0] == "cannot beat the parent"
+    assert sum(e["kind"] == "candidate" and e["cycle"] == "c1" for e in events) == 2
+    assert state.tree.nodes["n1"].status is NodeStatus.DONE  # a slower step may still lead somewhere
+    assert "refine" in [p.kind for p in plans.plans]
+
+
+def test_a_failed_action_keeps_the_system_verdict_and_the_planners_reason(tmp_path):
+    def plan(request: PlanRequest) -> PlanReply:
+        if request.kind == "initialize_tree":
+            return PlanReply(ops=[insert("root", "fp16 accumulate")])
+        if request.kind == "too_hard":
+            evidence = request.evidence
+            assert evidence and evidence[0].status == "COMPILE_ERROR" and "build failed" in evidence[0].error
+            return PlanReply(ops=[{"op": "mark_too_hard", "node": request.node_id, "reason": "fp16 overflows"},
+                                  {"op": "split", "node": request.node_id, "alternatives": [
+                                      {"title": "fp16 with fp32 accumulate", "difficulty": 2, "score": 0.4, "expected_speedup": 1.1}]}])
+        return PlanReply()
+
+    search = local_search(tmp_path, ScriptedPolicy(plan=plan), coder("broken"), FakeEvaluators(judge), rounds=3,
+                          stagnation_window=2)
+    state = run(search)
+    node = state.tree.nodes["n1"]
+    reasons = [n.text for n in node.notes if n.kind is NoteKind.TOO_HARD]
+    assert node.status is NodeStatus.TOO_HARD and len(reasons) == 2
+    assert reasons[0].startswith("no passing attempt in 2") and reasons[1] == "fp16 overflows"
+    assert state.tree.nodes["n2"].split_from == "n1" and state.tree.nodes["n2"].parent == "root"
+    applied = [e for e in search.store.read_events() if e["kind"] == "wm" and e.get("plan_kind") == "too_hard"]
+    assert applied, "the planner's too_hard ops were applied"
+
+
+def test_a_planner_with_nothing_usable_never_ends_the_run_the_coder_improves_the_best(tmp_path):
+    plans = ScriptedPolicy(plan=lambda request: PlanReply(error="unparseable planner reply: no JSON"))
+    lines: list[str] = []
+    search = local_search(tmp_path, plans, coder("ms=1.5"), FakeEvaluators(judge), rounds=3, stagnation_window=2)
+    search.on_line = lines.append
+    state = run(search)
+    assert state.finished == "rounds" and state.rounds_used == 3
+    continuation = state.tree.nodes["n1"]
+    assert continuation.author == "system" and continuation.parent == "root"
+    assert any("no usable action from the planner" in line for line in lines)
+
+
+def test_the_run_ends_for_lack_of_actions_only_on_an_empty_plan_after_evaluations(tmp_path):
+    search = local_search(tmp_path, planner([insert("root", "one idea")], later=[]), coder("ms=1.5"),
+                          FakeEvaluators(judge), rounds=20, stagnation_window=1)
+    state = run(search)
+    assert state.finished.startswith("the planner returned an empty plan after seeing")
+    assert state.rounds_used < 20
+
+
+def test_new_actions_expand_the_node_with_the_best_solution(tmp_path):
+    plans = planner([insert("root", "tile")], later=[])
+    search = local_search(tmp_path, plans, coder("ms=1.5", "ms=1.4"), FakeEvaluators(judge), rounds=20,
+                          stagnation_window=2)
+    run(search)
+    proposals = [p for p in plans.plans if p.kind == "propose_actions"]
+    assert proposals and proposals[0].node_id == "n1"
+
+
+def test_the_improve_request_carries_the_speedup_of_the_attempt_it_improves(tmp_path):
+    # Attempt 1 passes fast, attempt 2 passes slower: attempt 3 improves attempt 1, with its numbers.
+    code = coder("ms=0.5", "ms=4.0", "ms=4.0")
+    search = local_search(tmp_path, planner([insert("root", "tile")]), code, FakeEvaluators(judge), rounds=3,
+                          stagnation_window=5)
+    run(search)
+    third = code.codes[2]
+    assert third.kind == "improve" and third.current is not None and third.current.name == "ms=0.5"
+    assert third.current_speedup == 2.0  # baseline 1 ms / 0.5 ms, not the last attempt's 0.25x
+    assert [t.ms for t in third.current_times] == [0.5] and third.current_times[0].baseline_ms == 1.0
+
+
+def test_a_lease_whose_cycle_stopped_expires_through_the_driver(tmp_path):
+    now = {"t": 1000.0}
+    search = local_search(tmp_path, planner([insert("root", "a"), insert("root", "b")]), coder("ms=1.5"),
+                          FakeEvaluators(judge), clock=lambda: now["t"], lease_ttl_s=60)
+
+    async def go() -> None:
+        await search.setup()
+        await search.wm("apply", ops=[insert("root", "a")])
+        await search.wm("select_and_lease", k=1, holder="c9", now=now["t"], ttl=60.0, max_difficulty=4, relax_at=None)
+        assert search.tree().nodes["n1"].status is NodeStatus.LEASED
+        now["t"] += 61
+        await KSearch()._expire_leases(search)
+
+    asyncio.run(go())
+    assert search.tree().nodes["n1"].status is NodeStatus.OPEN and not search.tree().leases
+    # The expiry is in the log, so a replay agrees.
+    state = fold(search.store.read_events(), search.store.has_solution)
+    assert state.tree.nodes["n1"].status is NodeStatus.OPEN
+
+
+def test_renewing_a_lease_keeps_the_version(tmp_path):
+    search = local_search(tmp_path, planner([]), coder("x"), FakeEvaluators(judge))
+
+    async def go() -> None:
+        await search.setup()
+        await search.wm("apply", ops=[insert("root", "a")])
+        await search.wm("select_and_lease", k=1, holder="c1", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None)
+        version = search.tree().version
+        await search.wm("renew", ids=["n1"], holder="c1", now=30.0, ttl=60.0)
+        assert search.tree().version == version and search.tree().leases["n1"].expires_at == 90.0
+
+    asyncio.run(go())

@@ -454,3 +454,45 @@ def test_override_directory_wins_for_same_named_files(
     monkeypatch.setenv("KSEARCH_PROMPTS_DIR", str(tmp_path))
     assert render("debug", **ALL_FIELDS)[0]["content"] == "Custom system.\n"
     assert "planner" in render("refine", **ALL_FIELDS)[0]["content"]
+
+
+# --- planner replies through the policy ----------------------------------------------------------
+
+
+def _plan_request():  # type: ignore[no-untyped-def]
+    from ksearch_ray.search.policy import PlanRequest
+    from ksearch_ray.taskspec.task import find_task
+    from ksearch_ray.worldmodel.tree import new_tree
+
+    task = find_task("toy_axpy", [str(Path(__file__).parent / "data")])
+    return PlanRequest(kind="initialize_tree", task=task.definition, tree=new_tree("toy_axpy"), hardware="cpu",
+                       language="triton", node_id="root")
+
+
+def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_again_without() -> None:
+    from ksearch_ray.llm.policy import LLMPolicy
+    from ksearch_ray.llm.types import fatal_error
+
+    ops = [{"op": "add_question", "text": "which tunable matters?"}]
+    script = [HTTPError(400, "response_format json_schema is not supported by this model"),
+              Completion(json.dumps({"ops": ops}))]
+    with FakeLLMServer(script) as server:
+        policy = LLMPolicy(config_for(server, structured_output="on"))
+        reply = asyncio.run(policy.plan(_plan_request()))
+        first, second = (r.body for r in server.chat_requests)
+    assert first["response_format"]["type"] == "json_schema" and "response_format" not in second
+    assert reply.ops == ops and reply.error is None
+    assert reply.calls[0].error_kind == "unsupported" and not any(fatal_error(c) for c in reply.calls)
+
+
+def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> None:
+    from ksearch_ray.llm.policy import LLMPolicy
+
+    script = [Completion('```json\n[{"op": "update", "node": "n99", "score": 0.5}]\n```'),
+              Completion('```json\n[{"op": "add_question", "text": "q"}]\n```')]
+    with FakeLLMServer(script) as server:
+        reply = asyncio.run(LLMPolicy(config_for(server, structured_output="off")).plan(_plan_request()))
+        followup = server.chat_requests[1].body["messages"]
+    assert reply.ops == [{"op": "add_question", "text": "q"}] and len(reply.calls) == 2
+    assert followup[-2]["role"] == "assistant" and "no node n99 in the tree" in followup[-1]["content"]
+    assert any("asked again" in note for note in reply.notes)

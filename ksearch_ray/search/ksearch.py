@@ -38,6 +38,15 @@ class KSearch:
                 await self._continue_from_best(s, reply.error or "the first plan held no action that could start")
         running: dict[asyncio.Task[None], str] = {}
         for record in s.state.open_cycles:  # cycles a killed driver left half-done
+            settled = bool(record.steps & {"attached", "marked", "released"})  # its lease ended with that step
+            held = s.tree().leases.get(record.node_id)
+            if not settled and (held is None or held.holder != record.cycle_id):
+                s.store.append("cycle_end", cycle=record.cycle_id, node=record.node_id, passed=False,
+                               attempts=len(record.attempts), abandoned="its lease was gone")
+                record.ended = True
+                continue
+            if not settled:  # the session that held it is gone: renew before it can expire under it
+                await s.wm("renew", ids=[record.node_id], holder=record.cycle_id, now=s.clock(), ttl=s.config.lease_ttl_s)
             running[asyncio.create_task(ActionCycle(s, record).run())] = record.cycle_id
         s.set_phase("searching")
         while True:

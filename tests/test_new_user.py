@@ -88,7 +88,7 @@ def test_readme_main_job_and_eval_with_a_relative_work_dir(home):
 @pytest.mark.slow
 def test_trimul_search_from_a_fresh_directory(home):
     result = ksearch(home, "run", "--task", "trimul", "--width", "2", "--rounds", "2", "--workloads", "smoke",
-                     "--confirm-repeats", "1")
+                     "--noise-repeats", "1", "--confirm-repeats", "0")
     assert result.returncode == 0, result.stderr + result.stdout
     events = _events(_only_run(home))
     assert [e["result"]["status"] for e in events if e["kind"] == "evaluation"] == ["PASSED", "PASSED"]

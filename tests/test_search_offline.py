@@ -23,7 +23,8 @@ def test_offline_policy_improves_a_mistuned_trimul_seed_on_cpu(ray_session, tmp_
     start_file = tmp_path / "submission.py"
     start_file.write_text(rewrite_tunables(seed, {"BLOCK_M": 32, "BLOCK_N": 32}))
     config = RunConfig(task="trimul", device="cpu", evaluator_gpus=True, width=2, rounds=10, stagnation_window=2,
-                       workloads="smoke", from_solution=str(start_file), run_dir=str(tmp_path / "run"), progress=False)
+                       workloads="smoke", from_solution=str(start_file), run_dir=str(tmp_path / "run"), progress=False,
+                       noise_repeats=1, confirm_repeats=0)
     run_dir, state = start(config, progress=False)
     events = RunStore(run_dir).read_events()
     seeded = next(e for e in events if e["kind"] == "seed")

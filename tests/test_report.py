@@ -59,13 +59,41 @@ def events_of(run_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------------------- an offline run, watched
 
 
+class Lines:
+    """A process's standard output, line by line as it comes, with the time each line arrived."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+        self.lines: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for at, line in self.lines:
+                if text in line:
+                    return at
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {text!r} within {timeout_s} s: {self.text()}")
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
 @dataclass
 class WatchedRun:
     cwd: Path
     run_dir: Path
-    run_output: str
-    follow: subprocess.CompletedProcess[str]
-    events_when_followed: int
+    follow: Lines
+    follow_started: float
+    follow_returncode: int
+    follow_stderr: str
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +108,24 @@ def watched(tmp_path_factory) -> WatchedRun:
         assert run.poll() is None, run.communicate()
         assert time.monotonic() < deadline, "the run never created its directory"
         time.sleep(0.2)
-    seen = len((run_dir / "events.jsonl").read_text().splitlines()) if (run_dir / "events.jsonl").exists() else 0
-    follow = ksearch_popen("show", "--follow", "runs/toy", cwd=cwd)
+    proc = ksearch_popen("show", "--follow", "runs/toy", cwd=cwd)
+    follow = Lines(proc)
+    started = follow.wait_for("following runs/toy")
     run_out, run_err = run.communicate(timeout=600)
     assert run.returncode == 0, run_out + run_err
-    out, err = follow.communicate(timeout=60)  # it must stop by itself once the run has ended
-    return WatchedRun(cwd, run_dir, run_out + run_err, subprocess.CompletedProcess(follow.args, follow.returncode, out, err), seen)
+    proc.wait(timeout=60)  # it must stop by itself once the run has ended
+    follow.thread.join(10)
+    assert proc.stderr is not None
+    return WatchedRun(cwd, run_dir, follow, started, proc.returncode, proc.stderr.read())
 
 
 @pytest.mark.slow
 def test_follow_prints_each_evaluation_of_a_live_run_and_stops_when_it_ends(watched):
     events = events_of(watched.run_dir)
-    assert watched.events_when_followed < len(events) and not any(e["kind"] == "run_end" for e in events[:watched.events_when_followed])
-    assert watched.follow.returncode == 0, watched.follow.stderr
-    lines = watched.follow.stdout.splitlines()
     evaluations = [e for e in events if e["kind"] == "evaluation"]
+    assert watched.follow_started < evaluations[-1]["t"]  # it was watching while the run went on
+    assert watched.follow_returncode == 0, watched.follow_stderr
+    lines = watched.follow.text().splitlines()
     for ev in evaluations:
         status = ev["result"]["status"]
         assert any(f"round {ev['round']} " in line and status in line for line in lines), (ev["round"], lines)
@@ -109,26 +140,28 @@ def test_follow_reads_a_line_being_written_and_stops_on_ctrl_c_with_one_line(wat
     shutil.copytree(watched.run_dir, run_dir, ignore=shutil.ignore_patterns("sandbox"))
     raw = (run_dir / "events.jsonl").read_bytes().splitlines(keepends=True)
     first_eval = next(i for i, line in enumerate(raw) if b'"kind": "evaluation"' in line)
-    # The log as a killed or busy driver leaves it: the first evaluation only half written.
-    (run_dir / "events.jsonl").write_bytes(b"".join(raw[:first_eval]) + raw[first_eval][:40])
-    follow = ksearch_popen("show", "--follow", "copy", cwd=tmp_path)
-    try:
-        time.sleep(4)
-        assert follow.poll() is None
-        with open(run_dir / "events.jsonl", "ab") as f:  # the writer finishes the line, and one more event
-            f.write(raw[first_eval][40:])
-            f.write(raw[first_eval + 1])
-        time.sleep(2)
-        os.killpg(follow.pid, signal.SIGINT)
-        out, err = follow.communicate(timeout=30)
-    finally:
-        if follow.poll() is None:
-            os.killpg(follow.pid, signal.SIGKILL)
-    assert follow.returncode == 130
-    assert err.strip() == "stopped following copy; the run itself goes on"
     ev = json.loads(raw[first_eval])
-    assert sum(f"round {ev['round']} " in line for line in out.splitlines()) == 1, out
-    assert "run ended" not in out
+    # The log as a busy driver leaves it: the first evaluation only half written.
+    (run_dir / "events.jsonl").write_bytes(b"".join(raw[:first_eval]) + raw[first_eval][:40])
+    proc = ksearch_popen("show", "--follow", "copy", cwd=tmp_path)
+    follow = Lines(proc)
+    try:
+        follow.wait_for("baseline PASSED")
+        time.sleep(1.5)  # a few polls over the half line
+        assert f"round {ev['round']} " not in follow.text()
+        with open(run_dir / "events.jsonl", "ab") as f:  # the writer finishes the line
+            f.write(raw[first_eval][40:])
+        follow.wait_for(f"round {ev['round']} ")
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    follow.thread.join(10)
+    assert proc.returncode == 130
+    assert proc.stderr is not None and proc.stderr.read().strip() == "stopped following copy; the run itself goes on"
+    assert sum(f"round {ev['round']} " in line for line in follow.text().splitlines()) == 1
+    assert "run ended" not in follow.text()
 
 
 @pytest.mark.slow
@@ -141,6 +174,25 @@ def test_show_and_report_take_relative_paths_from_the_users_directory(watched):
     assert (watched.run_dir / "report.html").is_file() and "wrote runs/toy/report.html" in made.stderr
     html = (watched.run_dir / "report.html").read_text()
     assert "finished: rounds" in html and "No LLM calls" in html
+
+
+@pytest.mark.slow
+def test_follow_in_a_terminal_draws_a_finished_run_once_and_returns(watched):
+    screen = _in_a_terminal(["show", "--follow", "runs/toy"], 80, watched.cwd)
+    assert "finished (rounds)" in screen and "recent evaluations" in screen and "Traceback" not in screen
+
+
+def test_report_of_a_run_that_has_only_just_started_says_what_is_missing(tmp_path):
+    from ksearch_ray.report.html import render
+    from ksearch_ray.report.tables import Run
+
+    run_dir = tmp_path / "fresh"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "fresh", "created": time.time(), "config": {"task": "toy_axpy", "rounds": 5}}))
+    html = render(Run.load(run_dir))
+    for said in ("not finished", "Nothing has been measured yet.", "The world model has not been created yet.",
+                 "No evaluations yet.", "The baseline has not been measured yet.", "No LLM calls", "No best solution yet."):
+        assert said in html, said
 
 
 def test_show_and_report_refuse_what_is_not_a_run_in_one_line(tmp_path):

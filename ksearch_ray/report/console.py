@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -36,7 +37,8 @@ def print_table(console: Console, table: Table) -> None:
         return
     wide = Console(file=io.StringIO(), width=100_000, color_system=None)
     wide.print(table)
-    console.print(wide.file.getvalue().rstrip("\n"), markup=False, highlight=False, soft_wrap=True)  # type: ignore[attr-defined]
+    text = "\n".join(line.rstrip() for line in wide.file.getvalue().splitlines())  # type: ignore[attr-defined]
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def say(console: Console, text: str, *, markup: bool = False) -> None:
@@ -85,7 +87,7 @@ def workload_speedups(result: EvalResult, base: EvalResult) -> dict[str, float]:
 def print_eval(console: Console, result: EvalResult, base: EvalResult | None, speedup: float | None) -> None:
     print_table(console, eval_table(result, base))
     if not result.passed:
-        say(console, f"[bold red]{result.status.value}[/]: {result.message}", markup=True)
+        say(console, f"[bold red]{result.status.value}[/]: {escape(result.message)}", markup=True)
         if result.log:
             say(console, result.log)
         return
@@ -105,9 +107,9 @@ def print_eval(console: Console, result: EvalResult, base: EvalResult | None, sp
 def print_tasks(console: Console, entries: list[TaskEntry], device: str) -> None:
     """`ksearch tasks`: one block per task; the name alone on its first line, ready to copy."""
     for entry in entries:
-        say(console, f"[bold]{entry.name}[/]", markup=True)
+        say(console, f"[bold]{escape(entry.name)}[/]", markup=True)
         if entry.error:
-            say(console, f"  [red]cannot be loaded: {entry.error}[/]", markup=True)
+            say(console, f"  [red]cannot be loaded: {escape(entry.error)}[/]", markup=True)
         else:
             sets = ", ".join(
                 f"{s.name} ({s.workloads}" + (f", as {s.resolved}" if s.resolved != s.name else "") + (", default" if s.default else "") + ")"
@@ -123,7 +125,8 @@ def print_tasks(console: Console, entries: list[TaskEntry], device: str) -> None
 
 
 def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t: float | None = None) -> list[str]:
-    lines = [f"{summary.run_id} · task {summary.task} · method {summary.method} · {summary.policy} · {summary.hardware}"]
+    facts = (summary.run_id, f"task {summary.task}", f"method {summary.method}", summary.policy, summary.hardware)
+    lines = [" · ".join(f for f in facts if f)]
     if summary.finished:
         state = f"finished ({summary.finished})"
     else:
@@ -171,6 +174,8 @@ def print_run(console: Console, run: Run) -> None:
     tree = run.tree
     if tree is not None:
         say(console, render_tree(tree))
+    elif run.keeps_world_model:
+        say(console, "(no world model yet)")
     else:
         say(console, f"(this run keeps no world model: method {run.method})")
     best = run.best
@@ -231,7 +236,7 @@ def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
     if kind == "evaluation":
         result = ev.get("result") or {}
         status = result.get("status", "?")
-        line = f"{at} round {ev.get('round')} {where} {status}"
+        line = f"{at} round {ev.get('round', '?')} {where} {status}"
         if ev.get("speedup") is not None:
             line += f" {format_speedup(ev['speedup'])}"
         if status != Status.PASSED.value and result.get("message"):
@@ -239,7 +244,7 @@ def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
         return line
     if kind == "candidate" and not ev.get("solution_id"):
         error = (ev.get("error") or "no code came back").splitlines()[0]
-        return f"{at} round {ev.get('round')} {where} {NO_CODE}: {error}"
+        return f"{at} round {ev.get('round', '?')} {where} {NO_CODE}: {error}"
     if kind == "best":
         return f"{at} new best: {format_speedup(ev.get('speedup'))} over the baseline (node {ev.get('node')}, round {ev.get('round')})"
     if kind == "baseline":

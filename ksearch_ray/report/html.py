@@ -159,6 +159,8 @@ def _progress(run: Run) -> str:
 
 def _world_model(run: Run) -> str:
     tree = run.tree
+    if tree is None and run.keeps_world_model:
+        return _empty("The world model has not been created yet.")
     if tree is None:
         return _empty(f"This run keeps no world model (method {run.method}).")
     counts: dict[str, int] = {}

@@ -28,6 +28,10 @@ ERROR_LINES = 4
 """Lines of an evaluation's error kept in the tables: enough to recognise it, short enough to scan."""
 
 
+WORLD_MODEL_METHOD = "ksearch"
+"""The search method that keeps a world model; runs made before methods were named are this one."""
+
+
 class Origin:
     """What an evaluation was of (the `origin` column)."""
 
@@ -82,7 +86,11 @@ class Run:
 
     @property
     def method(self) -> str:
-        return str(self.config.get("method") or "ksearch")
+        return str(self.config.get("method") or WORLD_MODEL_METHOD)
+
+    @property
+    def keeps_world_model(self) -> bool:
+        return self.method == WORLD_MODEL_METHOD
 
     @property
     def policy(self) -> str:
@@ -246,7 +254,10 @@ class Run:
         round, running time and LLM spend at which it was found."""
         rows: list[dict[str, Any]] = []
         seed = self.seed
-        if seed and seed.get("speedup") and (seed.get("result") or {}).get("status") == Status.PASSED.value:
+        seed_is_logged_best = seed is not None and any(
+            ev.get("kind") == "best" and ev.get("solution_id") == seed["solution_id"] for ev in self.events
+        )
+        if seed and seed.get("speedup") and (seed.get("result") or {}).get("status") == Status.PASSED.value and not seed_is_logged_best:
             rows.append({"seq": seed["seq"], "round": 0, "speedup": float(seed["speedup"]), "solution_id": seed["solution_id"],
                          "node": "root"})
         for ev in self.events:

@@ -271,7 +271,7 @@ def _follow(run_dir: Path) -> None:
     try:
         follow(run_dir, out)
     except KeyboardInterrupt:
-        err.print(f"stopped following {run_dir}; the run itself goes on", highlight=False, soft_wrap=True)
+        err.print(f"stopped following {run_dir}; the run itself goes on", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
 
 
@@ -285,18 +285,16 @@ def report(
     from ksearch_ray.report.tables import Run
     from ksearch_ray.search.store import RunDirError
 
-    try:
-        run = Run.load(run_dir)
-    except RunDirError as exc:
-        fail(str(exc))
     target = out_file or run_dir / "report.html"
     if target.is_dir():
         fail(f"--out {target} is a directory; name the HTML file to write")
     try:
-        write_report(run, target)
+        write_report(Run.load(run_dir), target)
+    except RunDirError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {target}: {exc.strerror or exc}")
-    err.print(f"wrote {target}", highlight=False, soft_wrap=True)
+    err.print(f"wrote {target}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -102,7 +102,7 @@ def watched(tmp_path_factory) -> WatchedRun:
     cwd = tmp_path_factory.mktemp("user")
     run_dir = cwd / "runs" / "toy"
     run = ksearch_popen("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--rounds", "4",
-                        "--width", "1", "--run-dir", str(run_dir), "--no-progress", cwd=cwd)
+                        "--width", "1", "--run-dir", "runs/toy", "--no-progress", cwd=cwd)
     deadline = time.monotonic() + 300
     while not (run_dir / "manifest.json").exists():
         assert run.poll() is None, run.communicate()
@@ -146,7 +146,7 @@ def test_follow_reads_a_line_being_written_and_stops_on_ctrl_c_with_one_line(wat
     proc = ksearch_popen("show", "--follow", "copy", cwd=tmp_path)
     follow = Lines(proc)
     try:
-        follow.wait_for("baseline PASSED")
+        follow.wait_for(" baseline on evaluator 0 PASSED")
         time.sleep(1.5)  # a few polls over the half line
         assert f"round {ev['round']} " not in follow.text()
         with open(run_dir / "events.jsonl", "ab") as f:  # the writer finishes the line
@@ -294,8 +294,9 @@ def test_report_is_one_self_contained_file_that_tells_the_story(llm_run, tmp_pat
     for section in ("Outcome", "Best so far", "World model", "Evaluations", "per workload", "LLM ledger", "Best kernel", "Settings"):
         assert section in html
     assert "<svg" in html and "fuse it &lt;img src=x" in html and HOSTILE not in html
-    evaluated = [e for e in events if e["kind"] == "evaluation"]
-    assert html.count("<tr data-status=") == len(evaluated) + sum(1 for e in events if e["kind"] == "candidate" and not e["solution_id"]) + 1
+    measured = [e for e in events if e["kind"] in ("baseline", "seed_failed", "seed_repeat", "evaluation") or
+                e["kind"] == "seed" and e["solution_id"] or e["kind"] == "candidate" and not e["solution_id"]]
+    assert html.count("<tr data-status=") == len(measured)
     assert "SyntaxError" in html or "invalid syntax" in html or "expected ':'" in html  # the first lines of the compile error
     best = next(e for e in reversed(events) if e["kind"] == "best")
     assert f"Solution <code>{best['solution_id']}</code>" in html

@@ -20,6 +20,7 @@ from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.report.listing import TaskEntry
 from ksearch_ray.report.summary import RunSummary, summarize
 from ksearch_ray.report.tables import NO_CODE, Origin, Run
+from ksearch_ray.search.measure import format_noise, with_noise
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
 RECENT = 8
@@ -129,6 +130,8 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     lines = [" · ".join(f for f in facts if f)]
     if summary.finished:
         state = f"finished ({summary.finished})"
+    elif summary.stopped:
+        state = f"stopped ({summary.stopped}); `ksearch resume {summary.run_dir}` continues it"
     else:
         age = f", last event {duration((now or time.time()) - last_event_t)} ago" if last_event_t else ""
         state = f"not finished{age} (running, or stopped: `ksearch resume {summary.run_dir}` continues it)"
@@ -140,13 +143,21 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     lines.append(f"candidates: {outcomes}")
     if summary.llm_calls:
         lines.append(f"LLM: {summary.llm_calls} calls, {summary.llm_tokens} tokens, ${summary.llm_cost_usd:.2f}")
-    seed = f"; seed {format_speedup(summary.seed['speedup'])}" if summary.seed else ""
+    noise = summary.noise
+    seed = summary.seed
+    seed_text = f"; seed {with_noise(seed['speedup'], noise)}" if seed else ""
     best = summary.best
-    if best:
-        lines.append(f"best: {format_speedup(best.get('speedup'))} over the baseline, node {best.get('node')}, "
-                     f"round {best.get('round')}, solution {best.get('solution_id')}{seed}")
+    if best and seed and best.get("solution_id") == seed.get("solution_id"):
+        lines.append(f"best: the seed, {with_noise(best.get('speedup'), noise)} over the baseline; nothing faster found yet")
+    elif best:
+        lines.append(f"best: {with_noise(best.get('speedup'), noise)} over the baseline, node {best.get('node')}, "
+                     f"round {best.get('round')}, solution {best.get('solution_id')}{seed_text}")
     else:
-        lines.append(f"best: none yet{seed}")
+        lines.append(f"best: none yet{seed_text}")
+    lines.append(f"measurement {format_noise(noise)} (repeated measurements of one kernel disagree by this much)")
+    for confirm in summary.confirmed:
+        where = f" on {confirm['gpu']}" if len(summary.confirmed) > 1 else ""
+        lines.append(f"re-timed{where}, interleaved with the baseline: {confirm.get('verdict')}")
     return lines
 
 
@@ -249,11 +260,18 @@ def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
         return f"{at} new best: {format_speedup(ev.get('speedup'))} over the baseline (node {ev.get('node')}, round {ev.get('round')})"
     if kind == "baseline":
         result = ev.get("result") or {}
-        return f"{at} baseline {result.get('status', '?')}, score {_fmt(result.get('score'))}"
+        on = f" on evaluator {ev['evaluator']}" if ev.get("evaluator") is not None else ""
+        return f"{at} baseline{on} {result.get('status', '?')}, score {_fmt(result.get('score'))}"
     if kind == "seed" and ev.get("solution_id"):
         return f"{at} seed {(ev.get('result') or {}).get('status', '?')}, {format_speedup(ev.get('speedup'))} over the baseline"
+    if kind == "seed_failed":
+        return f"{at} seed {(ev.get('result') or {}).get('status', '?')}: the starting solution does not pass"
+    if kind == "confirm":
+        return f"{at} re-timed against the baseline: {ev.get('verdict')}"
     if kind == "resume":
         return f"{at} resumed"
+    if kind == "stopped":
+        return f"{at} session stopped: {ev.get('reason')}"
     if kind == "run_end":
         return f"{at} run ended: {ev.get('reason')}"
     return None

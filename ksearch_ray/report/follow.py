@@ -3,7 +3,8 @@
 It reads the run directory only (tailing events.jsonl by polling), so it works from another
 terminal, over SSH, or on the head node while a `ray job submit` run writes there. In a
 terminal it redraws a live view; anywhere else it prints one plain line per evaluation, best
-and end, like a log. It stops when the run ends (a `run_end` after the last `resume`).
+and end, like a log. It stops when the run ends (a `run_end` after the last `resume`) or its session stops early
+(a `stopped` event: an error or Ctrl-C in the driver; `ksearch resume` continues it).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def follow(run_dir: Path, console: Console, *, poll_s: float = POLL_S) -> None:
 def _follow_live(run: Run, tail: EventTail, console: Console, poll_s: float) -> None:
     with Live(live_view(run), console=console, auto_refresh=False, transient=False) as live:
         drawn = time.monotonic()
-        while run.finished is None:
+        while not run.over:
             time.sleep(poll_s)
             new = tail.read_new()
             if new:
@@ -90,7 +91,7 @@ def _follow_lines(run: Run, tail: EventTail, console: Console, poll_s: float) ->
     for line in _header(run):
         say(console, line)
     _print_events(run, run.events, console)
-    while run.finished is None:
+    while not run.over:
         time.sleep(poll_s)
         new = tail.read_new()
         if new:

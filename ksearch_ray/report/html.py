@@ -19,6 +19,7 @@ import ksearch_ray
 from ksearch_ray.models import Status
 from ksearch_ray.report import svg
 from ksearch_ray.report.tables import NO_CODE, Origin, Run
+from ksearch_ray.search.measure import format_noise, with_noise
 from ksearch_ray.worldmodel.render import format_speedup
 from ksearch_ray.worldmodel.tree import (
     ROOT_ID,
@@ -82,23 +83,24 @@ NAV = [("outcome", "Outcome"), ("progress", "Best so far"), ("world-model", "Wor
 
 def _outcome(run: Run, now: float) -> str:
     cfg = run.config
-    finished = run.finished
-    if finished is not None:
-        state = f'<span class="pill ok">finished: {h(finished)}</span>'
+    if run.finished is not None:
+        state = f'<span class="pill ok">finished: {h(run.finished)}</span>'
+    elif run.stopped is not None:
+        state = (f'<span class="pill bad">stopped: {h(run.stopped)}</span> the last session ended early; '
+                 f"<code>ksearch resume {h(str(run.root.resolve()))}</code> continues it")
     else:
         age = f"; its last event is {_duration(now - run.last_event_t)} older than this report" if run.last_event_t else ""
-        state = (f'<span class="pill warn">not finished</span> running, or stopped before it could end '
+        state = (f'<span class="pill warn">not finished</span> running, or killed before it could say '
                  f"(<code>ksearch resume</code> continues it){h(age)}")
-    best = run.best
-    seed = run.seed
-    if best is not None:
-        best_text = (f"<b>{h(format_speedup(best.get('speedup')))}</b> over the baseline "
-                     f"(node {h(best.get('node'))}, round {h(best.get('round'))})")
-    else:
-        best_text = "no passing candidate yet"
-    seed_text = ""
-    if seed is not None:
-        seed_text = f"; the seed it started from: {h(format_speedup(seed.get('speedup')))}"
+    rows = [("state", state), ("best", _best_text(run))]
+    noise = run.noise()
+    rows.append(("noise", h(f"{format_noise(noise)}: how far repeated measurements of one unchanged kernel disagree"
+                            + (f" on {run.best['gpu']}" if run.best and run.best.get("gpu") else "")
+                            + "; a smaller difference between two speedups is not evidence of anything")))
+    for gpu, confirm in sorted(run.confirms.items()):
+        where = f" on {gpu}" if gpu else ""
+        rows.append((f"re-timed{h(where)}", h(f"{len(confirm.get('repeats') or [])}x, interleaved with the baseline: "
+                                               f"{confirm.get('verdict')}")))
     counts = run.status_counts()
     count_text = " ".join(
         f'<span class="pill {_status_class(s)}">{h(s)} {n}</span>' for s, n in counts.items()
@@ -109,9 +111,7 @@ def _outcome(run: Run, now: float) -> str:
         llm_text = f"{calls.height} calls, {run.llm_tokens:,} tokens, ${run.llm_cost_usd:.2f}{unpriced}"
     else:
         llm_text = "no LLM calls" + (" (offline policy)" if not cfg.get("model") else " yet")
-    rows = [
-        ("state", state),
-        ("best", best_text + seed_text),
+    rows += [
         ("rounds", f"{run.rounds_used} of {h(cfg.get('rounds', '?'))} (code generations)"),
         ("candidate outcomes", count_text),
         ("LLM", h(llm_text)),
@@ -122,6 +122,18 @@ def _outcome(run: Run, now: float) -> str:
                                 "they rank variants on this machine only"))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="facts">{body}</table>'
+
+
+def _best_text(run: Run) -> str:
+    best, seed, noise = run.best, run.seed, run.noise()
+    seed_text = f"; the seed it started from: {h(with_noise(seed.get('speedup'), noise))}" if seed else ""
+    if best is None:
+        return "no passing candidate yet" + seed_text
+    speed = f"<b>{h(with_noise(best.get('speedup'), noise))}</b> over the baseline"
+    if seed and best.get("solution_id") == seed.get("solution_id"):
+        return f"the seed, {speed}: nothing faster has been found"
+    where = f" on {best['gpu']}" if best.get("gpu") else ""
+    return f"{speed}{h(where)} (node {h(best.get('node'))}, round {h(best.get('round'))}){seed_text}"
 
 
 def _progress(run: Run) -> str:
@@ -213,7 +225,9 @@ def _evaluations(run: Run) -> str:
     statuses = frame["status"].unique(maintain_order=True).to_list()
     buttons = "".join(f'<button type="button" class="filter pill {_status_class(s)}" data-status="{h(s)}" aria-pressed="true">{h(s)}</button>'
                       for s in statuses)
-    header = ["event", "round", "of", "cycle", "node", "status", "speedup", "score", "eval s", "at", "solution", "error (first lines)"]
+    several_gpus = frame["gpu"].drop_nulls().n_unique() > 1
+    header = ["event", "round", "of", "cycle", "node", "status", "speedup", "score", "eval s", "at", "solution",
+              *(["GPU"] if several_gpus else []), "error (first lines)"]
     rows = []
     for r in frame.iter_rows(named=True):
         node = r["node"] or ""
@@ -226,25 +240,28 @@ def _evaluations(run: Run) -> str:
             _cell(f"{r['seconds']:.1f}" if r["seconds"] is not None else "", r["seconds"]),
             _cell(_duration(r["elapsed_s"]) if r["elapsed_s"] is not None else "", r["elapsed_s"]),
             f'<td><code>{h(r["solution_id"] or "")}</code></td>',
+            *([_cell(r["gpu"] or "")] if several_gpus else []),
             f'<td><pre class="err">{h(r["error"])}</pre></td>' if r["error"] else "<td></td>",
         ]
         rows.append(f'<tr data-status="{h(r["status"])}">{"".join(cells)}</tr>')
-    clock = "score: the task's score (geomean latency in ms for latency tasks; lower is better)"
-    return (f'<p class="filters">Show: {buttons}</p><p class="hint">Click a column heading to sort. {h(clock)}. '
-            f'{h(NO_CODE)}: the round produced no code to evaluate.</p>'
+    hint = (f"Click a column heading to sort. Score: the task's score (geomean latency in ms for latency tasks; lower is "
+            f"better). Speedups are against the baseline measured on the same evaluator in the same session; measurement "
+            f"{format_noise(run.noise())}. {NO_CODE}: the round produced no code to evaluate.")
+    return (f'<p class="filters">Show: {buttons}</p><p class="hint">{h(hint)}</p>'
             f'<div class="scroll"><table class="sortable data"><thead><tr>{"".join(f"<th>{c}</th>" for c in header)}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def _workloads(run: Run) -> str:
     frame = run.workload_comparison()
-    if run.baseline is None:
+    base = run.best_baseline()
+    if base is None:
         return _empty("The baseline has not been measured yet.")
     if run.best is None:
         return _empty("No best solution yet.")
     if not frame.height or frame["best_ms"].is_null().all():
         return _empty("The best solution's per-workload timings are not in the log.")
-    clock = ("GPU latency (CUDA events)" if run.baseline.device == "cuda"
+    clock = ("GPU latency (CUDA events)" if base.device == "cuda"
              else "host wall-clock in Triton's interpreter (CPU path), not GPU latency")
     best_max = max(float(frame["speedup"].drop_nulls().max() or 1.0), 1.0)  # type: ignore[arg-type]
     rows = []
@@ -255,7 +272,8 @@ def _workloads(run: Run) -> str:
             f"<tr>{_cell(r['workload'], wrap=True)}{_cell(_ms(r['baseline_ms']), r['baseline_ms'])}{_cell(_ms(r['best_ms']), r['best_ms'])}"
             f"{_cell(format_speedup(ratio) if ratio else '', ratio)}<td class=\"barcell\">{bar}</td></tr>"
         )
-    return (f"<p>Mean latency per workload, {h(clock)}; baseline <code>{h(run.baseline.solution_name)}</code>.</p>"
+    return (f"<p>Mean latency per workload, {h(clock)}; baseline <code>{h(base.solution_name)}</code>, measured on the "
+            f"same evaluator in the same session as the best.</p>"
             f'<table class="sortable data"><thead><tr><th>workload</th><th>baseline ms</th><th>best ms</th><th>speedup</th>'
             f"<th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
@@ -298,7 +316,7 @@ def _code(run: Run) -> str:
     plain = run.root / "best"
     where = (f"<p>Also written as plain files in <code>{h(str(plain.resolve()))}</code>.</p>" if plain.is_dir() else "")
     files = "".join(f"<h3>{h(name)}</h3><pre class=\"code\"><code>{h(text)}</code></pre>" for name, text in solution.sources.items())
-    return (f"<p>{h(format_speedup(best.get('speedup')))} over the baseline. Solution <code>{h(solution.id)}</code> "
+    return (f"<p>{h(with_noise(best.get('speedup'), run.noise()))} over the baseline. Solution <code>{h(solution.id)}</code> "
             f"({h(solution.language)}, entry <code>{h(solution.entry_file)}::{h(solution.entry_point)}</code>), "
             f"written by {h(solution.author)}.</p>"
             + (f"<p>{h(solution.description)}</p>" if solution.description else "") + where + files)

@@ -37,7 +37,12 @@ class Origin:
 
     BASELINE = "baseline"
     SEED = "seed"
+    SEED_REPEAT = "seed repeat"
     CANDIDATE = "candidate"
+
+
+ORIGINS = {"baseline": Origin.BASELINE, "seed": Origin.SEED, "seed_failed": Origin.SEED, "evaluation": Origin.CANDIDATE}
+"""Events that carry a full evaluation result, and what it was of."""
 
 
 def first_lines(text: str | None, n: int = ERROR_LINES) -> str:
@@ -78,7 +83,12 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        return dict(self.manifest.get("config") or {})
+        """The manifest's configuration, with the budgets later sessions changed (`ksearch resume --rounds`)."""
+        config = dict(self.manifest.get("config") or {})
+        for ev in self.events:
+            if ev.get("kind") == "resume":
+                config.update(ev.get("budget") or {})
+        return config
 
     @property
     def run_id(self) -> str:
@@ -101,13 +111,33 @@ class Run:
     def _last(self, kind: str) -> dict[str, Any] | None:
         return next((ev for ev in reversed(self.events) if ev.get("kind") == kind), None)
 
+    def _since_last_resume(self, kind: str) -> dict[str, Any] | None:
+        """The last `kind` event of the current session (none if a `resume` came after it)."""
+        for ev in reversed(self.events):
+            if ev.get("kind") == "resume":
+                return None
+            if ev.get("kind") == kind:
+                return ev
+        return None
+
     @property
     def finished(self) -> str | None:
-        """Why the run ended, or None while it runs (or was stopped before it could say)."""
-        end, resume = self._last("run_end"), self._last("resume")
-        if end is None or (resume is not None and resume["seq"] > end["seq"]):
+        """Why the run ended, or None while it runs (or after its session stopped early)."""
+        end = self._since_last_resume("run_end")
+        return None if end is None else str(end.get("reason") or "ended")
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the last session stopped before the run ended (an error, Ctrl-C); it can be resumed."""
+        if self.finished is not None:
             return None
-        return str(end.get("reason") or "ended")
+        ev = self._since_last_resume("stopped")
+        return None if ev is None else str(ev.get("reason") or "stopped")
+
+    @property
+    def over(self) -> bool:
+        """Nothing more will be written unless someone resumes the run."""
+        return self.finished is not None or self.stopped is not None
 
     @property
     def resumes(self) -> int:
@@ -128,7 +158,8 @@ class Run:
 
     @cached_property
     def baseline(self) -> EvalResult | None:
-        ev = self._last("baseline")
+        """The run's first baseline measurement (every session measures it again on every evaluator)."""
+        ev = next((e for e in self.events if e.get("kind") == "baseline" and e.get("result")), None)
         return self._result(ev) if ev else None
 
     @cached_property
@@ -137,20 +168,78 @@ class Run:
         ev = self._last("seed")
         return ev if ev and ev.get("solution_id") else None
 
-    @property
+    @cached_property
     def best(self) -> dict[str, Any] | None:
-        """The last `best` event: solution_id, speedup, node, round (the keys that were written)."""
-        return self._last("best")
+        """The best so far: of the `best` events (one per improvement on each GPU type, the seed
+        first), the fastest; an equal one later does not replace it. Keys as written:
+        solution_id, speedup, node, round, gpu."""
+        best: dict[str, Any] | None = None
+        for ev in self.events:
+            if ev.get("kind") == "best" and ev.get("speedup") is not None and (best is None or ev["speedup"] > best["speedup"]):
+                best = ev
+        return best
 
-    def best_result(self) -> EvalResult | None:
-        """The evaluation that made the best solution best (its latest one, if measured twice)."""
+    def _best_evaluation(self) -> dict[str, Any] | None:
+        """The event that measured the best solution (its latest one, if it was measured twice)."""
         best = self.best
         if best is None:
             return None
         for ev in reversed(self.events):
             if ev.get("kind") in ("evaluation", "seed") and ev.get("solution_id") == best.get("solution_id") and ev.get("result"):
-                return self._result(ev)
+                return ev
         return None
+
+    def best_result(self) -> EvalResult | None:
+        ev = self._best_evaluation()
+        return self._result(ev) if ev else None
+
+    def best_baseline(self) -> EvalResult | None:
+        """The baseline the best was compared with: measured on the same evaluator, in the same session."""
+        ev = self._best_evaluation()
+        if ev is None:
+            return self.baseline
+        for base in reversed(self.events[: self.events.index(ev)]):
+            if base.get("kind") == "baseline" and base.get("result") and base.get("evaluator") == ev.get("evaluator"):
+                return self._result(base)
+        return self.baseline
+
+    @cached_property
+    def repeat_scores(self) -> pl.DataFrame:
+        """Every passing score measured, per GPU type and solution: kernels measured more than once
+        (the baseline each session, the seed's repeats, the final re-timing) give the noise."""
+        rows: list[dict[str, Any]] = []
+
+        def add(ev: dict[str, Any], solution_id: str | None, score: Any) -> None:
+            if solution_id and isinstance(score, int | float):
+                rows.append({"gpu": str(ev.get("gpu") or ""), "solution_id": solution_id, "score": float(score)})
+
+        for ev in self.events:
+            kind, result = ev.get("kind"), ev.get("result") or {}
+            if kind in ("baseline", "seed", "evaluation") and result.get("status") == Status.PASSED.value:
+                add(ev, ev.get("solution_id"), result.get("score"))
+            elif kind == "seed_repeat" and ev.get("status") == Status.PASSED.value:
+                add(ev, ev.get("solution_id"), ev.get("score"))
+            elif kind == "confirm":
+                for row in ev.get("repeats") or []:
+                    for role, solution_id in (row.get("ids") or {}).items():
+                        add(ev, solution_id, row.get(role))
+        return pl.DataFrame(rows, schema={"gpu": pl.Utf8, "solution_id": pl.Utf8, "score": pl.Float64})
+
+    def noise(self, gpu: str | None = None) -> float | None:
+        """The largest relative spread (max - min over median) among kernels measured more than once
+        on this GPU type (default: the best's): a smaller difference is not evidence of anything."""
+        from ksearch_ray.search.measure import relative_spread
+
+        gpu = (self.best or {}).get("gpu", "") if gpu is None else gpu
+        scores = self.repeat_scores.filter(pl.col("gpu") == (gpu or ""))
+        grouped = scores.group_by("solution_id").agg(pl.col("score"))
+        spreads = [s for values in grouped["score"].to_list() if (s := relative_spread(values)) is not None]
+        return max(spreads, default=None)
+
+    @property
+    def confirms(self) -> dict[str, dict[str, Any]]:
+        """GPU type -> the last `confirm` event: the best re-timed against the baseline, interleaved."""
+        return {str(ev.get("gpu") or ""): ev for ev in self.events if ev.get("kind") == "confirm"}
 
     def solution(self, solution_id: str) -> Solution | None:
         store = RunStore(self.root)
@@ -218,23 +307,30 @@ class Run:
         rows: list[dict[str, Any]] = []
         for ev in self.events:
             kind = ev.get("kind")
-            if kind in ("baseline", "seed", "evaluation") and ev.get("result"):
+            origin = ORIGINS.get(str(kind))
+            if origin is not None and ev.get("result"):
                 result = self._result(ev)
                 error = "" if result.passed else first_lines(f"{result.message}\n{result.log}")
                 rows.append({
-                    "seq": ev["seq"], "origin": {"baseline": Origin.BASELINE, "seed": Origin.SEED}.get(kind, Origin.CANDIDATE),
-                    "round": ev.get("round"), "cycle": ev.get("cycle"), "node": ev.get("node"),
-                    "solution_id": ev.get("solution_id") or result.solution_id, "status": result.status.value,
-                    "speedup": ev.get("speedup"), "score": result.score, "seconds": result.seconds, "error": error,
+                    "seq": ev["seq"], "origin": origin, "round": ev.get("round"), "cycle": ev.get("cycle"),
+                    "node": ev.get("node"), "gpu": ev.get("gpu"), "solution_id": ev.get("solution_id") or result.solution_id,
+                    "status": result.status.value, "speedup": ev.get("speedup"), "score": result.score,
+                    "seconds": result.seconds, "error": error,
+                })
+            elif kind == "seed_repeat":  # a repeat for the noise: only its status and score are kept
+                rows.append({
+                    "seq": ev["seq"], "origin": Origin.SEED_REPEAT, "round": None, "cycle": None, "node": None,
+                    "gpu": ev.get("gpu"), "solution_id": ev.get("solution_id"), "status": ev.get("status") or "?",
+                    "speedup": None, "score": ev.get("score"), "seconds": None, "error": "",
                 })
             elif kind == "candidate" and not ev.get("solution_id"):
                 rows.append({
                     "seq": ev["seq"], "origin": Origin.CANDIDATE, "round": ev.get("round"), "cycle": ev.get("cycle"),
-                    "node": ev.get("node"), "solution_id": None, "status": NO_CODE, "speedup": None, "score": None,
-                    "seconds": None, "error": first_lines(ev.get("error") or "no code came back"),
+                    "node": ev.get("node"), "gpu": None, "solution_id": None, "status": NO_CODE, "speedup": None,
+                    "score": None, "seconds": None, "error": first_lines(ev.get("error") or "no code came back"),
                 })
         schema = {
-            "seq": pl.Int64, "origin": pl.Utf8, "round": pl.Int64, "cycle": pl.Utf8, "node": pl.Utf8,
+            "seq": pl.Int64, "origin": pl.Utf8, "round": pl.Int64, "cycle": pl.Utf8, "node": pl.Utf8, "gpu": pl.Utf8,
             "solution_id": pl.Utf8, "status": pl.Utf8, "speedup": pl.Float64, "score": pl.Float64,
             "seconds": pl.Float64, "error": pl.Utf8,
         }
@@ -250,8 +346,8 @@ class Run:
 
     @cached_property
     def best_progress(self) -> pl.DataFrame:
-        """Best-so-far speedup: one row per improvement (the seed first, at round 0), with the
-        round, running time and LLM spend at which it was found."""
+        """Best-so-far speedup: one row per improvement of the run's best (the seed first, at round
+        0), with the round, running time and LLM spend at which it was found."""
         rows: list[dict[str, Any]] = []
         seed = self.seed
         seed_is_logged_best = seed is not None and any(
@@ -265,7 +361,9 @@ class Run:
                 rows.append({"seq": ev["seq"], "round": ev.get("round"), "speedup": float(ev["speedup"]),
                              "solution_id": ev.get("solution_id"), "node": ev.get("node")})
         frame = pl.DataFrame(rows, schema={"seq": pl.Int64, "round": pl.Int64, "speedup": pl.Float64,
-                                           "solution_id": pl.Utf8, "node": pl.Utf8})
+                                           "solution_id": pl.Utf8, "node": pl.Utf8}).sort("seq")
+        # Only what raised the run's best (a GPU type's own best can stay below another type's).
+        frame = frame.filter(pl.col("speedup") > pl.col("speedup").cum_max().shift(1).fill_null(0.0))
         return frame.join(self.timeline.select("seq", "elapsed_s", "cost_usd"), on="seq", how="left").sort("seq")
 
     @cached_property
@@ -312,7 +410,7 @@ class Run:
     def workload_comparison(self) -> pl.DataFrame:
         """Per-workload mean latency of the best solution against the baseline's (timed workloads only)."""
         schema = {"workload": pl.Utf8, "baseline_ms": pl.Float64, "best_ms": pl.Float64, "speedup": pl.Float64}
-        base, best = self.baseline, self.best_result()
+        base, best = self.best_baseline(), self.best_result()
         if base is None or best is None:
             return pl.DataFrame([], schema=schema)
 

@@ -16,10 +16,9 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from ksearch_ray.config import RunConfig
-from ksearch_ray.taskspec.task import TaskError, discover, find_task, solution_from_file
+from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.")
 out = Console()
@@ -59,23 +58,25 @@ def default_device() -> str:
 
 
 @app.command()
-def tasks(task_dir: TaskDirs = None, dataset: Datasets = None) -> None:
+def tasks(
+    task_dir: TaskDirs = None,
+    dataset: Datasets = None,
+    device: Annotated[str | None, typer.Option(help="Count the workloads that run on cuda or cpu (default: this machine).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False,
+) -> None:
     """List the task bundles that can be found, with their workloads and solutions."""
-    table = Table("task", "workload sets", "solutions", "path")
-    for name, root in sorted(discover(task_dirs(task_dir, dataset)).items()):
-        try:
-            task = find_task(str(root))
-            sets = ", ".join(
-                f"{s} ({len(task.workloads(s, 'cuda'))})" for s in task.definition.workload_sets if not s.endswith("-cpu")
-            )
-            sols = ", ".join(
-                name + (f" [dim](needs {', '.join(missing)})[/]" if (missing := task.missing_requirements(name)) else "")
-                for name in task.solution_names(include_unavailable=True)
-            )
-        except TaskError as exc:
-            sets, sols = f"[red]{exc}[/]", ""
-        table.add_row(name, sets, sols, str(root))
-    out.print(table)
+    from ksearch_ray.report.listing import list_tasks
+
+    device = device or default_device()
+    if device not in ("cuda", "cpu"):
+        fail(f"--device must be cuda or cpu, not {device!r}")
+    entries = list_tasks(task_dirs(task_dir, dataset), device)
+    if as_json:
+        print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
+        return
+    from ksearch_ray.report.console import print_tasks
+
+    print_tasks(out, entries, device)
 
 
 @app.command("eval")
@@ -143,10 +144,13 @@ def eval_(
         evaluator.close()
 
     if as_json:
+        from ksearch_ray.report.console import workload_speedups
+
         payload: dict[str, object] = {"result": result.model_dump(mode="json")}
         if base is not None:
             payload["baseline"] = base.model_dump(mode="json")
             payload["speedup"] = _speedup(base, result, task)
+            payload["workload_speedups"] = workload_speedups(result, base)
         print(json.dumps(payload, indent=2))
     else:
         from ksearch_ray.report.console import print_eval
@@ -237,16 +241,65 @@ def resume(
 
 
 @app.command()
-def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Print a run's world model, counters and best solution."""
+def show(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep redrawing as the run goes on; stops when it ends.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+) -> None:
+    """Print a run's counters, failures, world model and best kernel (from its run directory)."""
     from ksearch_ray.search.store import RunDirError
 
+    if follow and as_json:
+        fail("--follow and --json do not go together: --json prints one summary")
     try:
+        if follow:
+            _follow(run_dir)
+            return
+        from ksearch_ray.report.tables import Run
+
+        run = Run.load(run_dir)
+        if as_json:
+            from ksearch_ray.report.summary import summarize
+
+            print(summarize(run).model_dump_json(indent=2))
+            return
         from ksearch_ray.report.console import print_run
 
-        print_run(out, run_dir)
+        print_run(out, run)
     except RunDirError as exc:
         fail(str(exc))
+
+
+def _follow(run_dir: Path) -> None:
+    from ksearch_ray.report.follow import follow
+
+    try:
+        follow(run_dir, out)
+    except KeyboardInterrupt:
+        err.print(f"stopped following {run_dir}; the run itself goes on", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (finished or still running).")],
+    out_file: Annotated[Path | None, typer.Option("--out", help="HTML file to write (default: RUN_DIR/report.html).")] = None,
+) -> None:
+    """Write one self-contained HTML file that tells the story of a run: open it anywhere, offline."""
+    from ksearch_ray.report.html import write_report
+    from ksearch_ray.report.tables import Run
+    from ksearch_ray.search.store import RunDirError
+
+    target = out_file or run_dir / "report.html"
+    if target.is_dir():
+        fail(f"--out {target} is a directory; name the HTML file to write")
+    try:
+        write_report(Run.load(run_dir), target)
+    except RunDirError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {target}: {exc.strerror or exc}")
+    err.print(f"wrote {target}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

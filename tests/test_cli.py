@@ -74,9 +74,9 @@ def _dataset(tmp_path: Path) -> Path:
 
 def test_dataset_flag_loads_flashinfer_bench_files_and_evaluates_against_them(tmp_path):
     ds = _dataset(tmp_path)
-    listed = ksearch("tasks", "--dataset", str(ds))
+    listed = ksearch("tasks", "--dataset", str(ds), "--device", "cuda")  # on the CPU `all` runs as its -cpu twin
     assert listed.returncode == 0, listed.stderr
-    assert GQA in listed.stdout and "all (1)" in listed.stdout
+    assert GQA in listed.stdout.splitlines() and "all (1)" in listed.stdout
     result = ksearch("eval", "--task", GQA, "--dataset", str(ds), "reference", "--workloads", "all", "--device", "cpu",
                      "--max-calls", "3", "--json")
     assert result.returncode == 0, result.stderr
@@ -138,6 +138,7 @@ def test_against_measures_any_named_solution_side_by_side(tmp_path):
     payload = json.loads(result.stdout)
     assert payload["result"]["solution_name"] == "good" and payload["baseline"]["solution_name"] == "needs_json"
     assert payload["baseline"]["status"] == "PASSED" and payload["speedup"] > 0
+    assert set(payload["workload_speedups"]) == {w["workload"] for w in payload["result"]["workloads"]}
 
 
 def test_a_search_from_a_solution_needing_a_missing_module_stops_before_the_run_directory(tmp_path):

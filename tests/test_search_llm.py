@@ -119,11 +119,12 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     from rich.console import Console
 
     from ksearch_ray.report.console import print_run
+    from ksearch_ray.report.tables import Run
 
     console = Console(record=True, width=200)
-    print_run(console, run_dir)
+    print_run(console, Run.load(run_dir))
     shown = console.export_text()
     assert "LLM ledger" in shown and "initialize_tree" in shown and "llm: hosted_vllm/fake-coder" in shown
     table = shown[shown.index("LLM ledger"):]
-    counts = [int(line.split("│")[2]) for line in table.splitlines() if line.count("│") >= 6 and line.split("│")[2].strip().isdigit()]
+    counts = [int(line.split("│")[3]) for line in table.splitlines() if line.count("│") >= 7 and line.split("│")[3].strip().isdigit()]
     assert sum(counts) == len(calls)

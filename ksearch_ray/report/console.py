@@ -1,25 +1,64 @@
-"""Human-readable views of results (rich tables). Reads records only; computes nothing new."""
+"""Human-readable views of results and runs (rich). Reads records only; computes nothing new.
+
+Names, ids and paths are never cut. In a terminal, long lines are left for the terminal to
+wrap (`soft_wrap`) and table cells that hold names fold instead of ending in "…"; anywhere
+else (a pipe, a file, a job log) tables come out at their natural width, whatever COLUMNS says.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console
+import io
+import time
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ksearch_ray.models import EvalResult, Status
+from ksearch_ray.report.listing import TaskEntry
+from ksearch_ray.report.summary import RunSummary, summarize
+from ksearch_ray.report.tables import NO_CODE, Origin, Run
+from ksearch_ray.search.measure import format_noise, with_noise
+from ksearch_ray.worldmodel.render import format_speedup, render_tree
+
+RECENT = 8
+"""Evaluations the live view (`show --follow`) keeps on screen."""
 
 
 def _fmt(value: float | None, spec: str = ".4g") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def print_table(console: Console, table: Table) -> None:
+    """In a terminal as rich lays it out; elsewhere at its natural width, never squeezed to COLUMNS."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = Console(file=io.StringIO(), width=100_000, color_system=None)
+    wide.print(table)
+    text = "\n".join(line.rstrip() for line in wide.file.getvalue().splitlines())  # type: ignore[attr-defined]
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def say(console: Console, text: str, *, markup: bool = False) -> None:
+    """One or more lines that are never wrapped or cropped by rich."""
+    console.print(text, markup=markup, highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------------------- eval
+
+
 def eval_table(result: EvalResult, base: EvalResult | None = None) -> Table:
     clock = "GPU (CUDA events)" if result.device == "cuda" else "CPU host wall clock, not GPU latency"
     table = Table(title=f"{result.task} · {result.solution_name} · {result.workload_set} · {result.mode} · {clock}")
     for col in ("workload", "status", "mean ms", "median ms", "min ms", "std ms", "n", "max abs err", "max rel err"):
-        table.add_column(col, justify="left" if col in ("workload", "status") else "right")
+        table.add_column(col, justify="left" if col in ("workload", "status") else "right",
+                         overflow="fold" if col == "workload" else "ellipsis")
     if base is not None:
         table.add_column("speedup", justify="right")
-    base_by_name = {w.workload: w for w in base.workloads} if base else {}
+    ratios = workload_speedups(result, base) if base else {}
     for w in result.workloads:
         t = w.timing
         colour = "green" if w.status is Status.PASSED else "red"
@@ -30,88 +69,217 @@ def eval_table(result: EvalResult, base: EvalResult | None = None) -> Table:
             _fmt(w.max_abs_error, ".2e"), _fmt(w.max_rel_error, ".2e"),
         ]
         if base is not None:
-            b = base_by_name.get(w.workload)
-            ratio = b.timing.mean_ms / t.mean_ms if (b and b.timing and t) else None
-            row.append(_fmt(ratio, ".3f"))
+            row.append(_fmt(ratios.get(w.workload), ".3f"))
         table.add_row(*row)
     return table
 
 
+def workload_speedups(result: EvalResult, base: EvalResult) -> dict[str, float]:
+    """Baseline mean over candidate mean, per workload both timed."""
+    base_by_name = {w.workload: w for w in base.workloads}
+    ratios = {}
+    for w in result.workloads:
+        b = base_by_name.get(w.workload)
+        if b and b.timing and w.timing and w.timing.mean_ms > 0:
+            ratios[w.workload] = b.timing.mean_ms / w.timing.mean_ms
+    return ratios
+
+
 def print_eval(console: Console, result: EvalResult, base: EvalResult | None, speedup: float | None) -> None:
-    console.print(eval_table(result, base))
+    print_table(console, eval_table(result, base))
     if not result.passed:
-        console.print(f"[bold red]{result.status.value}[/]: {result.message}", highlight=False)
+        say(console, f"[bold red]{result.status.value}[/]: {escape(result.message)}", markup=True)
         if result.log:
-            console.print(result.log, highlight=False, markup=False)
+            say(console, result.log)
         return
     where = f"{result.device_name}" + (f", compat: {', '.join(result.compat)}" if result.compat else "")
     if result.score is not None:
-        console.print(f"score: {result.score:.4g} ({result.score_kind}) on {where}")
+        say(console, f"score: {result.score:.4g} ({result.score_kind}) on {where}")
     else:
-        console.print(f"PASSED (correctness only) on {where}")
+        say(console, f"PASSED (correctness only) on {where}")
     if base is not None and speedup is not None:
-        console.print(f"baseline {base.solution_name}: {base.score:.4g}; speedup {speedup:.3f}x")
-    console.print(f"evaluation took {result.seconds:.1f} s, of which sandbox overhead {result.overhead_seconds:.2f} s")
+        say(console, f"baseline {base.solution_name}: {base.score:.4g}; speedup {speedup:.3f}x")
+    say(console, f"evaluation took {result.seconds:.1f} s, of which sandbox overhead {result.overhead_seconds:.2f} s")
 
 
-def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def]
-    """`ksearch show`: everything comes from the run directory."""
-    from pathlib import Path
+# -------------------------------------------------------------------------------------- tasks
 
-    from ksearch_ray.search.runstate import fold
-    from ksearch_ray.search.store import RunStore
-    from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
-    store = RunStore(Path(run_dir))
-    manifest = store.manifest() if (Path(run_dir) / "manifest.json").is_file() else None
-    if manifest is None:
-        from ksearch_ray.search.store import RunDirError
+def print_tasks(console: Console, entries: list[TaskEntry], device: str) -> None:
+    """`ksearch tasks`: one block per task; the name alone on its first line, ready to copy."""
+    for entry in entries:
+        say(console, f"[bold]{escape(entry.name)}[/]", markup=True)
+        if entry.error:
+            say(console, f"  [red]cannot be loaded: {escape(entry.error)}[/]", markup=True)
+        else:
+            sets = ", ".join(
+                f"{s.name} ({s.workloads}" + (f", as {s.resolved}" if s.resolved != s.name else "") + (", default" if s.default else "") + ")"
+                for s in entry.workload_sets
+            )
+            say(console, f"  workloads on {device}: {sets or 'none'}")
+            sols = ", ".join(s.name + (f" (needs {', '.join(s.missing)})" if s.missing else "") for s in entry.solutions)
+            say(console, f"  solutions: {sols or 'none'}")
+        say(console, f"  path: {entry.path}")
 
-        raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
-    events = store.read_events()
-    state = fold(events, store.has_solution)
-    cfg = manifest["config"]
-    policy = f"llm: {cfg['model']}" if cfg.get("model") else "offline-policy (tunable search, no LLM)"
-    console.print(f"[bold]{manifest['run_id']}[/] · task {cfg['task']} · {policy} · width {cfg['width']}", highlight=False)
-    console.print(
-        f"status: {state.finished or 'not finished (resume it with ksearch resume)'}; rounds {state.rounds_used}/{cfg['rounds']}; "
-        f"evaluations {state.evaluations}; cycles {len(state.cycles)}; LLM calls {state.llm_calls} "
-        f"(${state.llm_cost_usd:.2f}, {state.llm_tokens} tokens); resumed {state.resumes}×",
-        highlight=False,
-    )
-    ledger = llm_ledger_table(events)
-    if ledger is not None:
-        console.print(ledger)
-    if state.tree is not None:
-        console.print(render_tree(state.tree), highlight=False, markup=False)
-    if state.best:
-        best = state.best
-        solution = store.load_solution(best["solution_id"])
-        console.print(f"\nbest: {format_speedup(best['speedup'])} over the baseline, node {best['node']}, round {best['round']}, "
-                      f"solution {best['solution_id']} ({solution.author})", highlight=False)
-        for name, text in solution.sources.items():
-            console.print(f"--- {name}", highlight=False)
-            console.print(text, highlight=False, markup=False)
+
+# ---------------------------------------------------------------------------------------- runs
+
+
+def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t: float | None = None) -> list[str]:
+    facts = (summary.run_id, f"task {summary.task}", f"method {summary.method}", summary.policy, summary.hardware)
+    lines = [" · ".join(f for f in facts if f)]
+    if summary.finished:
+        state = f"finished ({summary.finished})"
+    elif summary.stopped:
+        state = f"stopped ({summary.stopped}); `ksearch resume {summary.run_dir}` continues it"
     else:
-        console.print("\nno solution better than the baseline yet", highlight=False)
+        age = f", last event {duration((now or time.time()) - last_event_t)} ago" if last_event_t else ""
+        state = f"not finished{age} (running, or stopped: `ksearch resume {summary.run_dir}` continues it)"
+    lines.append(
+        f"status: {state}; rounds {summary.rounds_used}/{summary.rounds_budget if summary.rounds_budget is not None else '?'}; "
+        f"running time {duration(summary.wall_s)}; resumed {summary.resumes}×"
+    )
+    outcomes = ", ".join(f"{status} {n}" for status, n in summary.outcomes.items()) or "none yet"
+    lines.append(f"candidates: {outcomes}")
+    if summary.llm_calls:
+        lines.append(f"LLM: {summary.llm_calls} calls, {summary.llm_tokens} tokens, ${summary.llm_cost_usd:.2f}")
+    noise = summary.noise
+    seed = summary.seed
+    seed_text = f"; seed {with_noise(seed['speedup'], noise)}" if seed else ""
+    best = summary.best
+    if best and seed and best.get("solution_id") == seed.get("solution_id"):
+        lines.append(f"best: the seed, {with_noise(best.get('speedup'), noise)} over the baseline; nothing faster found yet")
+    elif best:
+        lines.append(f"best: {with_noise(best.get('speedup'), noise)} over the baseline, node {best.get('node')}, "
+                     f"round {best.get('round')}, solution {best.get('solution_id')}{seed_text}")
+    else:
+        lines.append(f"best: none yet{seed_text}")
+    lines.append(f"measurement {format_noise(noise)} (repeated measurements of one kernel disagree by this much)")
+    for confirm in summary.confirmed:
+        where = f" on {confirm['gpu']}" if len(summary.confirmed) > 1 else ""
+        lines.append(f"re-timed{where}, interleaved with the baseline: {confirm.get('verdict')}")
+    return lines
 
 
-def llm_ledger_table(events: list[dict]) -> Table | None:
-    """LLM spend per call kind, from the run's llm_call events."""
-    rows: dict[str, list[float]] = {}
-    for ev in events:
-        if ev["kind"] != "llm_call":
-            continue
-        call = ev["call"]
-        row = rows.setdefault(call["kind"], [0, 0, 0, 0, 0.0])
-        row[0] += 1
-        row[1] += bool(call.get("cached"))
-        row[2] += call.get("error") is not None
-        row[3] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
-        row[4] += float(call.get("cost_usd") or 0.0)
+def ledger_table(summary: RunSummary) -> Table | None:
+    if not summary.ledger:
+        return None
+    table = Table("role", "call kind", "calls", "cached", "failed", "tokens", "cost USD", title="LLM ledger")
+    for row in summary.ledger:
+        table.add_row(row.role, row.kind, str(row.calls), str(row.cached), str(row.failed),
+                      str(row.prompt_tokens + row.completion_tokens), f"{row.cost_usd:.4f}")
+    return table
+
+
+def print_run(console: Console, run: Run) -> None:
+    """`ksearch show`: everything comes from the run directory."""
+    summary_ = summarize(run)
+    for line in header_lines(summary_, last_event_t=run.last_event_t):
+        say(console, line)
+    ledger = ledger_table(summary_)
+    if ledger is not None:
+        print_table(console, ledger)
+    failures = evaluations_table(run, failed_only=True)
+    if failures is not None:
+        print_table(console, failures)
+    tree = run.tree
+    if tree is not None:
+        say(console, render_tree(tree))
+    elif run.keeps_world_model:
+        say(console, "(no world model yet)")
+    else:
+        say(console, f"(this run keeps no world model: method {run.method})")
+    best = run.best
+    if best:
+        solution = run.solution(str(best.get("solution_id")))
+        if solution is None:
+            say(console, f"\nthe best solution {best.get('solution_id')} is missing from {run.root / 'solutions'}")
+            return
+        say(console, f"\nbest kernel: solution {solution.id} by {solution.author}")
+        for name, text in solution.sources.items():
+            say(console, f"--- {name}")
+            say(console, text)
+    else:
+        say(console, "\nno passing candidate yet")
+
+
+def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:
+    frame = run.evaluations
+    rows = [r for r in frame.iter_rows(named=True) if r["origin"] == Origin.CANDIDATE]
+    if failed_only:
+        rows = [r for r in rows if r["status"] != Status.PASSED.value]
+    if last is not None:
+        rows = rows[-last:]
     if not rows:
         return None
-    table = Table("call kind", "calls", "cached", "failed", "tokens", "cost USD", title="LLM ledger")
-    for kind, (calls, cached, failed, tokens, cost) in sorted(rows.items()):
-        table.add_row(kind, str(int(calls)), str(int(cached)), str(int(failed)), str(int(tokens)), f"{cost:.4f}")
+    title = "failed candidates" if failed_only else "recent evaluations"
+    table = Table("round", "cycle", "node", "status", "speedup", "error", title=title)
+    for col in table.columns:
+        col.overflow = "fold"
+    for r in rows:
+        colour = "green" if r["status"] == Status.PASSED.value else "yellow" if r["status"] == NO_CODE else "red"
+        error = (r["error"] or "").splitlines()
+        table.add_row(str(r["round"] if r["round"] is not None else ""), r["cycle"] or "", r["node"] or "",
+                      f"[{colour}]{r['status']}[/]", format_speedup(r["speedup"]) if r["speedup"] is not None else "",
+                      error[0] if error else "")
     return table
+
+
+def live_view(run: Run, *, now: float | None = None) -> RenderableType:
+    """What `ksearch show --follow` redraws in a terminal."""
+    summary_ = summarize(run, with_tree=False)
+    parts: list[RenderableType] = [Text("\n".join(header_lines(summary_, now=now, last_event_t=run.last_event_t)))]
+    if summary_.cycles_open:
+        titles = {n.id: n.title for n in run.tree.nodes.values()} if run.tree else {}
+        parts.append(Text("cycles open: " + "; ".join(f"{c['cycle']} {c['node']} {titles.get(c['node'], '')}".rstrip()
+                                                      for c in summary_.cycles_open)))
+    table = evaluations_table(run, last=RECENT)
+    if table is not None:
+        parts.append(table)
+    return Group(*parts)
+
+
+def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
+    """One plain line for an event worth a line in a followed log (pipes, job logs); None otherwise."""
+    kind = ev.get("kind")
+    at = f"[{duration(elapsed_s)}]"
+    where = " ".join(str(ev[k]) for k in ("cycle", "node") if ev.get(k))
+    if kind == "evaluation":
+        result = ev.get("result") or {}
+        status = result.get("status", "?")
+        line = f"{at} round {ev.get('round', '?')} {where} {status}"
+        if ev.get("speedup") is not None:
+            line += f" {format_speedup(ev['speedup'])}"
+        if status != Status.PASSED.value and result.get("message"):
+            line += f": {result['message'].splitlines()[0]}"
+        return line
+    if kind == "candidate" and not ev.get("solution_id"):
+        error = (ev.get("error") or "no code came back").splitlines()[0]
+        return f"{at} round {ev.get('round', '?')} {where} {NO_CODE}: {error}"
+    if kind == "best":
+        return f"{at} new best: {format_speedup(ev.get('speedup'))} over the baseline (node {ev.get('node')}, round {ev.get('round')})"
+    if kind == "baseline":
+        result = ev.get("result") or {}
+        on = f" on evaluator {ev['evaluator']}" if ev.get("evaluator") is not None else ""
+        return f"{at} baseline{on} {result.get('status', '?')}, score {_fmt(result.get('score'))}"
+    if kind == "seed" and ev.get("solution_id"):
+        return f"{at} seed {(ev.get('result') or {}).get('status', '?')}, {format_speedup(ev.get('speedup'))} over the baseline"
+    if kind == "seed_failed":
+        return f"{at} seed {(ev.get('result') or {}).get('status', '?')}: the starting solution does not pass"
+    if kind == "confirm":
+        return f"{at} re-timed against the baseline: {ev.get('verdict')}"
+    if kind == "resume":
+        return f"{at} resumed"
+    if kind == "stopped":
+        return f"{at} session stopped: {ev.get('reason')}"
+    if kind == "run_end":
+        return f"{at} run ended: {ev.get('reason')}"
+    return None
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

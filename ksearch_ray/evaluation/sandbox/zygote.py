@@ -240,6 +240,7 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
     from ksearch_ray.evaluation.sandbox import clock
 
     ctrl = socket.socket(fileno=ctrl_fd)
+    iso.become_subreaper()  # whatever a worker leaves behind comes back here, to be killed
     clock.load(Path.cwd() / "native")  # before the plan: the stopwatch's folder stays out of the candidate's view
     problem = None
     jail = Jail(device, isolated=False)
@@ -269,6 +270,7 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
                 _, status = os.waitpid(msg["pid"], 0)
             except ChildProcessError:
                 status = 255 << 8
+            iso.kill_descendants(os.getpid())  # orphans of a worker killed before its own clean-up
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
             _reply(ctrl, {"pid": msg["pid"], "code": code, "signal": sig})

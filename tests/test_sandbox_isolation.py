@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
-from ksearch_ray.evaluation.sandbox.client import SandboxError
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file

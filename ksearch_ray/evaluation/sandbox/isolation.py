@@ -53,7 +53,7 @@ PROTECTIONS = (
     "directory or other users' files)",
     "no network (loopback included)",
     "no signals or ptrace to processes outside the candidate's own",
-    "no survivors (the PID namespace dies with the candidate)",
+    "the kernel's guarantee that no process outlives the candidate (a subreaper still collects orphans)",
 )
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (

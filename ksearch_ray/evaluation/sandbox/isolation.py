@@ -174,7 +174,8 @@ def build_plan(device: str, hidden: Iterable[str] = ()) -> MountPlan:
     for entry in sys.path:
         ro += _import_roots(entry, hidden_set)
     ro += _loaded_library_dirs()
-    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
+    # Caches a candidate reads but must not change: FlashInfer's JIT workspace (warm it first).
+    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_WORKSPACE_BASE"):
         ro += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
     symlinks = {d: os.readlink(d) for d in _SYSTEM_DIRS if os.path.islink(d)}
     devices = [f"/dev/{d}" for d in _DEVICES if os.path.exists(f"/dev/{d}")]

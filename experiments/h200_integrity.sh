@@ -4,9 +4,11 @@
 #      CUDA stopwatch, the H200's physical floor, CUDA-graph re-timing, hostile candidates) and
 #      the evaluator's own GPU tests (side streams, CUDA faults);
 #   2. per-candidate overhead, isolation on vs off, side by side (goal: under 0.5 s added);
-#   3. the TF32-switching TriMul kernel of tests/data/candidates, fresh and reuse, isolation required;
+#   3. the TF32-switching TriMul kernel of tests/data/candidates, fresh and reuse (smoke set),
+#      isolation required;
 #   4. optionally a candidate file given as $1 (e.g. the published K-Search TriMul kernel), fresh
-#      and reuse, plus an independent re-timing of it.
+#      and reuse on the benchmarks set, plus an independent re-timing of it (smoke set).
+# Typically 6 to 8 minutes; every step has its own time limit (13 min in the worst case).
 # Everything lands in $OUT: gpu.txt, pytest.txt, overhead.json, tf32_{fresh,reuse}.json,
 # candidate_{fresh,reuse}.json, candidate_retime.json, summary.txt.
 #
@@ -25,25 +27,25 @@ CANDIDATE=${1:-}
 } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
-timeout 360 python3 -m pytest -q -m gpu tests/test_sandbox_gpu.py tests/test_evaluator.py -p no:cacheprovider \
+timeout 240 python3 -m pytest -q -m gpu tests/test_sandbox_gpu.py tests/test_evaluator.py -p no:cacheprovider \
   > "$OUT/pytest.txt" 2>&1
 tail -15 "$OUT/pytest.txt"
 
-timeout 180 python3 experiments/sandbox_overhead.py --device cuda --n 20 > "$OUT/overhead.json" 2> "$OUT/overhead.err"
+timeout 90 python3 experiments/sandbox_overhead.py --device cuda --n 20 > "$OUT/overhead.json" 2> "$OUT/overhead.err"
 cat "$OUT/overhead.json"
 
 K="python3 -m ksearch_ray"
 for mode in fresh reuse; do
-  timeout 150 $K eval --task trimul tests/data/candidates/trimul_tf32.py --mode $mode --isolation require \
-    --baseline --json > "$OUT/tf32_$mode.json" 2>> "$OUT/eval.err"
+  timeout 60 $K eval --task trimul tests/data/candidates/trimul_tf32.py --workloads smoke --mode $mode \
+    --isolation require --json > "$OUT/tf32_$mode.json" 2>> "$OUT/eval.err"
 done
 
 if [ -n "$CANDIDATE" ]; then
   for mode in fresh reuse; do
-    timeout 150 $K eval --task trimul "$CANDIDATE" --mode $mode --isolation require \
-      --baseline --json > "$OUT/candidate_$mode.json" 2>> "$OUT/eval.err"
+    timeout 120 $K eval --task trimul "$CANDIDATE" --mode $mode --isolation require \
+      --json > "$OUT/candidate_$mode.json" 2>> "$OUT/eval.err"
   done
-  timeout 150 python3 - "$CANDIDATE" > "$OUT/candidate_retime.json" 2>> "$OUT/eval.err" <<'EOF'
+  timeout 90 python3 - "$CANDIDATE" > "$OUT/candidate_retime.json" 2>> "$OUT/eval.err" <<'EOF'
 import json, sys
 from pathlib import Path
 from ksearch_ray.evaluation.evaluator import Evaluator
@@ -52,7 +54,7 @@ from ksearch_ray.taskspec.task import find_task, solution_from_file
 task = find_task("trimul")
 sol = solution_from_file(Path(sys.argv[1]), task)
 with Evaluator("cuda", isolation=Isolation.REQUIRE) as ev:
-    primary = ev.evaluate(task, sol)
+    primary = ev.evaluate(task, sol, workload_set="smoke")
     check = ev.retime(task, sol, primary)
 print(json.dumps({"primary_status": primary.status.value, "primary_message": primary.message,
                   "retime": check.model_dump(mode="json")}, indent=2))

@@ -31,6 +31,7 @@ import errno
 import os
 import platform
 import signal
+import stat
 import struct
 import sys
 from collections.abc import Iterable
@@ -110,7 +111,7 @@ class MountPlan:
     read_only: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     symlinks: dict[str, str] = field(default_factory=dict)
-    sandbox_uid: int | None = None  # drop to this uid inside (host root only); None: drop capabilities
+    sandbox_uid: int | None = None  # host root only: the candidate runs as this uid where the job's files allow
 
     def with_job(self, read_only: Iterable[str], read_write: Iterable[str]) -> tuple[list[str], list[str]]:
         return _minimal([*self.read_only, *read_only]), [str(Path(p).resolve()) for p in read_write]
@@ -296,12 +297,31 @@ def chown_tree(paths: Iterable[str], uid: int) -> None:
                 os.lchown(os.path.join(root, name), uid, uid)
 
 
-def drop_privileges(plan: MountPlan) -> None:
-    """In C, before any candidate code: no capabilities, ever again; nobody where the host is root."""
-    if plan.sandbox_uid is not None:
+def open_to_others(path: str) -> bool:
+    """Whether a user other than the owner can read everything under `path` (its parent folders
+    inside the sandbox are the sandbox's own, open to all)."""
+    for root, _dirs, files in os.walk(path):
+        if os.stat(root).st_mode & 0o005 != 0o005:
+            return False
+        if any(not os.stat(os.path.join(root, f)).st_mode & stat.S_IROTH for f in files):
+            return False
+    return True
+
+
+def candidate_uid(plan: MountPlan, read_only: Iterable[str]) -> int | None:
+    """`nobody` where the host user is root and the job's files are open to others; else None
+    (the host user, without capabilities)."""
+    if plan.sandbox_uid is None or not all(open_to_others(p) for p in read_only):
+        return None
+    return plan.sandbox_uid
+
+
+def drop_privileges(uid: int | None) -> None:
+    """In C, before any candidate code: no capabilities, ever again; `uid` (nobody) if given."""
+    if uid is not None:
         os.setgroups([])
-        os.setresgid(plan.sandbox_uid, plan.sandbox_uid, plan.sandbox_uid)
-        os.setresuid(plan.sandbox_uid, plan.sandbox_uid, plan.sandbox_uid)  # capabilities go with uid 0
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # capabilities go with uid 0
     else:
         cap = 0
         while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:

@@ -119,6 +119,7 @@ class Jail:
             iso.kill_descendants(os.getpid())
             _exit_like(status)
         ro, rw = self.plan.with_job(job.read_only, job.read_write)
+        uid = iso.candidate_uid(self.plan, job.read_only)
         report_r, report_w = os.pipe()
         alive_r, alive_w = os.pipe()  # B sees EOF here once A is gone
         b = os.fork()
@@ -127,7 +128,7 @@ class Jail:
             try:
                 os.close(report_r)
                 os.close(alive_w)
-                code = self._process_b(job.body, ro, rw, report_w, alive_r)
+                code = self._process_b(job.body, ro, rw, uid, report_w, alive_r)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
                 sys.stderr.flush()
@@ -141,24 +142,25 @@ class Jail:
         _exit_like(b_status)
         return 1
 
-    def _process_b(self, body: Callable[[], int], ro: list[str], rw: list[str], report_w: int, alive_r: int) -> int:
+    def _process_b(self, body: Callable[[], int], ro: list[str], rw: list[str], uid: int | None, report_w: int,
+                   alive_r: int) -> int:
         iso.die_with_parent()
         if select.select([alive_r], [], [], 0)[0]:
             return 1  # A died before the death signal was armed
         iso.build_root(self.plan, ro, rw)
-        if self.plan.sandbox_uid is not None:
-            iso.chown_tree(rw, self.plan.sandbox_uid)
-        status = self._fork_c(body, drop=True)
+        if uid is not None:
+            iso.chown_tree(rw, uid)
+        status = self._fork_c(body, drop=True, uid=uid)
         os.write(report_w, struct.pack("i", status))
         return 0  # as PID 1, B's exit takes every process left in the namespace with it
 
-    def _fork_c(self, body: Callable[[], int], drop: bool = False) -> int:
+    def _fork_c(self, body: Callable[[], int], drop: bool = False, uid: int | None = None) -> int:
         c = os.fork()
         if c == 0:
             code = 1
             try:
                 if drop:
-                    iso.drop_privileges(self.plan)
+                    iso.drop_privileges(uid)
                 code = body()
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()

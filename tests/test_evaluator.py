@@ -142,10 +142,19 @@ def test_a_crash_costs_only_that_candidate(evaluator, toy, bad):
 
 def test_killed_zygote_is_restarted(toy, tmp_path):
     # Only without isolation can a candidate reach the zygote (test_sandbox_isolation shows it cannot otherwise).
+    probe = tmp_path / "kill_zygote.py"
+    probe.write_text(
+        "import os, signal\n"
+        "def run(x, a, b):\n"
+        "    parent = os.getppid()  # the worker's launcher; its parent is the zygote\n"
+        "    zygote = int(open(f'/proc/{parent}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "    os.kill(zygote, signal.SIGKILL)\n"
+        "    return a * x + b\n"
+    )
     ev = Evaluator("cpu", tmp_path / "sb", limits=Limits(idle=20), isolation=Isolation.OFF)
     try:
         starts = ev.sandbox.zygote_starts
-        evaluate(ev, toy, "kill_parent")
+        ev.evaluate(toy, solution_from_file(probe, toy))
         assert ev.evaluate(toy, toy.baseline()).status is Status.PASSED
         assert ev.sandbox.zygote_starts == starts + 1
     finally:

@@ -94,10 +94,11 @@ def test_task_cost_formulas_evaluate_over_workload_axes(toy):
     assert (flops, nbytes) == (2000.0, 12000.0)
 
 
-def test_retime_confirms_an_honest_measurement_and_refuses_an_inflated_one(evaluator, toy):
-    primary = evaluator.evaluate(toy, toy.baseline())
+def test_retime_confirms_an_honest_measurement_and_refuses_an_inflated_one(evaluator, toy, tmp_path):
+    honest = candidate(toy, "rescale_frames", "honest", tmp_path)  # a millisecond of work per call
+    primary = evaluator.evaluate(toy, honest)
     assert primary.status is Status.PASSED
-    check = evaluator.retime(toy, toy.baseline(), primary)
+    check = evaluator.retime(toy, honest, primary)
     assert check.agreed, check.message
     assert {w.method for w in check.workloads} == {RetimeMethod.CALLS}
     # A primary figure 1000x too fast, as a fooled in-process measurement would report it.
@@ -105,6 +106,6 @@ def test_retime_confirms_an_honest_measurement_and_refuses_an_inflated_one(evalu
     for w in fooled.workloads:
         assert w.timing is not None
         w.timing.mean_ms /= 1000
-    refused = evaluator.retime(toy, toy.baseline(), fooled)
+    refused = evaluator.retime(toy, honest, fooled)
     assert not refused.agreed
     assert "below the re-timed" in refused.message

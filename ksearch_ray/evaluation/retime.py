@@ -3,8 +3,9 @@
 The primary measurement (Evaluator._time) is taken inside the candidate's process. The second one
 is clocked here, in the evaluator's process, which no candidate code reaches: the worker is told
 to run R calls back to back and sync, and the evaluator times the round trip with its own clock.
-R is chosen so the round trip's own cost (well under a millisecond) is small against the total,
-and the same R iterations of an L2 flush alone are timed and subtracted, which also cancels it.
+R is chosen from one call clocked the same way (never from the figure under test) so the round
+trip's own cost (well under a millisecond) is small against the total, and the same R iterations
+of an L2 flush alone are timed and subtracted, which also cancels it.
 
 * GPU: the candidate's call (with an L2 flush before it, as in the primary timing) is captured
   once in a CUDA graph and replayed: no candidate Python runs while it is timed, and no launch
@@ -49,7 +50,8 @@ class RetimeMethod(StrEnum):
 
 
 # How much lower than the independent figure the primary one may be, per method and device.
-TOLERANCE = {("cuda", RetimeMethod.GRAPH_REPLAY): 0.2, ("cuda", RetimeMethod.CALLS): 0.5, ("cpu", RetimeMethod.CALLS): 0.5}
+# The CPU path's host timings drift with the machine's load between the two runs: a factor of 2.
+TOLERANCE = {("cuda", RetimeMethod.GRAPH_REPLAY): 0.2, ("cuda", RetimeMethod.CALLS): 0.5, ("cpu", RetimeMethod.CALLS): 1.0}
 TARGET_S = {"cuda": 0.1, "cpu": 0.3}  # wall time of one batch of repetitions
 MAX_REPS = {"cuda": 2000, "cpu": 2000}
 ROUNDS = 3
@@ -117,7 +119,9 @@ class _Stage:
             prepared = ev._recv(worker, idle, f"re-timing set-up of {workload.name}", deadline)
             method = RetimeMethod.GRAPH_REPLAY if prepared.get("method") == "graph" else RetimeMethod.CALLS
             primary = self.primary_ms[workload.name]
-            reps = max(3, min(MAX_REPS[device], math.ceil(TARGET_S[device] * 1e3 / max(primary, 1e-3))))
+            # The batch size comes from one call clocked here, never from the figure under test.
+            one = self._batch(run, worker, "call", 1, deadline)
+            reps = max(3, min(MAX_REPS[device], math.ceil(TARGET_S[device] / max(one, 1e-6))))
             per_call = []
             for _ in range(ROUNDS):
                 flush_s = self._batch(run, worker, "flush", reps, deadline)

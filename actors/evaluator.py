@@ -8,23 +8,31 @@ from pathlib import Path
 import ray
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.taskspec.task import Task, find_task
 
 
 @ray.remote(max_restarts=0)
 class EvaluatorActor:
-    def __init__(self, device: str, work_root: str, idle_timeout_s: float = 180.0):
+    def __init__(self, device: str, work_root: str | None, idle_timeout_s: float = 180.0,
+                 isolation: str = Isolation.BEST_EFFORT.value):
+        # No work_root: a private folder on this actor's node, outside any run directory.
         self.device = device
-        self.evaluator = Evaluator(device, Path(work_root), limits=Limits(idle=idle_timeout_s))
+        self.isolation = Isolation(isolation)
+        self.evaluator = Evaluator(device, Path(work_root) if work_root else None, limits=Limits(idle=idle_timeout_s),
+                                   isolation=self.isolation, start=False)
         self.busy_s = 0.0
         self._tasks: dict[tuple[str, tuple[str, ...]], Task] = {}  # loaded once: reference code included
 
     def describe(self) -> dict:
+        """Starts the sandbox (a SandboxError here when isolation is required and missing)."""
         import torch
 
+        report = self.evaluator.sandbox.ensure_started()
         info = {"device": self.device, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "isolated": report.isolated,
+                "isolation_warnings": report.warnings(self.isolation)}
         if self.device == "cuda":
             props = torch.cuda.get_device_properties(0)
             info["name"] = props.name

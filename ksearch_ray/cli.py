@@ -25,6 +25,11 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)  # messages are never broken into lines: paths stay whole
 
 TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", help="Extra directory of task bundles (repeatable).")]
+Isolation = Annotated[
+    str | None,
+    typer.Option("--isolation", help="Candidate isolation: require (refuse without it), best-effort (default; warns "
+                 "about what the host lacks) or off."),
+]
 Datasets = Annotated[
     list[Path] | None,
     typer.Option("--dataset", help="FlashInfer-Bench dataset directory (definitions + workloads; repeatable)."),
@@ -94,10 +99,14 @@ def eval_(
     dataset: Datasets = None,
     work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
     max_calls: Annotated[int | None, typer.Option(help="Cap on timed calls per workload (default 100, GPUMode's).")] = None,
+    isolation: Isolation = None,
 ) -> None:
     """Evaluate one candidate kernel: correctness on every workload, then timing."""
     if mode not in ("fresh", "reuse"):
         fail(f"--mode must be fresh or reuse, not {mode!r}")
+    isolation = isolation or "best-effort"
+    if isolation not in ("require", "best-effort", "off"):
+        fail(f"--isolation must be require, best-effort or off, not {isolation!r}")
     try:
         task = find_task(task_name, task_dirs(task_dir, dataset))
         solution = _resolve_candidate(candidate, task)
@@ -124,9 +133,11 @@ def eval_(
         if max_calls < 3:
             fail("--max-calls must be at least 3")
         timing.max_calls = max_calls
+    from ksearch_ray.evaluation.sandbox.isolation import Isolation as IsolationMode
+
     try:
-        evaluator = Evaluator(device, work_dir, timing=timing)
-    except RuntimeError as exc:
+        evaluator = Evaluator(device, work_dir, timing=timing, isolation=IsolationMode(isolation))
+    except (RuntimeError, SandboxError) as exc:
         fail(str(exc))
     try:
         with _eval_progress() as say:
@@ -206,6 +217,7 @@ def run(
     task_dir: TaskDirs = None,
     dataset: Datasets = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress view.")] = True,
+    isolation: Isolation = None,
 ) -> None:
     """Search for a faster kernel: W action cycles in parallel on Ray, one shared world model."""
     from ksearch_ray.config import ConfigError, load_config
@@ -219,6 +231,7 @@ def run(
         "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
         "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "method": method,
         "price_per_mtok": _price(price_per_mtok), "max_llm_tokens": max_llm_tokens, "structured_output": structured_output,
+        "isolation": isolation,
     }
     try:
         cfg = load_config(config, overrides)

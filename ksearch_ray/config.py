@@ -75,6 +75,11 @@ class RunConfig(BaseModel):
     confirm_repeats: int = Field(
         default=3, ge=0, description="Interleaved re-timings of the best against the baseline at the end (0: none)."
     )
+    isolation: Literal["require", "best-effort", "off"] = Field(
+        default="best-effort",
+        description="Candidate isolation (namespaces): require = refuse to evaluate on a host without it; "
+        "best-effort = use what the host offers and warn about what is lost; off = none (debugging).",
+    )
     run_dir: str | None = Field(default=None, description="Default: runs/<run-id>.")
     ray_address: str | None = Field(default=None, description="Attach to this cluster; default: auto / local.")
     progress: bool = True

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.seeds import derive_seed
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file
@@ -81,7 +82,6 @@ def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):
         ("mutate_input", "modified its input `a`"),
         ("alias_output", "shares memory with input `x`"),
         ("subclass_output", "tensor subclass (Sneaky)"),
-        ("flip_tf32", "changed torch.backends.cuda.matmul.allow_tf32"),
         ("patch_timer", "replaced time.perf_counter"),
         ("leave_thread", "left threads running: hidden-worker"),
         ("forge_channel", "forged message"),
@@ -94,7 +94,7 @@ def test_cheats_are_integrity_violations(evaluator, toy, name, fragment):
 
 
 def test_global_state_is_restored_for_the_next_candidate(evaluator, toy):
-    assert evaluate(evaluator, toy, "flip_tf32").status is Status.INTEGRITY_VIOLATION
+    assert evaluate(evaluator, toy, "patch_timer").status is Status.INTEGRITY_VIOLATION
     # A fresh worker per candidate: the next one starts from a clean process either way.
     assert evaluator.evaluate(toy, toy.baseline()).status is Status.PASSED
 
@@ -131,7 +131,7 @@ def test_reuse_mode_times_a_good_candidate(evaluator, toy):
     assert result.mode == "reuse" and all(w.timing for w in result.workloads)
 
 
-@pytest.mark.parametrize("bad", ["abort", "segfault", "hang", "kill_parent"])
+@pytest.mark.parametrize("bad", ["abort", "segfault", "hang"])
 def test_a_crash_costs_only_that_candidate(evaluator, toy, bad):
     first = evaluate(evaluator, toy, bad)
     assert first.status in {Status.CRASHED, Status.TIMEOUT, Status.INTEGRITY_VIOLATION}, first.message
@@ -140,11 +140,25 @@ def test_a_crash_costs_only_that_candidate(evaluator, toy, bad):
     assert healthy.status is Status.PASSED, healthy.message
 
 
-def test_killed_zygote_is_restarted(evaluator, toy):
-    starts = evaluator.sandbox.zygote_starts
-    evaluate(evaluator, toy, "kill_parent")
-    assert evaluator.evaluate(toy, toy.baseline()).status is Status.PASSED
-    assert evaluator.sandbox.zygote_starts == starts + 1
+def test_killed_zygote_is_restarted(toy, tmp_path):
+    # Only without isolation can a candidate reach the zygote (test_sandbox_isolation shows it cannot otherwise).
+    probe = tmp_path / "kill_zygote.py"
+    probe.write_text(
+        "import os, signal\n"
+        "def run(x, a, b):\n"
+        "    parent = os.getppid()  # the worker's launcher; its parent is the zygote\n"
+        "    zygote = int(open(f'/proc/{parent}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "    os.kill(zygote, signal.SIGKILL)\n"
+        "    return a * x + b\n"
+    )
+    ev = Evaluator("cpu", tmp_path / "sb", limits=Limits(idle=20), isolation=Isolation.OFF)
+    try:
+        starts = ev.sandbox.zygote_starts
+        ev.evaluate(toy, solution_from_file(probe, toy))
+        assert ev.evaluate(toy, toy.baseline()).status is Status.PASSED
+        assert ev.sandbox.zygote_starts == starts + 1
+    finally:
+        ev.close()
 
 
 def test_secrets_are_scrubbed_from_the_sandbox(evaluator, toy, tmp_path, monkeypatch):

@@ -3,7 +3,9 @@
 The candidate runs in a sandboxed worker (ksearch_ray.evaluation.sandbox). This process, which never
 runs candidate code, regenerates every input from its seed, computes the reference (TF32 off)
 and judges the outputs the worker wrote; it also computes every statistic from the raw
-per-call times. Exceptions become statuses here and in the worker, nowhere else.
+per-call times, which it reads from the worker's native stopwatch (not from the worker's
+messages), and checks them against its own wall clock and the task's physical floor.
+Exceptions become statuses here and in the worker, nowhere else.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import math
+import os
 import shutil
 import statistics
 import time
@@ -24,13 +27,19 @@ from typing import Any, Literal
 import torch
 
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
+from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
+from ksearch_ray.evaluation.retime import RetimeResult, retime
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle
+from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle, default_work_root
+from ksearch_ray.evaluation.sandbox.clock import OUT_OF_ORDER, ClockRecord, parse_records
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.seeds import call_seed, derive_seed, new_secret
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
 
 Mode = Literal["fresh", "reuse"]
+# A stage after the correctness checks: (run, worker, deadline) -> seconds of candidate work.
+Stage = Callable[["_Run", WorkerHandle, float], float]
 
 
 @dataclass
@@ -80,6 +89,7 @@ class _Run:
     workloads: list[Workload]
     check_seeds: list[int]
     time_seeds: list[int]
+    stage: Stage | None = None  # what follows the correctness checks when timed; None: Evaluator._time
     results: list[WorkloadResult] = field(default_factory=list)
 
 
@@ -110,7 +120,12 @@ def device_name(device: str) -> str:
 
 
 class Evaluator:
-    """Owns one sandbox on one device; evaluates candidates one at a time."""
+    """Owns one sandbox on one device; evaluates candidates one at a time.
+
+    The sandbox lives in `work_root`, by default a private folder of its own under
+    $XDG_RUNTIME_DIR or /tmp/ksearch-<uid> (never inside a run directory), removed on close.
+    With `start=True` the sandbox starts now, so isolation warnings (or, with
+    Isolation.REQUIRE, a SandboxError) come at once rather than with the first candidate."""
 
     def __init__(
         self,
@@ -120,20 +135,30 @@ class Evaluator:
         limits: Limits | None = None,
         timing: TimingPolicy | None = None,
         secret: int | None = None,
+        isolation: Isolation = Isolation.BEST_EFFORT,
+        peaks: DevicePeaks | None = None,
+        start: bool = True,
     ):
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
         self.device = device
+        self._owns_work_root = work_root is None
         # Absolute once, here: the worker changes into its job directory from the zygote's cwd.
-        self.work_root = (Path(work_root) if work_root else Path.cwd() / ".ksearch" / "sandbox").resolve()
+        self.work_root = (Path(work_root) if work_root else default_work_root()).resolve()
         self.limits = limits or Limits()
         self.timing = timing or TimingPolicy.for_device(device)
         self.secret = new_secret() if secret is None else secret
-        self.sandbox = Sandbox(device, self.work_root)
+        # Peaks of the GPU for the physical floor; none on the CPU path unless a caller supplies them.
+        self.peaks = peaks if peaks is not None else (peaks_for(device_name(device)) if device == "cuda" else None)
+        self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
         self._progress: Callable[[str], None] = lambda _message: None
+        if start:
+            self.sandbox.ensure_started()
 
     def close(self) -> None:
         self.sandbox.close()
+        if self._owns_work_root:
+            shutil.rmtree(self.work_root, ignore_errors=True)
 
     def __enter__(self) -> Evaluator:
         return self
@@ -153,8 +178,11 @@ class Evaluator:
         timed: bool | None = None,
         options: frozenset[str] | set[str] = frozenset(),
         progress: Callable[[str], None] | None = None,
+        _stage: Stage | None = None,
     ) -> EvalResult:
         """The verdict on `solution`. `progress` hears one short line per stage and workload.
+        `_stage` replaces the timing stage (Evaluator.retime uses it); its seeds are drawn apart
+        from the timing ones.
 
         Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
         the candidate (none of its code has run), and a search must stop rather than count it.
@@ -162,10 +190,12 @@ class Evaluator:
         self._progress = progress or (lambda _message: None)
         timed = (workload_set != "tests") if timed is None else timed
         workloads = task.workloads(workload_set, self.device)
+        tag = "time" if _stage is None else "retime"
         run = _Run(
             task, solution, self.device, frozenset(options), mode, workloads,
             [derive_seed(self.secret, w.name, w.params.get("seed"), "check") for w in workloads],
-            [derive_seed(self.secret, w.name, w.params.get("seed"), "time") for w in workloads],
+            [derive_seed(self.secret, w.name, w.params.get("seed"), tag) for w in workloads],
+            stage=_stage,
         )
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
@@ -197,6 +227,18 @@ class Evaluator:
             result.score_kind = "geomean of mean latency (ms)"
         return result
 
+    def retime(
+        self,
+        task: Task,
+        solution: Solution,
+        primary: EvalResult,
+        *,
+        options: frozenset[str] | set[str] = frozenset(),
+    ) -> RetimeResult:
+        """Time `solution` again by a second, independent method, in a fresh worker, and say whether
+        `primary` (its evaluation) agrees. See evaluation/retime.py for the method and tolerance."""
+        return retime(self, task, solution, primary, frozenset(options))
+
     # --- internals ----------------------------------------------------------------------------
 
     def _workdir(self, solution: Solution) -> Path:
@@ -211,9 +253,11 @@ class Evaluator:
 
     def _job(self, run: _Run, workdir: Path) -> dict[str, Any]:
         sol = run.solution
+        cache = self.work_root / "cache" / sol.id / "triton"
+        cache.mkdir(parents=True, exist_ok=True)
         return {
             "workdir": str(workdir),
-            "triton_cache_dir": str(self.work_root / "cache" / sol.id / "triton"),
+            "triton_cache_dir": str(cache),
             "task_root": str(run.task.root),
             "device": run.device,
             "options": sorted(run.options),
@@ -296,7 +340,7 @@ class Evaluator:
         if not timed:
             worker.chan.send({"cmd": "stop"})
             return busy
-        return busy + self._time(run, worker, deadline)
+        return busy + (run.stage or self._time)(run, worker, deadline)
 
     def _time(self, run: _Run, worker: WorkerHandle, deadline: float) -> float:
         pol = self.timing
@@ -311,22 +355,25 @@ class Evaluator:
         })
         t0 = time.monotonic()
         reported_ms = 0.0
+        stopwatch = _Records(worker.clock)
         for i, workload in enumerate(run.workloads):
             while True:
                 msg = self._recv(worker, self.limits.idle, f"timing of {workload.name}", deadline)
+                stopwatch.drain()  # keep the pipe empty: the worker must never block on it
                 if msg["type"] == "timing":
                     break
             if msg["index"] != i:
                 raise Failure(Status.INTEGRITY_VIOLATION, "timing results arrived out of order")
+            records = stopwatch.take(int(msg["count"]), workload.name)
             # Re-check the output of the last timed call on inputs regenerated here.
             seed = call_seed(run.time_seeds[i], int(msg["seed_index"]))
             verdict = self._judge(run, workload, seed, self._load_outputs(msg, workload.name))
             if verdict.status is not Status.PASSED:
                 raise Failure(verdict.status, f"{workload.name} (during timing): {verdict.message}", workload=workload.name)
-            timing = self._stats(workload.name, msg["times_ms"], msg["wall_ms"], msg["tail_ms"])
+            timing = self._stats(run, workload, records)
             run.results[i].timing = timing
             self._progress(f"timed {workload.name} ({i + 1}/{len(run.workloads)}): mean {timing.mean_ms:.4g} ms")
-            reported_ms += sum(msg["times_ms"])
+            reported_ms += sum(r.time_ms for r in records)
         elapsed_ms = (time.monotonic() - t0) * 1e3
         if reported_ms > elapsed_ms:
             # A compromised worker could report anything; it cannot make time pass faster here.
@@ -334,14 +381,18 @@ class Evaluator:
         worker_done = self._recv(worker, self.limits.idle, "timing", deadline)
         if worker_done.get("type") != "done":
             raise Failure(Status.INTEGRITY_VIOLATION, f"unexpected message {worker_done.get('type')!r} after timing")
+        stopwatch.drain()
+        if stopwatch.pending:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{len(stopwatch.pending)} stopwatch records beyond the timed calls")
         return elapsed_ms / 1e3
 
-    def _stats(self, name: str, times: list[float], walls: list[float], tails: list[float]) -> Timing:
-        if not times or not (len(times) == len(walls) == len(tails)) or any(not math.isfinite(t) or t < 0 for t in times):
+    def _stats(self, run: _Run, workload: Workload, records: list[ClockRecord]) -> Timing:
+        name = workload.name
+        times = [r.time_ms for r in records]
+        if not times or any(not math.isfinite(t) or t < 0 for t in times):
             raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: malformed timing report")
         median = statistics.median(times)
-        wall_median = statistics.median(walls)
-        tail = statistics.median(tails)
+        tail = statistics.median(r.tail_ms for r in records)
         cuda = self.device == "cuda"
         if cuda and tail > self.timing.tail_slack_ms + self.timing.tail_slack_ratio * median:
             raise Failure(
@@ -349,11 +400,25 @@ class Evaluator:
                 f"{name}: the GPU stayed busy {tail:.3f} ms after the timed stream finished ({median:.3f} ms timed): "
                 "work escapes the timing stream (side streams); join them into the current stream before returning",
             )
+        self._check_floor(run, workload, min(times))
         return Timing(
             mean_ms=statistics.fmean(times), median_ms=median, min_ms=min(times),
             std_ms=statistics.stdev(times) if len(times) > 1 else 0.0, count=len(times),
-            wall_median_ms=wall_median, clock="cuda_events" if cuda else "host_wall",
+            wall_median_ms=statistics.median(r.wall_ms for r in records), clock="cuda_events" if cuda else "host_wall",
         )
+
+    def _check_floor(self, run: _Run, workload: Workload, fastest_ms: float) -> None:
+        """No call may beat the workload's work at the device's (generous) peaks."""
+        cost = run.task.workload_cost(workload) if self.peaks is not None else None
+        if cost is None or self.peaks is None:
+            return
+        floor = self.peaks.floor_ms(*cost)
+        if fastest_ms < floor:
+            raise Failure(
+                Status.INTEGRITY_VIOLATION,
+                f"{workload.name}: a call took {fastest_ms:.4g} ms, below the physical floor of {floor:.4g} ms "
+                f"({cost[0]:.3g} FLOP and {cost[1]:.3g} bytes at the {self.peaks.name}'s peaks)",
+            )
 
     def _load_outputs(self, msg: dict[str, Any], name: str) -> dict[str, torch.Tensor]:
         if msg.get("type") not in {"output", "timing"}:
@@ -392,6 +457,45 @@ class Evaluator:
                 r.status, r.message = failure.status, failure.message
                 return
         run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
+
+
+class _Records:
+    """The evaluator's end of a worker's stopwatch pipe."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = bytearray()
+        self.pending: list[ClockRecord] = []
+        self.next_seq = 0
+
+    def drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self.buf += chunk
+        try:
+            self.pending += parse_records(self.buf)
+        except ValueError as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"stopwatch pipe: {exc}") from None
+
+    def take(self, count: int, name: str) -> list[ClockRecord]:
+        self.drain()
+        if count < 1 or len(self.pending) < count:
+            raise Failure(Status.INTEGRITY_VIOLATION,
+                          f"{name}: the worker reported {count} timed calls, the stopwatch recorded {len(self.pending)}")
+        records, self.pending = self.pending[:count], self.pending[count:]
+        for r in records:
+            if r.seq != self.next_seq or r.flags & OUT_OF_ORDER:
+                raise Failure(Status.INTEGRITY_VIOLATION,
+                              f"{name}: the stopwatch was driven out of order (its begin/end called from outside the harness)")
+            if r.status:
+                raise Failure(Status.RUNTIME_ERROR, f"{name}: CUDA error {r.status} while timing")
+            self.next_seq += 1
+        return records
 
 
 def geomean(values: list[float]) -> float | None:

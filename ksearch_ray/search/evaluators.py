@@ -78,7 +78,7 @@ class EvaluatorPool:
         gpus = 1 if self.device == "cuda" or self.config.evaluator_gpus else 0
         return EvaluatorActor.options(
             num_cpus=self.config.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
-        ).remote(self.device, f"{self.sandbox_root}/evaluator-{index}", self.config.eval_idle_timeout_s)
+        ).remote(self.device, None, self.config.eval_idle_timeout_s, self.config.isolation)  # sandbox: outside the run dir
 
     async def describe(self, index: int = 0) -> dict[str, Any]:
         """An evaluator's hardware, as prompts and reports name it."""

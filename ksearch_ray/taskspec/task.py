@@ -15,8 +15,10 @@ its file under a private module name.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import operator
 import os
 from collections.abc import Callable, Iterable
 from functools import cached_property
@@ -60,6 +62,17 @@ class ScoreRule(BaseModel):
     )
 
 
+class CostModel(BaseModel):
+    """Work one call must at least do, as formulas over the workload's axes (+ - * / ** and parentheses).
+
+    The evaluator turns them into a physical floor on a call's time with the GPU's peak compute
+    and bandwidth: a time below the floor was not measured honestly. Lower bounds, not estimates."""
+
+    flops: str = Field(description="Floating-point operations per call, at least.")
+    bytes: str = Field(description="Bytes per call that must cross the memory bus at least (inputs read once, outputs written once).")
+    description: str = ""
+
+
 class TaskDefinition(BaseModel):
     """The contents of task.json."""
 
@@ -75,6 +88,7 @@ class TaskDefinition(BaseModel):
     entry_point: str
     tolerance: Tolerance
     score: ScoreRule
+    cost: CostModel | None = Field(default=None, description="Per-call work lower bounds, for the physical-floor check.")
     workload_sets: dict[str, str] = Field(description="Set name -> JSONL file inside the bundle.")
     default_workloads: str = Field(default="benchmarks", description="The set that scores candidates by default.")
     baseline: str = Field(description="Name of the solution under solutions/ that scores compare against.")
@@ -160,6 +174,18 @@ class Task:
 
     # --- workloads ----------------------------------------------------------------------
 
+    def workload_cost(self, workload: Workload) -> tuple[float, float] | None:
+        """(FLOPs, bytes) one call of `workload` must at least cost, from task.json's formulas."""
+        cost = self.definition.cost
+        if cost is None:
+            return None
+        names = {k: v["value"] for k, v in self.definition.axes.items() if isinstance(v, dict) and "value" in v}
+        names.update(workload.axes)
+        try:
+            return eval_formula(cost.flops, names), eval_formula(cost.bytes, names)
+        except (KeyError, ValueError, ZeroDivisionError) as exc:
+            raise TaskError(f"task {self.name}: cost formula for workload {workload.name}: {exc}") from None
+
     def workload_set_name(self, name: str, device: str) -> str:
         """On the CPU a set `X` means its reduced variant `X-cpu` where the bundle has one."""
         if device == "cpu" and f"{name}-cpu" in self.definition.workload_sets:
@@ -200,6 +226,35 @@ class Task:
 
     def baseline(self) -> Solution:
         return self.solution(self.definition.baseline)
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.Pow: operator.pow}
+
+
+def eval_formula(text: str, names: dict[str, Any]) -> float:
+    """Arithmetic over axis names; nothing else is evaluated (task.json is data, not code)."""
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                raise KeyError(f"unknown axis {node.id!r}")
+            return float(names[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return float(_BINARY[type(node.op)](walk(node.left), walk(node.right)))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        raise ValueError(f"not allowed in a formula: {ast.dump(node)[:60]}")
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not a formula: {text!r}") from None
+    return walk(tree)
 
 
 def read_workloads(path: Path) -> list[Workload]:

@@ -3,7 +3,13 @@
 The harness captures its own references to every function it times or compares with before
 any candidate code is imported, so a candidate that patches `torch.cuda.Event.elapsed_time` or
 `time.perf_counter` changes nothing the harness uses; the patch is still reported (and undone)
-as an integrity violation. Backend flags (TF32 and friends) are snapshotted the same way.
+as an integrity violation.
+
+Numeric settings (TF32, the float32 matmul precision, the default dtype) belong to the candidate:
+its process is its own and references are computed in the evaluator's process with TF32 off, so
+a candidate that switches them harms no one and is judged by the tolerance like any other. The
+harness's own tensor work in the worker (input generation) runs under the settings captured here,
+before any candidate existed (`harness_numerics`).
 """
 
 from __future__ import annotations
@@ -11,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,44 +72,56 @@ def _patchable() -> dict[str, tuple[Any, str]]:
     return out
 
 
-@dataclass
-class GlobalState:
-    flags: dict[str, Any]
-    functions: dict[str, Any]
+def _read_flags(accessors: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]) -> dict[str, Any]:
+    flags = {}
+    for name, (get, _) in accessors.items():
+        try:
+            flags[name] = get()
+        except RuntimeError:  # torch >= 2.9 refuses to read legacy flags after mixed-API writes
+            flags[name] = None
+    return flags
+
+
+def _write_flags(accessors: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]], flags: dict[str, Any]) -> None:
+    for name, value in flags.items():
+        if value is not None:
+            with contextlib.suppress(RuntimeError):
+                accessors[name][1](value)
+
+
+_ACCESSORS = _flag_accessors()
+_HARNESS_FLAGS = _read_flags(_ACCESSORS)  # in the zygote: torch's defaults, no candidate yet
+
+
+@contextlib.contextmanager
+def harness_numerics() -> Iterator[None]:
+    """The harness's numeric settings for the duration; the candidate's own come back after."""
+    theirs = _read_flags(_ACCESSORS)
+    _write_flags(_ACCESSORS, _HARNESS_FLAGS)
+    try:
+        yield
+    finally:
+        _write_flags(_ACCESSORS, theirs)
 
 
 class Guard:
-    """Snapshot of global state; `check_and_restore` reports and undoes any change."""
+    """Snapshot of the functions the harness relies on; `check_and_restore` reports and undoes patches."""
 
     def __init__(self) -> None:
-        self._accessors = _flag_accessors()
         self._patchable = _patchable()
         self.baseline = self._read()
         self.threads = {t.ident for t in threading.enumerate()}
 
-    def _read(self) -> GlobalState:
-        flags = {}
-        for name, (get, _) in self._accessors.items():
-            try:
-                flags[name] = get()
-            except RuntimeError as exc:  # torch >= 2.9 refuses to read legacy flags after mixed-API writes
-                flags[name] = f"<unreadable: {exc}>"
-        functions = {name: getattr(owner, attr) for name, (owner, attr) in self._patchable.items()}
-        return GlobalState(flags, functions)
+    def _read(self) -> dict[str, Any]:
+        return {name: getattr(owner, attr) for name, (owner, attr) in self._patchable.items()}
 
     def check_and_restore(self) -> list[str]:
-        now = self._read()
         problems = []
-        for name, value in now.flags.items():
-            if value != self.baseline.flags[name]:
-                problems.append(f"changed {name} from {self.baseline.flags[name]!r} to {value!r}")
-                with contextlib.suppress(RuntimeError):
-                    self._accessors[name][1](self.baseline.flags[name])
-        for name, fn in now.functions.items():
-            if fn is not self.baseline.functions[name]:
+        for name, fn in self._read().items():
+            if fn is not self.baseline[name]:
                 problems.append(f"replaced {name}")
                 owner, attr = self._patchable[name]
-                setattr(owner, attr, self.baseline.functions[name])
+                setattr(owner, attr, self.baseline[name])
         return problems
 
     def lingering_threads(self) -> list[str]:

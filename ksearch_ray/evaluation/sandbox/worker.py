@@ -4,19 +4,25 @@ It builds the candidate, calls it on inputs it generates from the seeds it is gi
 the outputs to files for the evaluator to judge, and times it. It never sees an expected
 output: the evaluator computes references itself, in its own process, after the fact.
 
+Timed calls are measured by the native stopwatch (clock.py): its records go from C to a pipe
+the evaluator reads, never through this process's Python objects. The messages below carry
+counts, files and hashes, no times.
+
 Protocol (framed by channel.Channel):
   worker -> ready {setup_s} ; built {seconds} | fail {status, message, log}
   worker -> output {workload, file, sha256, wall_ms}   (one per correctness workload)
   worker -> checked
-  evaluator -> time {workloads, mode, ...} | stop
-  worker -> tick {n} ... timing {workload, times_ms, wall_ms, file, sha256, seed_index}
-  worker -> done
+  evaluator -> time {workloads, mode, ...} | retime {workloads} | stop
+  time:   worker -> tick {n} ... timing {index, count, file, sha256, seed_index} ... done
+  retime: per workload, evaluator -> prepare {index} ; worker -> prepared {method}
+          evaluator -> run {kind: flush|call, reps} ; worker -> ran      (timed by the evaluator)
+          evaluator -> output ; worker -> output {file, sha256}
+          evaluator -> finish ; worker -> done
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import sys
 import traceback
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ksearch_ray.evaluation.sandbox import integrity
+from ksearch_ray.evaluation.sandbox import clock, integrity
 from ksearch_ray.evaluation.sandbox.build import BuildError, load_entry
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.seeds import call_seed
@@ -33,9 +39,6 @@ from ksearch_ray.evaluation.seeds import call_seed
 _perf = integrity.perf_counter
 _save = torch.save
 _sync = torch.cuda.synchronize
-_Event = torch.cuda.Event
-_elapsed = torch.cuda.Event.elapsed_time
-_event_sync = torch.cuda.Event.synchronize
 
 
 class CandidateFailure(Exception):
@@ -101,7 +104,8 @@ class Worker:
         from ksearch_ray.taskspec.task import Workload
 
         try:
-            return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)
+            with integrity.harness_numerics():
+                return self.task.generate_inputs(Workload.model_validate(workload), seed, self.device, self.options)
         except Exception as exc:  # trusted code, but it runs after the candidate was imported
             raise CandidateFailure(
                 "CRASHED",
@@ -208,14 +212,14 @@ class Worker:
     def _time_one(self, item: dict[str, Any], fresh: bool, flush: Any, cmd: dict[str, Any]) -> None:
         name = self.current = item["workload"]["name"]
         max_calls, target_err = cmd.get("max_calls", 100), cmd.get("target_rel_err", 1e-3)
-        max_total_s, max_wall_s = cmd.get("max_total_s", 10.0), cmd.get("max_wall_s", 120.0)
-        times: list[float] = []
-        walls: list[float] = []
-        tails: list[float] = []
+        max_total_ms, max_wall_s = cmd.get("max_total_s", 10.0) * 1e3, cmd.get("max_wall_s", 120.0)
+        watch = clock.stopwatch()
+        watch.reset()
         seed_index = 0
         inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
         start_wall = _perf()
         result: Any = None
+        n = 0
         for i in range(max_calls):
             if fresh and i > 0:  # new inputs and weights for every call, generated outside the timed region
                 del result
@@ -224,38 +228,81 @@ class Worker:
             if flush is not None:
                 flush()
             self.sync()
-            t0 = _perf()
-            if self.cuda:
-                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                start.record()
-                result = self.call(inputs)
-                end.record()
-                _event_sync(end)
-                t1 = _perf()
-                # The timed stream is done; a device-wide sync now returns at once unless work
-                # the events did not cover (side streams) is still running.
-                _sync()
-                tails.append((_perf() - t1) * 1e3)
-                times.append(_elapsed(start, end))
-            else:
-                result = self.call(inputs)
-                t1 = _perf()
-                times.append((t1 - t0) * 1e3)
-                tails.append(0.0)
-            walls.append((t1 - t0) * 1e3)
+            watch.begin()
+            result = self.call(inputs)
+            if watch.end() != 0:
+                raise CandidateFailure("RUNTIME_ERROR", f"a CUDA error surfaced while timing call {i} of {name}")
+            n = i + 1
             self.integrity_check(f"timed call {i} of {name}")
-            self.chan.send({"type": "tick", "n": i + 1})
-            n = len(times)
-            mean = sum(times) / n
-            if n >= 3:
-                std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1))
-                if std / math.sqrt(n) / mean < target_err or n * mean > max_total_s * 1e3 or _perf() - start_wall > max_wall_s:
-                    break
+            self.chan.send({"type": "tick", "n": n})
+            if watch.should_stop(target_err, max_total_ms) or (n >= 3 and _perf() - start_wall > max_wall_s):
+                break
         pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         outputs = self.check_outputs(result, inputs, pristine)
         path, digest = self.save(outputs, f"timed_{item['index']}")
-        self.chan.send({"type": "timing", "index": item["index"], "times_ms": times, "wall_ms": walls, "tail_ms": tails,
-                        "file": path, "sha256": digest, "seed_index": seed_index})
+        self.chan.send({"type": "timing", "index": item["index"], "count": n, "file": path, "sha256": digest,
+                        "seed_index": seed_index})
+
+    def retime(self, cmd: dict[str, Any]) -> None:
+        """A second, independent measurement, clocked by the evaluator (see evaluation/retime.py)."""
+        items = {item["index"]: item for item in cmd["workloads"]}
+        flush = self._l2_flusher() if self.cuda else (lambda: None)
+        graph: Any = None
+        inputs: dict[str, Any] = {}
+        result: Any = None
+        while True:
+            msg = self.chan.recv()
+            if msg["cmd"] == "prepare":
+                item = items[msg["index"]]
+                self.current = item["workload"]["name"]
+                graph = None
+                inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+                for _ in range(2):
+                    result = self.call(inputs)
+                self.sync()
+                graph, result = self._capture(flush, inputs, result) if self.cuda else (None, result)
+                self.integrity_check(f"preparing the re-timing of {self.current}")
+                self.chan.send({"type": "prepared", "method": "graph" if graph else "calls"})
+            elif msg["cmd"] == "run":
+                result = self._run_reps(msg["kind"], int(msg["reps"]), flush, graph, inputs, result)
+                self.integrity_check(f"re-timing {self.current}")
+                self.chan.send({"type": "ran"})
+            elif msg["cmd"] == "output":
+                pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+                outputs = self.check_outputs(result, inputs, pristine)
+                path, digest = self.save(outputs, f"retimed_{msg['index']}")
+                self.chan.send({"type": "output", "index": msg["index"], "file": path, "sha256": digest, "wall_ms": 0.0})
+            else:
+                self.current = None
+                self.chan.send({"type": "done"})
+                return
+
+    def _capture(self, flush: Any, inputs: dict[str, Any], result: Any) -> tuple[Any, Any]:
+        """(graph of one flush + call, its output), or (None, result) where the call cannot be captured."""
+        graph = {"call": torch.cuda.CUDAGraph(), "flush": torch.cuda.CUDAGraph()}
+        try:
+            with torch.cuda.graph(graph["call"]):
+                flush()
+                out = self.task.call(self.entry, inputs)
+            with torch.cuda.graph(graph["flush"]):
+                flush()
+        except Exception:  # a call that syncs, allocates on the host or plans per call: timed as calls
+            self.sync()
+            return None, result
+        graph["call"].replay()
+        self.sync()
+        return graph, out
+
+    def _run_reps(self, kind: str, reps: int, flush: Any, graph: Any, inputs: dict[str, Any], result: Any) -> Any:
+        for _ in range(reps):
+            if graph is not None:
+                graph[kind].replay()
+            else:
+                flush()
+                if kind == "call":
+                    result = self.call(inputs)
+        self.sync()
+        return result
 
     def _l2_flusher(self) -> Any:
         # Twice the H100/H200 L2 (50/60 MB): writing it evicts whatever the last call left there.
@@ -272,7 +319,7 @@ def _redirect_output(workdir: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def serve(chan: Channel, job: dict[str, Any]) -> int:
+def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     """Run one job to the end; returns the process exit code."""
     workdir = Path(job["workdir"])
     os.chdir(workdir)
@@ -286,6 +333,11 @@ def serve(chan: Channel, job: dict[str, Any]) -> int:
         if worker.cuda:
             torch.cuda.init()
             torch.empty(1, device="cuda")  # context creation belongs to sandbox overhead, not to the candidate
+        try:
+            clock.stopwatch().start(clock_fd, worker.cuda, torch.cuda.current_stream().cuda_stream if worker.cuda else 0)
+        except RuntimeError as exc:
+            print(f"sandbox fault: {exc}", file=sys.stderr, flush=True)
+            return 98  # before "ready": the evaluator reports a sandbox fault, not a candidate failure
         worker.guard = integrity.Guard()
         chan.send({"type": "ready", "setup_s": _perf() - t0})
         worker.build()
@@ -293,6 +345,8 @@ def serve(chan: Channel, job: dict[str, Any]) -> int:
         cmd = chan.recv()
         if cmd.get("cmd") == "time":
             worker.timing(cmd)
+        elif cmd.get("cmd") == "retime":
+            worker.retime(cmd)
     except CandidateFailure as failure:
         where = worker.current if "worker" in locals() else None
         chan.send({"type": "fail", "status": failure.status, "message": failure.message, "log": failure.log, "workload": where})

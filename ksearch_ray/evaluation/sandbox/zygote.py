@@ -1,91 +1,278 @@
 """The zygote: a pre-imported Python that forks one fresh worker per candidate.
 
-Started by `Sandbox` with `python -m ksearch_ray.evaluation.sandbox.zygote FD` and a scrubbed
-environment. It imports torch and Triton once (seconds) but never touches CUDA, so each
-fork (milliseconds) is safe and gets a process no earlier candidate ran in. Each worker
-starts its own session (process group) so the evaluator can kill it and everything it
-spawned in one signal, and dies with the zygote (PR_SET_PDEATHSIG).
+Started by `Sandbox` with `python -m ksearch_ray.evaluation.sandbox.zygote FD DEVICE ISOLATION`
+and a scrubbed environment. It imports torch and Triton once (seconds) but never touches CUDA,
+so each fork (milliseconds) is safe and gets a process no earlier candidate ran in.
+
+Per candidate (see isolation.py): A, forked here, starts its own session, dies with the zygote
+and, when isolation is on, creates the namespaces (this process writes A's uid/gid maps: only a
+process outside the new user namespace may map the host's `nobody`); A forks B, PID 1 of the new
+PID namespace, which builds the candidate's root and reaps; B forks C, which drops privileges and
+runs the harness (worker.serve). Without isolation A is a subreaper that forks C directly and
+kills whatever C left behind. The evaluator kills A's process group; B dies with A, and every
+process in the namespace dies with B.
 
 Control messages (one JSON object per SOCK_SEQPACKET datagram, trusted side only):
-  evaluator -> {"cmd": "run"} + the job socket's fd (SCM_RIGHTS)  ;  zygote -> {"pid": N}
+  evaluator -> {"cmd": "run"} + job socket and clock pipe fds    ;  zygote -> {"pid": N}
   evaluator -> {"cmd": "wait", "pid": N}                          ;  zygote -> {"pid": N, "code": C, "signal": S}
   evaluator -> {"cmd": "ping"}                                    ;  zygote -> {"pong": true}
+The first message, unasked: {"ready": true, "pid": N, "isolated": bool, "isolation_problem": str|null,
+"clock_problem": str|null}.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
+import select
 import signal
 import socket
+import struct
 import sys
+import tempfile
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from ksearch_ray.evaluation.sandbox import isolation as iso
 
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the evaluator's group kill still applies
-        pass
+SETUP_FAILED = 97  # B's exit code when the namespace could not be set up (a sandbox fault)
 
 
 def _reply(ctrl: socket.socket, message: dict[str, Any]) -> None:
     ctrl.send(json.dumps(message).encode())
 
 
-def _run_child(ctrl: socket.socket, job_fd: int) -> int:
+def _exit_like(status: int) -> None:
+    """End this process the way a child with wait status `status` ended (signal included)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+@dataclass
+class Prepared:
+    """What A learned from the job: what C runs, and what C's filesystem view holds."""
+
+    body: Callable[[], int]
+    read_only: list[str] = field(default_factory=list)
+    read_write: list[str] = field(default_factory=list)
+
+
+class Jail:
+    """How this zygote starts a candidate's process tree."""
+
+    def __init__(self, device: str, isolated: bool):
+        self.device = device
+        self.isolated = isolated
+        self.plan = iso.build_plan(device) if isolated else iso.MountPlan()
+
+    def spawn(self, prepare: Callable[[], Prepared]) -> int:
+        """Fork A; returns its pid once A is inside its namespaces (if any). A calls `prepare`."""
+        sync_r, sync_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(sync_r)
+                os.close(go_w)
+                code = self._process_a(prepare, sync_w, go_r)
+            except BaseException:  # noqa: BLE001  (A's last words belong in the zygote log)
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        os.close(sync_w)
+        os.close(go_r)
+        try:
+            if self.isolated and os.read(sync_r, 1) == b"u":
+                ok = b"g"
+                try:
+                    iso.write_id_maps(pid, self.plan)
+                except OSError as exc:
+                    print(f"uid/gid maps for {pid}: {exc}", file=sys.stderr, flush=True)
+                    ok = b"x"
+                os.write(go_w, ok)
+        finally:
+            os.close(sync_r)
+            os.close(go_w)
+        return pid
+
+    def _process_a(self, prepare: Callable[[], Prepared], sync_w: int, go_r: int) -> int:
+        os.setsid()
+        iso.die_with_parent()
+        if self.isolated:
+            iso.unshare_namespaces()
+            os.write(sync_w, b"u")
+            if os.read(go_r, 1) != b"g":
+                return SETUP_FAILED
+        os.close(sync_w)
+        os.close(go_r)
+        job = prepare()
+        if not self.isolated:
+            iso.become_subreaper()
+            status = self._fork_c(job.body)
+            iso.kill_descendants(os.getpid())
+            _exit_like(status)
+        ro, rw = self.plan.with_job(job.read_only, job.read_write)
+        uid = iso.candidate_uid(self.plan, job.read_only)
+        report_r, report_w = os.pipe()
+        alive_r, alive_w = os.pipe()  # B sees EOF here once A is gone
+        b = os.fork()
+        if b == 0:
+            code = SETUP_FAILED
+            try:
+                os.close(report_r)
+                os.close(alive_w)
+                code = self._process_b(job.body, ro, rw, uid, report_w, alive_r)
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        os.close(report_w)
+        _, b_status = os.waitpid(b, 0)
+        reported = os.read(report_r, 4)
+        if len(reported) == 4:
+            _exit_like(struct.unpack("i", reported)[0])
+        _exit_like(b_status)
+        return 1
+
+    def _process_b(self, body: Callable[[], int], ro: list[str], rw: list[str], uid: int | None, report_w: int,
+                   alive_r: int) -> int:
+        iso.die_with_parent()
+        if select.select([alive_r], [], [], 0)[0]:
+            return 1  # A died before the death signal was armed
+        iso.build_root(self.plan, ro, rw)
+        if uid is not None:
+            iso.chown_tree(rw, uid)
+        status = self._fork_c(body, drop=True, uid=uid)
+        os.write(report_w, struct.pack("i", status))
+        return 0  # as PID 1, B's exit takes every process left in the namespace with it
+
+    def _fork_c(self, body: Callable[[], int], drop: bool = False, uid: int | None = None) -> int:
+        c = os.fork()
+        if c == 0:
+            code = 1
+            try:
+                if drop:
+                    iso.drop_privileges(uid)
+                code = body()
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        while True:  # reap orphans too (B is the namespace's init)
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                return 1 << 8
+            if pid == c:
+                return status
+
+    def probe(self) -> str | None:
+        """Run a trivial body through the whole jail once; None if it works, else what failed."""
+        with tempfile.TemporaryDirectory(prefix="probe-", dir=os.getcwd()) as tmp:
+            out = os.path.join(tmp, "out")
+            os.makedirs(out)
+            if self.plan.sandbox_uid is not None:
+                os.chown(out, self.plan.sandbox_uid, self.plan.sandbox_uid)
+            pid = self.spawn(lambda: Prepared(lambda: _probe_body(self.device, out), [], [out]))
+            _, status = os.waitpid(pid, 0)
+            try:
+                with open(os.path.join(out, "result")) as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            if text == "ok" and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                return None
+            return text or f"the sandbox set-up failed (wait status {status}; details in zygote.log)"
+
+
+def _probe_body(device: str, out: str) -> int:
+    problems = []
+    if len([p for p in os.listdir("/proc") if p.isdigit()]) > 3:
+        problems.append("the host's processes are visible")
+    if device == "cuda":
+        try:
+            os.close(os.open("/dev/nvidiactl", os.O_RDWR))
+        except OSError as exc:
+            problems.append(f"cannot open /dev/nvidiactl inside the sandbox ({exc.strerror})")
+    with open(os.path.join(out, "result"), "w") as f:
+        f.write("; ".join(problems) or "ok")
+    return 0
+
+
+def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
+    """In A: take the job off the socket."""
     from ksearch_ray.evaluation.sandbox.channel import Channel
-    from ksearch_ray.evaluation.sandbox.worker import serve
 
     ctrl.close()  # the candidate must not be able to talk to the zygote
-    os.setsid()
-    _die_with_parent()
     sock = socket.socket(fileno=job_fd)
     key = b""
     while len(key) < 32:
         chunk = sock.recv(32 - len(key))
         if not chunk:
-            return 3
+            raise ConnectionError("evaluator closed the job socket")
         key += chunk
     chan = Channel(sock, key)
     job = chan.recv()
-    return serve(chan, job)
+
+    def body() -> int:
+        from ksearch_ray.evaluation.sandbox.worker import serve
+
+        return serve(chan, job, clock_fd)
+
+    return Prepared(body, [job["task_root"]], [job["workdir"], job["triton_cache_dir"]])
 
 
-def main(ctrl_fd: int) -> None:
+def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
+    from pathlib import Path
+
     import torch  # noqa: F401  (the whole point: pay for these imports once)
     import triton  # noqa: F401
 
     import ksearch_ray.evaluation.sandbox.worker  # noqa: F401  (captures the harness's private references pre-candidate)
     import ksearch_ray.taskspec.task  # noqa: F401
+    from ksearch_ray.evaluation.sandbox import clock
 
     ctrl = socket.socket(fileno=ctrl_fd)
-    _reply(ctrl, {"ready": True, "pid": os.getpid()})
+    iso.become_subreaper()  # whatever a worker leaves behind comes back here, to be killed
+    clock.load(Path.cwd() / "native")  # before the plan: the stopwatch's folder stays out of the candidate's view
+    problem = None
+    jail = Jail(device, isolated=False)
+    if mode is not iso.Isolation.OFF:
+        try:
+            jail = Jail(device, isolated=True)
+            problem = jail.probe()
+        except (OSError, iso.IsolationError) as exc:
+            problem = str(exc)
+        if problem is not None:
+            jail = Jail(device, isolated=False)
+    _reply(ctrl, {"ready": True, "pid": os.getpid(), "isolated": jail.isolated, "isolation_problem": problem,
+                  "clock_problem": clock.problem})
     while True:
         data, fds, _, _ = socket.recv_fds(ctrl, 65536, 4)
         if not data:
             return  # the evaluator is gone
         msg = json.loads(data)
         if msg["cmd"] == "run":
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    code = _run_child(ctrl, fds[0])
-                except BaseException:  # noqa: BLE001  (the worker's last words belong in its log)
-                    traceback.print_exc()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
-            os.close(fds[0])
+            job_fd, clock_fd = fds[0], fds[1]
+            pid = jail.spawn(lambda: _prepare_job(ctrl, job_fd, clock_fd))  # noqa: B023  (runs before the loop goes on)
+            os.close(job_fd)
+            os.close(clock_fd)
             _reply(ctrl, {"pid": pid})
         elif msg["cmd"] == "wait":
-            _, status = os.waitpid(msg["pid"], 0)
+            try:
+                _, status = os.waitpid(msg["pid"], 0)
+            except ChildProcessError:
+                status = 255 << 8
+            iso.kill_descendants(os.getpid())  # orphans of a worker killed before its own clean-up
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
             _reply(ctrl, {"pid": msg["pid"], "code": code, "signal": sig})
@@ -96,4 +283,4 @@ def main(ctrl_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2], iso.Isolation(sys.argv[3]))

@@ -79,6 +79,9 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
         f"(${state.llm_cost_usd:.2f}, {state.llm_tokens} tokens); resumed {state.resumes}×",
         highlight=False,
     )
+    lost = lost_evaluations(events)
+    if lost:
+        console.print(f"evaluations lost to evaluator failures: {len(lost)} ({'; '.join(lost)})", highlight=False)
     ledger = llm_ledger_table(events)
     if ledger is not None:
         console.print(ledger)
@@ -94,6 +97,15 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
             console.print(text, highlight=False, markup=False)
     else:
         console.print("\nno solution better than the baseline yet", highlight=False)
+
+
+def lost_evaluations(events: list[dict]) -> list[str]:
+    """One phrase per evaluation an evaluator (or its node) took down with it, from `evaluator_lost` events."""
+    evaluated = {e["solution_id"] for e in events if e["kind"] == "evaluation"}
+    return [
+        f"{e['solution_id']} on evaluator {e['evaluator']}, " + ("evaluated again" if e["solution_id"] in evaluated else "not evaluated since")
+        for e in events if e["kind"] == "evaluator_lost"
+    ]
 
 
 def llm_ledger_table(events: list[dict]) -> Table | None:

@@ -212,7 +212,7 @@ class Search:
             self._seed_solutions = {}
             for name in self.task.solution_names():
                 sol = self.task.solution(name)
-                if read_tunables(sol.sources[sol.entry_file]) or name == self.task.definition.baseline:
+                if any(read_tunables(text) for text in sol.sources.values()) or name == self.task.definition.baseline:
                     self._seed_solutions[name] = sol
         return self._seed_solutions
 
@@ -418,6 +418,7 @@ class Search:
         name = self.config.from_solution
         if name is None and self.config.model is None:
             seeds = [n for n, s in self._seeds().items() if n != self.task.definition.baseline]
+            seeds.sort(key=lambda n: self._seeds()[n].language != self.config.language)  # the language searched first
             name = seeds[0] if seeds else None
         if name is None:
             self.store.append("seed", solution_id=None)

@@ -29,7 +29,8 @@ def measure(run_dir: Path) -> dict:
     created = json.loads((run_dir / "manifest.json").read_text())["created"]
     evals = [e for e in events if e["kind"] == "evaluation"]
     cands = [e for e in events if e["kind"] == "candidate"]
-    end = next(e for e in events if e["kind"] == "run_end")
+    # A run stopped from outside (the script's timeout) has no run_end: its last event ends it.
+    end = next((e for e in events if e["kind"] == "run_end"), {**events[-1], "reason": "stopped from outside"})
     seed = next((e for e in events if e["kind"] == "seed"), None)
     t0 = cands[0]["t"] if cands else end["t"]
     phase = max(end["t"] - t0, 1e-9)

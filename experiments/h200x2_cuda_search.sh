@@ -10,7 +10,7 @@ set -uo pipefail
 mkdir -p /tmp/site && for b in .gpubundle/site.tar.xz .gpubundle/cutlass.tar.xz; do tar xJf "$b" -C /tmp/site; done
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-WALL=${WALL:-120}     # search budget per run, seconds (candidates in flight at the end still finish)
+WALL=${WALL:-140}     # wall budget per run, set-up included (candidates in flight at the end still finish)
 WIDTH=${WIDTH:-12}    # cycles in parallel: enough candidates to cover a build's latency on 2 GPUs
 GQA=gqa_paged_decode_h32_kv4_d128_ps1
 { nvidia-smi -L; nproc; free -g | head -2; date -u; nvcc --version | tail -2
@@ -26,7 +26,7 @@ search() {  # search NAME BUILD_POOL
   rm -rf /tmp/runs/$1 /tmp/scratch-$1
   printf "build_pool: %s\nbuild_cpus: 2\nscratch_dir: /tmp/scratch-%s\nstagnation_window: 3\n" "$2" "$1" > /tmp/$1.yaml
   echo "== $1 (build_pool: $2) $(date -u +%T)"
-  timeout $((WALL + 150)) python3 -m ksearch_ray run --task $GQA --task-dir /tmp/cuda_tasks --from-solution cuda_cute \
+  timeout $((WALL + 90)) python3 -m ksearch_ray run --task $GQA --task-dir /tmp/cuda_tasks --from-solution cuda_cute \
     --language cuda --evaluators 2 --width "$WIDTH" --rounds 60 --max-wall-s "$WALL" --workloads feedback \
     --run-dir /tmp/runs/$1 --no-progress --config /tmp/$1.yaml 2>&1 | grep -v "pid=" | tail -5
   echo "rc=${PIPESTATUS[0]} $(date -u +%T)"

@@ -23,7 +23,7 @@ from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.llm.types import fatal_error
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.search.errors import SearchError
-from ksearch_ray.search.evaluators import EvaluatorPool
+from ksearch_ray.search.evaluators import BUILDER, EvaluatorPool
 from ksearch_ray.search.measure import Spread, confirm_verdict, format_noise, with_noise
 from ksearch_ray.search.policy import Attempt, CodeKind, CodeRequest, PlanKind, PlanReply, PlanRequest
 from ksearch_ray.search.runstate import CycleRecord, RunState, fold
@@ -228,6 +228,8 @@ class Search:
 
     def _speedup(self, result: EvalResult, evaluator: int) -> float | None:
         """Against the baseline measured this session on the same evaluator (so the same GPU)."""
+        if evaluator == BUILDER:  # a compile error from a CPU build task: no GPU measured it
+            return None
         return speedup(self.task.definition, self.baselines[evaluator], result)
 
     def noise(self, evaluator: int = 0) -> float | None:
@@ -549,7 +551,8 @@ class Search:
         attempt.speedup = self._speedup(result, evaluator)
         self.state.evaluations += 1
         self.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round, evaluator=evaluator,
-                          gpu=self.gpu_of[evaluator], solution_id=attempt.solution_id, result=result.model_dump(mode="json"),
+                          gpu=self.gpu_of[evaluator] if evaluator != BUILDER else None, solution_id=attempt.solution_id,
+                          result=result.model_dump(mode="json"),
                           speedup=attempt.speedup)
         outcome = with_noise(attempt.speedup, self.noise(evaluator)) if result.passed else result.message[:120]
         self.on_line(f"round {attempt.round} ({rec.cycle_id} on {rec.node_id}, {attempt.kind}): {result.status.value} {outcome}")

@@ -16,7 +16,8 @@ whichever evaluator is free first (`evaluate`) or from one evaluator in particul
   replacement actor is started in the background; it takes the dead one's place only once it
   runs, and is given up after `evaluator_replace_timeout_s` (on a lost node it may never be
   placed). An evaluation from the queue goes straight back to the queue and runs on whichever
-  evaluator is free next; an addressed one waits for its evaluator's replacement. If every
+  evaluator is free next; an addressed one runs on another evaluator with the same GPU, or
+  waits for its evaluator's replacement if there is none. If every
   evaluator is lost and none can be replaced, the pool says so instead of waiting forever.
 * **Busy time** per evaluator, so reports can say how much of the GPUs' time went to measuring.
 """
@@ -294,16 +295,30 @@ class EvaluatorPool:
         if record is not None and not record.passed:
             return self._build_verdict(solution, workload_set, record)
         for attempt in range(1, ACTOR_RETRIES + 1):
-            if index in self._replacing:
-                await asyncio.shield(self._replacing[index])
-            if index in self._given_up:
+            target = self._stand_in(index)
+            if target in self._replacing:
+                await asyncio.shield(self._replacing[target])
+            if target in self._given_up:
                 raise EvaluatorPoolError(f"evaluator {index} was lost and could not be replaced")
             try:
-                return await self._on(index, solution, workload_set, record, library)
+                return await self._on(target, solution, workload_set, record, library)
             except RayActorError:
-                log.warning("evaluator %d died mid-evaluation; waiting for its replacement (%d/%d)", index, attempt, ACTOR_RETRIES)
-                self._lose(index, solution)
+                log.warning("evaluator %d died mid-evaluation (%d/%d)", target, attempt, ACTOR_RETRIES)
+                self._lose(target, solution)
         raise EvaluatorPoolError(f"evaluator {index} died {ACTOR_RETRIES} times in a row")
+
+    def _stand_in(self, index: int) -> int:
+        """`index`; while it is lost, a running evaluator with the same GPU, if there is one (an addressed
+        evaluation is about the GPU type: baselines, re-timing), rather than waiting for a replacement that a
+        lost node may never get."""
+        if index not in self._replacing and index not in self._given_up:
+            return index
+        gpu = self.infos.get(index, {}).get("name")
+        for other in range(self.size):
+            running = other not in self._replacing and other not in self._given_up
+            if running and other != index and gpu is not None and self.infos.get(other, {}).get("name") == gpu:
+                return other
+        return index
 
     async def _on(self, index: int, solution: Solution, workload_set: str, record: BuildRecord | None,
                   library: Any) -> EvalResult:

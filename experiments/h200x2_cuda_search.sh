@@ -24,7 +24,9 @@ rm -rf /tmp/cuda_tasks/$GQA/solutions/{triton_seed,flashinfer}
 
 search() {  # search NAME BUILD_POOL
   rm -rf /tmp/runs/$1 /tmp/scratch-$1
-  printf "build_pool: %s\nbuild_cpus: 2\nscratch_dir: /tmp/scratch-%s\nstagnation_window: 3\n" "$2" "$1" > /tmp/$1.yaml
+  # One baseline per GPU and no re-timing at the end: the device time goes to the search itself.
+  printf "build_pool: %s\nbuild_cpus: 2\nscratch_dir: /tmp/scratch-%s\nstagnation_window: 3\nnoise_repeats: 1\nconfirm_repeats: 0\n" \
+    "$2" "$1" > /tmp/$1.yaml
   echo "== $1 (build_pool: $2) $(date -u +%T)"
   timeout $((WALL + 90)) python3 -m ksearch_ray run --task $GQA --task-dir /tmp/cuda_tasks --from-solution cuda_cute \
     --language cuda --evaluators 2 --width "$WIDTH" --rounds 60 --max-wall-s "$WALL" --workloads feedback \

@@ -101,7 +101,7 @@ def print_run(console: Console, run_dir) -> None:  # type: ignore[no-untyped-def
 
 def lost_evaluations(events: list[dict]) -> list[str]:
     """One phrase per evaluation an evaluator (or its node) took down with it, from `evaluator_lost` events."""
-    evaluated = {e["solution_id"] for e in events if e["kind"] == "evaluation"}
+    evaluated = {e.get("solution_id") for e in events if e["kind"] in ("evaluation", "baseline", "seed", "seed_repeat", "confirm")}
     return [
         f"{e['solution_id']} on evaluator {e['evaluator']}, " + ("evaluated again" if e["solution_id"] in evaluated else "not evaluated since")
         for e in events if e["kind"] == "evaluator_lost"

@@ -48,11 +48,12 @@ def cluster(tmp_path: Path):
         "num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "_system_config": fast,
     })
     nodes = {
-        "gpu_a": c.add_node(num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_a"])}),
-        "gpu_b": c.add_node(num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_b"])}),
-        "build": c.add_node(num_cpus=2, num_gpus=0, resources={"ksearch_build": 2}, env_vars={"TMPDIR": str(tmp["build"])}),
+        "gpu_a": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_a"])}),
+        "gpu_b": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_b"])}),
+        "build": c.add_node(wait=False, num_cpus=2, num_gpus=0, resources={"ksearch_build": 2},
+                            env_vars={"TMPDIR": str(tmp["build"])}),
     }
-    c.wait_for_nodes()
+    c.wait_for_nodes(timeout=180)  # generous: raylets start slowly on a loaded 2-core machine
     yield c, nodes, tmp
     c.shutdown()
 

@@ -64,6 +64,27 @@ class RunConfig(BaseModel):
     evaluator_gpus: bool = Field(
         default=False, description="Reserve one GPU per evaluator even on --device cpu (tests with fake GPUs)."
     )
+    build_pool: bool = Field(
+        default=True,
+        description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (false: inside the "
+        "evaluation, on the evaluator's GPU, as before).",
+    )
+    build_cpus: float = Field(default=2.0, gt=0, description="num_cpus of each build task (also its ninja MAX_JOBS).")
+    build_resource: str | None = Field(
+        default=None,
+        description="A custom Ray resource builds ask a little of, so they run only on nodes declaring it "
+        "(cluster.yaml's CPU build nodes declare ksearch_build); none: any node with free CPUs.",
+    )
+    build_timeout_s: float = Field(default=900.0, gt=0, description="A build that gives no result this long is a TIMEOUT.")
+    scratch_dir: str | None = Field(
+        default=None,
+        description="Node-local working directory on every node: the build cache, build sandboxes, and the sandboxes "
+        "of evaluators away from the driver's node. Default: <system temp>/ksearch-ray-<uid>.",
+    )
+    evaluator_replace_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="An evaluator started to replace a lost one and not running after this long is given up.",
+    )
     language: Literal["triton", "cuda", "python"] = Field(default="triton", description="What the LLM coder writes.")
     workloads: str | None = Field(default=None, description="Workload set that scores candidates.")
     mode: Literal["fresh", "reuse"] = "fresh"
@@ -71,6 +92,9 @@ class RunConfig(BaseModel):
     noise_repeats: int = Field(
         default=2, ge=1,
         description="Measurements of the baseline (per evaluator) and of the seed in a run's first session: the noise estimate.",
+    )
+    retime_best: bool = Field(
+        default=True, description="Believe a new best only once a second, independent measurement agrees with the first."
     )
     confirm_repeats: int = Field(
         default=3, ge=0, description="Interleaved re-timings of the best against the baseline at the end (0: none)."

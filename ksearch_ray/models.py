@@ -110,6 +110,11 @@ class EvalResult(BaseModel):
     timed: bool = Field(default=False, description="Whether latencies were measured.")
     seconds: float = Field(default=0.0, description="Wall time of the evaluation, sandbox start to verdict.")
     overhead_seconds: float = Field(default=0.0, description="Sandbox cost: fork, setup and teardown.")
+    build_seconds: float = Field(
+        default=0.0,
+        description="Of `seconds`, the build stage: compiling (or importing) the candidate, or loading a library "
+        "built ahead of time on a CPU worker (whose compile time is not counted here).",
+    )
 
     @property
     def passed(self) -> bool:

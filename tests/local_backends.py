@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
 from ksearch_ray.search.engine import Backends, Search
 from ksearch_ray.search.methods import method_for
@@ -77,12 +78,19 @@ class FakeEvaluators:
         self.busy_s: dict[int, float] = {}
         self.in_flight: dict[int, tuple[str, float]] = {}
         self.evaluated: list[Solution] = []
+        self.retimed: list[Solution] = []
+        self.retime_agrees: Callable[[Solution], bool] = lambda _solution: True
 
     async def describe_all(self) -> list[dict[str, Any]]:
         return [{"name": "fake", "hardware": "a fake evaluator"} for _ in range(self.size)]
 
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
         return await self.evaluate_on(0, solution, workload_set), 0
+
+    async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult:
+        self.retimed.append(solution)
+        return RetimeResult(agreed=self.retime_agrees(solution), status=Status.PASSED,
+                            message="" if self.retime_agrees(solution) else "primary below the re-timed figure")
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
         await asyncio.sleep(0)

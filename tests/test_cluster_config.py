@@ -4,7 +4,8 @@
 counts) and then validate_config (the launcher's JSON schema plus its cross-field
 checks) before it talks to AWS; these tests run the same two functions and stop there.
 On top of that they check the properties the rest of ksearch-ray relies on: a head
-without GPUs that carries the custom resource "ksearch_head", GPU workers, `ray start`
+without GPUs that carries the custom resource "ksearch_head", GPU workers, CPU build workers
+that declare "ksearch_build" and no GPU (and GPU workers that do not take builds), `ray start`
 flags that agree with the declared resources, RAY_AUTH_MODE=token on every node, and no
 auth token written into the file. Each of those checks is also shown to fire on a broken
 copy, so that none of them passes vacuously.
@@ -33,6 +34,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_YAML = REPO / "cluster.yaml"
 HEAD_RESOURCE = "ksearch_head"
+BUILD_RESOURCE = "ksearch_build"  # what `build_resource: ksearch_build` sends builds to
 DEFAULT_TOKEN_PATH = "~/.ray/auth_token"  # where Ray looks when RAY_AUTH_TOKEN(_PATH) are unset
 
 Config = dict[str, Any]
@@ -150,12 +152,20 @@ def problems(config: Config, text: str | None = None) -> list[str]:
         out.append(f"head must declare {HEAD_RESOURCE} >= 1")
     if re.match(r"(p|g)\d", head["node_config"]["InstanceType"]):
         out.append(f"head instance type {head['node_config']['InstanceType']} is a GPU type")
-    # Workers: GPUs, and nobody else gets the head resource.
-    if not workers:
-        out.append("no worker node type")
+    # Workers: GPU types for evaluators, CPU types for builds; nobody else gets the head resource.
+    gpu_types = [n for n, wt in workers.items() if wt["resources"].get("GPU", 0) >= 1]
+    build_types = [n for n, wt in workers.items() if wt["resources"].get(BUILD_RESOURCE, 0) > 0]
+    if not gpu_types:
+        out.append("no GPU worker node type")
+    if not build_types:
+        out.append(f"no build worker node type (declaring {BUILD_RESOURCE})")
     for name, wt in workers.items():
-        if wt["resources"].get("GPU", 0) < 1:
-            out.append(f"worker type {name} declares no GPU")
+        if name not in gpu_types and name not in build_types:
+            out.append(f"worker type {name} declares neither a GPU nor {BUILD_RESOURCE}")
+        if name in gpu_types and name in build_types:
+            out.append(f"worker type {name} has GPUs and takes builds: nvcc would run beside measurements")
+        if name in build_types and wt["resources"].get("GPU") != 0:
+            out.append(f"build worker type {name} must declare GPU: 0")
         if HEAD_RESOURCE in wt["resources"]:
             out.append(f"worker type {name} declares {HEAD_RESOURCE}")
         if wt["node_config"].get("ImageId") != head["node_config"].get("ImageId"):
@@ -175,13 +185,17 @@ def problems(config: Config, text: str | None = None) -> list[str]:
     if env.get("RAY_AUTH_MODE") != "token":
         out.append("head `ray start` must run with RAY_AUTH_MODE=token")
 
-    # `ray start` on workers: join the head, one GPU count for every worker type, auth.
+    # `ray start` on workers: join the head, auth. One command serves every worker type, so it
+    # pins no resources (each type's declaration arrives as RAY_OVERRIDE_RESOURCES), and a node
+    # whose visible GPUs differ from its type's declaration fails before it joins.
     env, flags = ray_start(config["worker_start_ray_commands"])
     if not flags.get("--address", "").startswith("$RAY_HEAD_IP:"):
         out.append("worker start command must join $RAY_HEAD_IP")
-    for name, wt in workers.items():
-        if flags.get("--num-gpus") != str(wt["resources"].get("GPU")):
-            out.append(f"worker --num-gpus={flags.get('--num-gpus')} disagrees with {name}'s declared GPUs")
+    for flag in ("--num-gpus", "--num-cpus", "--resources"):
+        if flag in flags:
+            out.append(f"worker start command pins {flag}, which some worker type does not declare")
+    if not any("nvidia-smi -L" in c and "RAY_OVERRIDE_RESOURCES" in c for c in config["worker_start_ray_commands"]):
+        out.append("worker start commands do not check the visible GPUs against the declared ones")
     if env.get("RAY_AUTH_MODE") != "token":
         out.append(
             "worker `ray start` must run with RAY_AUTH_MODE=token (workers never turn it on by themselves)"
@@ -230,10 +244,15 @@ def test_node_types(raw: Config) -> None:
     head = types[raw["head_node_type"]]
     assert head["resources"]["GPU"] == 0 and head["resources"][HEAD_RESOURCE] == 1
     assert head.get("max_workers", 0) == 0
-    (worker,) = _worker_types(raw).values()
-    assert worker["node_config"]["InstanceType"] == "p5.48xlarge"
-    assert worker["resources"] == {"CPU": 192, "GPU": 8}
-    assert 0 <= worker["min_workers"] <= worker["max_workers"] <= raw["max_workers"]
+    workers = _worker_types(raw)
+    assert set(workers) == {"ray.worker.h100", "ray.worker.cpu"}
+    gpu, build = workers["ray.worker.h100"], workers["ray.worker.cpu"]
+    assert gpu["node_config"]["InstanceType"] == "p5.48xlarge"
+    assert gpu["resources"] == {"CPU": 192, "GPU": 8}
+    assert build["resources"]["GPU"] == 0 and build["resources"][BUILD_RESOURCE] == build["resources"]["CPU"]
+    for worker in workers.values():
+        assert 0 <= worker["min_workers"] <= worker["max_workers"] <= raw["max_workers"]
+    assert sum(w["max_workers"] for w in workers.values()) <= raw["max_workers"]
     # A placeholder of the shape AWS uses, to be replaced per region (see the comment).
     assert re.fullmatch(r"ami-[0-9a-f]{8}(?:[0-9a-f]{9})?", head["node_config"]["ImageId"])
 
@@ -313,7 +332,16 @@ PROPERTY_BREAKS: dict[str, Callable[[Config], None]] = {
     "worker declares no GPU": lambda c: _worker_type(c)["resources"].pop("GPU"),
     "head started without --num-gpus=0": _replace_in("head_start_ray_commands", " --num-gpus=0", ""),
     "head started with GPUs": _replace_in("head_start_ray_commands", "--num-gpus=0", "--num-gpus=8"),
-    "worker --num-gpus disagrees": _replace_in("worker_start_ray_commands", "--num-gpus=8", "--num-gpus=4"),
+    "worker start pins --num-gpus": _replace_in("worker_start_ray_commands", "--object-manager-port=8076",
+                                                "--object-manager-port=8076 --num-gpus=8"),
+    "worker GPU check dropped": lambda c: c.update(
+        worker_start_ray_commands=[x for x in c["worker_start_ray_commands"] if "nvidia-smi" not in x]
+    ),
+    "build node declares a GPU": lambda c: c["available_node_types"]["ray.worker.cpu"]["resources"].update(GPU=8),
+    "GPU node takes builds": lambda c: c["available_node_types"]["ray.worker.h100"]["resources"].update(
+        {BUILD_RESOURCE: 8}
+    ),
+    "no build node type": lambda c: c["available_node_types"].pop("ray.worker.cpu"),
     "worker without RAY_AUTH_MODE": _replace_in("worker_start_ray_commands", "RAY_AUTH_MODE=token ", ""),
     "head without RAY_AUTH_MODE": _replace_in(
         "head_start_ray_commands", "RAY_AUTH_MODE=token", "RAY_AUTH_MODE=disabled"

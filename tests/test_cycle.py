@@ -179,3 +179,14 @@ def test_renewing_a_lease_keeps_the_version(tmp_path):
         assert search.tree().version == version and search.tree().leases["n1"].expires_at == 90.0
 
     asyncio.run(go())
+
+
+def test_a_new_best_that_an_independent_re_timing_contradicts_is_not_recorded(tmp_path):
+    evaluators = FakeEvaluators(judge)
+    evaluators.retime_agrees = lambda solution: solution.name != "ms=0.1"  # too good to be true
+    search = local_search(tmp_path, planner([insert("root", "tile")]), coder("ms=0.1", "ms=1.5"), evaluators,
+                          rounds=2, stagnation_window=5)
+    state = run(search)
+    retimes = [e for e in search.store.read_events() if e["kind"] == "retime"]
+    assert [(e["agreed"]) for e in retimes] == [False, True]
+    assert state.best is not None and state.best["speedup"] == 1.0 / 1.5  # the honest one, not the 10x

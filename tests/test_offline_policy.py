@@ -605,3 +605,23 @@ def test_scores_are_a_monotone_map_of_predicted_gain(kind: PlanKind) -> None:
         pairs.sort()
         assert [s for _, s in pairs] == sorted(s for _, s in pairs)
         assert all(0.0 <= s <= 1.0 and math.isfinite(e) and e > 0 for e, s in pairs)
+
+
+def test_cxx_tunables_are_read_in_order_and_rewritten_in_place() -> None:
+    from ksearch_ray.taskspec.tunables import TunableError, rewrite_tunables
+
+    source = (
+        "#include <cstdint>\n"
+        "constexpr int kTileN = 32;  // tunable: [8, 16, 32]\n"
+        "  static constexpr float kScale = 0.5;  // tunable: [0.25, 0.5]\n"
+        "constexpr int kFixed = 3;\n"
+    )
+    declared = read_tunables(source)
+    assert list(declared) == ["kTileN", "kScale"]
+    assert declared["kTileN"].value == 32 and declared["kTileN"].choices == (8, 16, 32)
+    rewritten = rewrite_tunables(source, {"kTileN": 8, "kScale": 0.25})
+    assert "constexpr int kTileN = 8;  // tunable: [8, 16, 32]" in rewritten
+    assert "  static constexpr float kScale = 0.25;  // tunable: [0.25, 0.5]" in rewritten
+    assert rewritten.replace("= 8;", "= 32;").replace("= 0.25;", "= 0.5;") == source
+    with pytest.raises(TunableError, match="numbers only"):
+        read_tunables("constexpr bool kFast = True;  // tunable: [True, False]\n")

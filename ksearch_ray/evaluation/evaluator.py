@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from ksearch_ray.evaluation.buildcache import BuildRecord, sha256_bytes
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
 from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
 from ksearch_ray.evaluation.retime import RetimeResult, retime
@@ -90,7 +91,9 @@ class _Run:
     check_seeds: list[int]
     time_seeds: list[int]
     stage: Stage | None = None  # what follows the correctness checks when timed; None: Evaluator._time
+    prebuilt: BuildRecord | None = None
     results: list[WorkloadResult] = field(default_factory=list)
+    build_seconds: float = 0.0
 
 
 class Failure(Exception):
@@ -178,9 +181,11 @@ class Evaluator:
         timed: bool | None = None,
         options: frozenset[str] | set[str] = frozenset(),
         progress: Callable[[str], None] | None = None,
+        prebuilt: tuple[BuildRecord, bytes] | None = None,
         _stage: Stage | None = None,
     ) -> EvalResult:
         """The verdict on `solution`. `progress` hears one short line per stage and workload.
+        `prebuilt`: the library of this solution built ahead of time (a CUDA/C++ candidate); loaded, not built.
         `_stage` replaces the timing stage (Evaluator.retime uses it); its seeds are drawn apart
         from the timing ones.
 
@@ -189,6 +194,8 @@ class Evaluator:
         """
         self._progress = progress or (lambda _message: None)
         timed = (workload_set != "tests") if timed is None else timed
+        if prebuilt is not None and (prebuilt[0].solution_id != solution.id or sha256_bytes(prebuilt[1]) != prebuilt[0].sha256):
+            raise ValueError(f"the prebuilt library given for {solution.id} is not this solution's build")
         workloads = task.workloads(workload_set, self.device)
         tag = "time" if _stage is None else "retime"
         run = _Run(
@@ -196,6 +203,7 @@ class Evaluator:
             [derive_seed(self.secret, w.name, w.params.get("seed"), "check") for w in workloads],
             [derive_seed(self.secret, w.name, w.params.get("seed"), tag) for w in workloads],
             stage=_stage,
+            prebuilt=prebuilt[0] if prebuilt else None,
         )
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
@@ -203,7 +211,7 @@ class Evaluator:
             device_name=device_name(self.device), compat=sorted(options), timed=timed,
         )
         t0 = time.monotonic()
-        workdir = self._workdir(solution)
+        workdir = self._workdir(solution, prebuilt[1] if prebuilt else None)
         self._current_workdir = workdir
         worker = self.sandbox.start(self._job(run, workdir))
         busy = 0.0
@@ -222,6 +230,7 @@ class Evaluator:
         result.workloads = run.results
         result.seconds = time.monotonic() - t0
         result.overhead_seconds = max(0.0, result.seconds - busy)
+        result.build_seconds = run.build_seconds
         if result.status is Status.PASSED and timed:
             result.score = geomean([r.timing.mean_ms for r in run.results if r.timing])
             result.score_kind = "geomean of mean latency (ms)"
@@ -241,7 +250,7 @@ class Evaluator:
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _workdir(self, solution: Solution) -> Path:
+    def _workdir(self, solution: Solution, library: bytes | None = None) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
         src = workdir / "src"
         src.mkdir(parents=True)
@@ -249,6 +258,9 @@ class Evaluator:
             if "/" in name or name.startswith("."):
                 raise ValueError(f"solution file name {name!r} is not a plain file name")
             (src / name).write_text(text)
+        if library is not None:  # the candidate's own copy: nothing it does reaches the build cache
+            (workdir / "prebuilt").mkdir()
+            (workdir / "prebuilt" / "library.so").write_bytes(library)
         return workdir
 
     def _job(self, run: _Run, workdir: Path) -> dict[str, Any]:
@@ -265,6 +277,8 @@ class Evaluator:
             "language": sol.language,
             "entry_file": sol.entry_file,
             "entry_point": sol.entry_point,
+            "prebuilt": {"path": str(workdir / "prebuilt" / "library.so"), "module": run.prebuilt.module_name}
+            if run.prebuilt else None,
             "check": [
                 {"index": i, "workload": w.model_dump(), "seed": s}
                 for i, (w, s) in enumerate(zip(run.workloads, run.check_seeds, strict=True))
@@ -319,10 +333,11 @@ class Evaluator:
                 f"the sandbox could not start a worker ({failure.status.value}: {failure.message})"
                 + (f"; last output: {detail[:300]}" if detail and detail not in failure.message else "")
             ) from None
-        self._progress("building" if run.solution.language == "cuda" else "importing the candidate")
-        build_limit = lim.build_cuda if run.solution.language == "cuda" else lim.build_python
+        compiles = run.solution.language == "cuda" and run.prebuilt is None
+        self._progress("building" if compiles else "loading the prebuilt library" if run.prebuilt else "importing the candidate")
+        build_limit = lim.build_cuda if compiles else lim.build_python
         built = self._recv(worker, build_limit, "build", deadline)
-        busy = float(built.get("seconds", 0.0))
+        busy = run.build_seconds = float(built.get("seconds", 0.0))
         t_check = time.monotonic()
         for i, workload in enumerate(run.workloads):
             msg = self._recv(worker, lim.idle, f"correctness check of {workload.name}", deadline)

@@ -155,6 +155,8 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     else:
         lines.append(f"best: none yet{seed_text}")
     lines.append(f"measurement {format_noise(noise)} (repeated measurements of one kernel disagree by this much)")
+    if summary.lost:
+        lines.append(f"evaluations lost to evaluator failures: {len(summary.lost)} ({'; '.join(summary.lost)})")
     for confirm in summary.confirmed:
         where = f" on {confirm['gpu']}" if len(summary.confirmed) > 1 else ""
         lines.append(f"re-timed{where}, interleaved with the baseline: {confirm.get('verdict')}")

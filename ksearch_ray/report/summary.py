@@ -57,7 +57,23 @@ class RunSummary(BaseModel):
     llm_tokens: int
     ledger: list[LedgerRow]
     cycles_open: list[dict[str, str]] = Field(description="Cycles started and not ended: cycle, node.")
+    lost: list[str] = Field(default_factory=list, description=(
+        "Evaluations an evaluator (or its node) took down with it: the solution, the evaluator, and whether it was "
+        "evaluated again."))
     world_model: dict[str, Any] | None = Field(description="The world-model tree (JSON); null for methods that keep none.")
+
+
+def lost_evaluations(events: list[dict[str, Any]]) -> list[str]:
+    """One phrase per evaluation an evaluator (or its node) took down with it, from `evaluator_lost` events."""
+    evaluated: dict[str, float] = {}
+    for e in events:
+        if e.get("kind") in ("evaluation", "baseline", "seed", "seed_repeat", "confirm") and e.get("solution_id"):
+            evaluated[e["solution_id"]] = e["t"]
+    return [
+        f"{e['solution_id']} on evaluator {e['evaluator']}, "
+        + ("evaluated again" if evaluated.get(e["solution_id"], 0) > e["t"] else "not evaluated since")
+        for e in events if e.get("kind") == "evaluator_lost"
+    ]
 
 
 def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
@@ -85,5 +101,6 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         llm_calls=calls.height, llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
         ledger=[LedgerRow.model_validate(row) for row in run.ledger().iter_rows(named=True)],
         cycles_open=[{"cycle": c, "node": n} for c, n in run.cycles_in_flight()],
+        lost=lost_evaluations(run.events),
         world_model=tree.model_dump(mode="json") if tree else None,
     )

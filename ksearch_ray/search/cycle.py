@@ -165,11 +165,12 @@ class ActionCycle:
         attempt.result, attempt.evaluator = result, evaluator
         attempt.speedup = s.speedup_of(result, evaluator)
         s.state.evaluations += 1
+        gpu = s.gpu_name(evaluator)
         s.store.append("evaluation", cycle=rec.cycle_id, node=rec.node_id, round=attempt.round, evaluator=evaluator,
-                       gpu=s.gpu_of[evaluator], solution_id=attempt.solution_id, result=result.model_dump(mode="json"),
+                       gpu=gpu, solution_id=attempt.solution_id, result=result.model_dump(mode="json"),
                        speedup=attempt.speedup)
-        if result.passed:
-            s.state.note_score(s.gpu_of[evaluator], attempt.solution_id, result.score)
+        if result.passed and gpu is not None:
+            s.state.note_score(gpu, attempt.solution_id, result.score)
         shown = with_noise(attempt.speedup, s.noise(evaluator)) if result.passed else result.message[:120]
         s.on_line(f"round {attempt.round} ({rec.cycle_id} on {rec.node_id}, {attempt.kind}): {result.status.value} {shown}")
         await s.note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round, evaluator)

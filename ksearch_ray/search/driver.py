@@ -101,7 +101,7 @@ class RayPolicy:
 def ray_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -> Search:
     """A search whose world model, planner, coder and evaluators are Ray actors."""
     pool = EvaluatorPool(
-        config, store.root.name, str(store.root / "sandbox"),
+        config, store.root.name,
         on_lost=lambda index, solution_id: store.append("evaluator_lost", evaluator=index, solution_id=solution_id),
     )
     backends = Backends(

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.llm.types import fatal_error
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.search.errors import SearchError
+from ksearch_ray.search.evaluators import BUILDER
 from ksearch_ray.search.evidence import workload_times
 from ksearch_ray.search.measure import Spread, confirm_verdict, format_noise, with_noise
 from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
@@ -34,7 +36,7 @@ from ksearch_ray.search.store import RunStore
 from ksearch_ray.taskspec.task import Task, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
 from ksearch_ray.worldmodel.state import WorldModelState
-from ksearch_ray.worldmodel.tree import EvalSummary, Tree, new_tree
+from ksearch_ray.worldmodel.tree import ROOT_ID, EvalSummary, Tree, new_tree
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class EvaluatorBackend(Protocol):
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]: ...
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult: ...
+
+    async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult: ...
 
 
 @dataclass
@@ -133,6 +137,10 @@ class Search:
         self.results = dict(self.state.results)
         self.set_phase("starting evaluators")
         infos = await self.pool.describe_all()
+        for index, info in enumerate(infos):
+            for warning in info.get("isolation_warnings") or []:
+                self.on_line(f"WARNING: evaluator {index}: {warning}")
+                self.store.append("isolation_warning", evaluator=index, warning=warning)
         self.gpu_of = [str(info["name"]) for info in infos]
         self.hardware = infos[0]["hardware"]
         self.policy_name = await self.backends.planner.name()
@@ -237,7 +245,7 @@ class Search:
             self._seed_solutions = {}
             for name in self.task.solution_names():
                 sol = self.task.solution(name)
-                if read_tunables(sol.sources[sol.entry_file]) or name == self.task.definition.baseline:
+                if any(read_tunables(text) for text in sol.sources.values()) or name == self.task.definition.baseline:
                     self._seed_solutions[name] = sol
         return self._seed_solutions
 
@@ -255,11 +263,17 @@ class Search:
 
     def speedup_of(self, result: EvalResult, evaluator: int) -> float | None:
         """Against the baseline measured this session on the same evaluator (so the same GPU)."""
+        if evaluator == BUILDER:  # a compile error from a CPU build task: no GPU measured it
+            return None
         return speedup(self.task.definition, self.baselines[evaluator], result)
+
+    def gpu_name(self, evaluator: int) -> str | None:
+        return None if evaluator == BUILDER else self.gpu_of[evaluator]
 
     def noise(self, evaluator: int = 0) -> float | None:
         """How far repeated measurements of one kernel disagree on this evaluator's kind of GPU."""
-        return self.state.noise(self.gpu_of[evaluator]) if self.gpu_of else None
+        gpu = self.gpu_name(evaluator) if self.gpu_of else None
+        return self.state.noise(gpu) if gpu is not None else None
 
     def baseline_for(self, evaluator: int | None) -> EvalResult | None:
         return self.baselines.get(evaluator if evaluator is not None else 0) or self.baselines.get(0)
@@ -270,9 +284,13 @@ class Search:
                            log=(result.message + "\n" + result.log).strip())
 
     async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
-        gpu = self.gpu_of[evaluator]
+        gpu = self.gpu_name(evaluator)
+        if value is None or gpu is None:
+            return
         current = self.state.best_by_gpu.get(gpu)
-        if value is None or (current and value <= current["speedup"]):
+        if current and value <= current["speedup"]:
+            return
+        if node != ROOT_ID and self.config.retime_best and not await self._confirmed_by_retiming(solution_id, evaluator):
             return
         best = {"solution_id": solution_id, "speedup": value, "node": node, "round": round_, "gpu": gpu}
         self.store.append("best", **best)
@@ -290,6 +308,20 @@ class Search:
                 "time_ms": {t.workload: t.ms for t in times},
                 "baseline_ms": {t.workload: t.baseline_ms for t in times if t.baseline_ms is not None},
             }])
+
+    async def _confirmed_by_retiming(self, solution_id: str, evaluator: int) -> bool:
+        """A new best is believed only once a second, independent measurement in a fresh sandbox
+        agrees with the first (evaluation/retime.py): a kernel that fooled one clock must fool two."""
+        primary = self.results.get(solution_id)
+        if primary is None:
+            return True
+        check = await self.pool.retime_on(evaluator, self.store.load_solution(solution_id), primary)
+        self.store.append("retime", solution_id=solution_id, evaluator=evaluator, agreed=check.agreed,
+                          status=check.status.value, message=check.message,
+                          workloads=[w.model_dump(mode="json") for w in check.workloads])
+        if not check.agreed:
+            self.on_line(f"not recorded as a best: the independent re-timing disagrees ({check.message[:200]})")
+        return check.agreed
 
     # --- budgets -----------------------------------------------------------------------------------
 
@@ -366,6 +398,7 @@ class Search:
         name = self.config.from_solution
         if name is None and self.config.model is None:
             seeds = [n for n in self.seeds() if n != self.task.definition.baseline]
+            seeds.sort(key=lambda n: self.seeds()[n].language != self.config.language)  # the language searched first
             name = seeds[0] if seeds else None
         if name is None:
             self.store.append("seed", solution_id=None)

@@ -5,8 +5,13 @@ A tunable is one module-level assignment with a trailing marker comment listing 
     BLOCK_N = 64  # tunable: [32, 64, 128]
     USE_TF32 = False  # tunable: [False, True]
 
-Values and choices are Python literals (ints, floats, bools, strings). The offline policy reads
-them with `read_tunables` and writes a variant with `rewrite_tunables`; nothing else changes.
+Values and choices are Python literals (ints, floats, bools, strings). C++ and CUDA sources
+declare numeric tunables as one `constexpr` per line with the marker in a line comment:
+
+    constexpr int kTileN = 32;  // tunable: [16, 32, 64, 128]
+
+The offline policy reads them with `read_tunables` and writes a variant with `rewrite_tunables`;
+nothing else changes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,13 @@ from typing import Any
 
 _LINE = re.compile(
     r"^(?P<name>[A-Z_][A-Z0-9_]*)\s*=\s*(?P<value>[^#\n]+?)\s*#\s*tunable:\s*(?P<choices>\[.*\])[ \t]*$", re.MULTILINE
+)
+
+# The declaration before the name (`constexpr int `, `static constexpr float `) is kept as written.
+_CXX_LINE = re.compile(
+    r"^(?P<decl>[ \t]*(?:static[ \t]+)?constexpr[ \t]+[A-Za-z_][\w:]*[ \t]+)(?P<name>[A-Za-z_]\w*)[ \t]*=[ \t]*"
+    r"(?P<value>[^;\n]+?)[ \t]*;[ \t]*//[ \t]*tunable:[ \t]*(?P<choices>\[.*\])[ \t]*$",
+    re.MULTILINE,
 )
 
 
@@ -32,18 +44,30 @@ class Tunable:
     choices: tuple[Any, ...]
 
 
+def _matches(source: str) -> list[tuple[re.Match[str], bool]]:
+    """Every tunable line, in source order, with whether it is the C++ form."""
+    found = [(m, False) for m in _LINE.finditer(source)] + [(m, True) for m in _CXX_LINE.finditer(source)]
+    return sorted(found, key=lambda pair: pair[0].start())
+
+
 def read_tunables(source: str) -> dict[str, Tunable]:
     out: dict[str, Tunable] = {}
-    for m in _LINE.finditer(source):
+    for m, cxx in _matches(source):
         try:
             value = ast.literal_eval(m["value"])
             choices = tuple(ast.literal_eval(m["choices"]))
         except (ValueError, SyntaxError) as exc:
             raise TunableError(f"tunable {m['name']}: not a literal ({exc})") from None
+        if cxx and not all(_is_number(v) for v in (value, *choices)):
+            raise TunableError(f"tunable {m['name']}: C++ tunables take numbers only")
         if value not in choices:
             raise TunableError(f"tunable {m['name']}: value {value!r} is not among its choices {list(choices)}")
         out[m["name"]] = Tunable(m["name"], value, choices)
     return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def rewrite_tunables(source: str, values: dict[str, Any]) -> str:
@@ -60,4 +84,9 @@ def rewrite_tunables(source: str, values: dict[str, Any]) -> str:
             return m[0]
         return f"{m['name']} = {values[m['name']]!r}  # tunable: {m['choices']}"
 
-    return _LINE.sub(replace, source)
+    def replace_cxx(m: re.Match[str]) -> str:
+        if m["name"] not in values:
+            return m[0]
+        return f"{m['decl']}{m['name']} = {values[m['name']]!r};  // tunable: {m['choices']}"
+
+    return _CXX_LINE.sub(replace_cxx, _LINE.sub(replace, source))

@@ -2,18 +2,34 @@
 
 Python and Triton solutions are imported from their files under a private module name; CUDA
 solutions are compiled with torch's extension builder (CUTLASS/CuTe headers from the
-nvidia-cutlass package on the include path, an sm_90a target on Hopper).
+nvidia-cutlass package on the include path, an sm_90a target on Hopper). A solution of C++
+sources only (no .cu file) builds without CUDA, so it also runs on the CPU path.
+
+A build can also run on its own, ahead of the evaluation: `serve_build` is the sandboxed side
+of a build job (ksearch_ray.evaluation.builder), which compiles for the evaluators' GPUs on a
+CPU worker; the evaluation then gets the library as `prebuilt` and only loads it.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# Part of every build key (ksearch_ray.evaluation.buildcache): a change here rebuilds everything.
+CXX_FLAGS = ["-O3", "-std=c++17"]
+CUDA_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+SOURCE_SUFFIXES = {".cu", ".cpp", ".cc"}
+
+
+def build_flags() -> dict[str, list[str]]:
+    return {"cxx": CXX_FLAGS, "cuda": CUDA_FLAGS}
 
 
 class BuildError(Exception):
@@ -28,8 +44,12 @@ def cutlass_include_dir() -> Path | None:
     return include if (include / "cute" / "tensor.hpp").is_file() else None
 
 
-def load_entry(sol_dir: Path, language: str, entry_file: str, entry_point: str, module_name: str) -> Callable[..., Any]:
-    if language == "cuda":
+def load_entry(sol_dir: Path, language: str, entry_file: str, entry_point: str, module_name: str,
+               prebuilt: dict[str, str] | None = None) -> Callable[..., Any]:
+    """`prebuilt` ({"path", "module"}): a library built ahead of time for this solution; load it, build nothing."""
+    if prebuilt is not None:
+        module = _load_library(Path(prebuilt["path"]), prebuilt["module"])
+    elif language == "cuda":
         module = _build_cuda(sol_dir, module_name)
     else:
         module = _import_python(sol_dir / entry_file, module_name)
@@ -49,43 +69,89 @@ def _import_python(path: Path, module_name: str) -> Any:
     return module
 
 
-def _arch_list() -> str:
-    import torch
-
-    major, minor = torch.cuda.get_device_capability()
+def arch_for(major: int, minor: int) -> str:
+    """The TORCH_CUDA_ARCH_LIST entry for a GPU of this compute capability."""
     # Hopper's wgmma / TMA instructions exist only in the arch-specific sm_90a target.
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
 
 
 def _build_cuda(sol_dir: Path, module_name: str) -> Any:
     import torch
+
+    archs = [arch_for(*torch.cuda.get_device_capability())] if torch.cuda.is_available() else []
+    return compile_extension(sol_dir, sol_dir.parent / "build", module_name, archs)
+
+
+def compile_extension(sol_dir: Path, build_dir: Path, module_name: str, archs: list[str]) -> Any:
+    """Build the sources of `sol_dir` into build_dir/<module_name>.so for `archs`, and import it."""
+    import torch
     from torch.utils import cpp_extension
 
-    if not torch.cuda.is_available():
-        raise BuildError("CUDA solutions need a CUDA GPU; this evaluator has none")
-    sources = sorted(str(p) for p in sol_dir.iterdir() if p.suffix in {".cu", ".cpp", ".cc"})
+    sources = sorted(str(p) for p in sol_dir.iterdir() if p.suffix in SOURCE_SUFFIXES)
     if not sources:
         raise BuildError("no .cu/.cpp source files")
+    if any(s.endswith(".cu") for s in sources):
+        if not archs:
+            raise BuildError("CUDA sources (.cu) need a CUDA GPU to build for; the evaluators have none")
+        if torch.version.cuda is None:
+            raise BuildError(f"this node's torch {torch.__version__} has no CUDA support: it cannot build .cu sources")
     includes = [str(sol_dir)]
     cutlass = cutlass_include_dir()
     if cutlass is not None:
         includes.append(str(cutlass))
-    os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list()
-    build_dir = sol_dir.parent / "build"
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     build_dir.mkdir(exist_ok=True)
     try:
         return cpp_extension.load(
             name=module_name,
             sources=sources,
             extra_include_paths=includes,
-            extra_cflags=["-O3", "-std=c++17"],
-            extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"],
+            extra_cflags=CXX_FLAGS,
+            extra_cuda_cflags=CUDA_FLAGS,
             build_directory=str(build_dir),
             verbose=True,  # compiler output lands in the worker's log, where trim_compiler_log finds it
         )
     except (RuntimeError, OSError, ImportError) as exc:
         log = _read_tail(build_dir)
         raise BuildError(trim_compiler_log(log or str(exc), missing_cutlass=cutlass is None)) from None
+
+
+def _load_library(path: Path, module_name: str) -> Any:
+    """Import an extension library built ahead of time (torch is already imported: its symbols resolve)."""
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)  # an ImportError (undefined symbol, wrong ABI) propagates: the worker classifies it
+    sys.modules[module_name] = module
+    return module
+
+
+def serve_build(chan: Any, job: dict[str, Any]) -> int:
+    """The sandboxed side of a build job: compile workdir/src into workdir/build/<module>.so, report, exit.
+
+    The library is also imported here once, so link errors (undefined symbols) surface on the
+    build worker, before any GPU is involved. The trusted builder reads the file after this
+    process is gone.
+    """
+    workdir = Path(job["workdir"])
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(tmp)  # nvcc's intermediate files stay in the job's directory
+    os.environ["MAX_JOBS"] = str(job.get("max_jobs", 1))
+    t0 = time.perf_counter()
+    try:
+        compile_extension(workdir / "src", workdir / "build", job["module_name"], list(job["archs"]))
+    except BuildError as exc:
+        chan.send({"type": "fail", "status": "COMPILE_ERROR", "message": "build failed", "log": str(exc)})
+    except Exception as exc:  # the candidate's static initialisers ran at import: its failure, as a status
+        chan.send({"type": "fail", "status": "COMPILE_ERROR", "message": f"import failed: {type(exc).__name__}: {exc}"[:500]})
+    else:
+        chan.send({"type": "built", "seconds": time.perf_counter() - t0})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
 
 
 def _read_tail(build_dir: Path) -> str:

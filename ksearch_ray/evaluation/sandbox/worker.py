@@ -160,7 +160,8 @@ class Worker:
         t0 = _perf()
         try:
             self.entry = load_entry(
-                self.src, self.job["language"], self.job["entry_file"], self.job["entry_point"], f"ks_{self.job['solution_id']}"
+                self.src, self.job["language"], self.job["entry_file"], self.job["entry_point"], f"ks_{self.job['solution_id']}",
+                prebuilt=self.job.get("prebuilt"),
             )
         except BuildError as exc:
             raise CandidateFailure("COMPILE_ERROR", "build failed", str(exc)) from None
@@ -327,6 +328,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     os.environ["TRITON_CACHE_DIR"] = job["triton_cache_dir"]
     os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
     os.environ["HOME"] = str(workdir)
+    if job.get("kind") == "build":  # a build ahead of the evaluation (ksearch_ray.evaluation.builder)
+        from ksearch_ray.evaluation.sandbox.build import serve_build
+
+        return serve_build(chan, job)
     t0 = _perf()
     try:
         worker = Worker(chan, job)

@@ -12,6 +12,9 @@
 // Everything is fp32 after the bf16 loads, so the only rounding is the final bf16 store. An empty
 // request writes 0 and lse -inf. There is no split over the sequence: a long single request runs
 // on only 4 blocks, the first thing a faster kernel would change.
+//
+// The tunables below (tokens per tile, the occupancy hint of __launch_bounds__) are read and
+// rewritten by the offline policy; every choice computes the same result.
 #include "kernel.h"
 
 #include <cuda_bf16.h>
@@ -27,14 +30,15 @@ using namespace cute;
 constexpr int kGroup = kQoHeads / kKvHeads;  // query heads per KV head
 constexpr int kThreads = kHeadDim;           // thread d owns output column d
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileN = 32;                   // tokens per step
+constexpr int kTileN = 32;  // tunable: [8, 16, 32, 64, 128]
+constexpr int kMinBlocksPerSm = 1;  // tunable: [1, 2, 4]
 constexpr int kLaneElems = kHeadDim / 32;    // K elements per lane in the logit step
 constexpr float kLog2e = 1.4426950408889634f;
 
 static_assert(kHeadDim == 128 && kLaneElems == 4, "one 8-byte load per lane covers a 128-wide K row");
 static_assert(kGroup <= 32 && kTileN <= kThreads, "one softmax thread per head, one page id per thread");
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 decode_kernel(const __nv_bfloat16* __restrict__ q_ptr, const __nv_bfloat16* __restrict__ k_ptr,
               const __nv_bfloat16* __restrict__ v_ptr, const int32_t* __restrict__ kv_indptr,
               const int32_t* __restrict__ kv_indices, __nv_bfloat16* __restrict__ out_ptr,

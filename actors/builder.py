@@ -1,0 +1,41 @@
+"""build_extension: a Ray task that builds one CUDA/C++ candidate on a CPU worker, on any node.
+
+It asks for CPUs only (the pool sets how many, and optionally a custom resource that only the
+cluster's build nodes declare). The Builder, and so its sandbox's zygote, lives as long as the
+Ray worker process, which Ray reuses for later builds: only the first build of a worker pays
+for the zygote's imports. The library comes back as the second return value, so it stays in
+the object store until an evaluator's node fetches it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+from ksearch_ray.evaluation.buildcache import BuildCache, BuildRecord, BuildTarget, default_scratch_dir
+from ksearch_ray.evaluation.builder import Builder
+from ksearch_ray.models import Solution
+
+_BUILDERS: dict[tuple[str, float, int], Builder] = {}
+
+
+def node_cache(scratch_dir: str | None) -> BuildCache:
+    """The build cache of the node this process runs on."""
+    return BuildCache(Path(scratch_dir or default_scratch_dir()) / "build-cache")
+
+
+def _builder(scratch_dir: str | None, timeout_s: float, max_jobs: int) -> Builder:
+    root = str(Path(scratch_dir or default_scratch_dir()))
+    key = (root, timeout_s, max_jobs)
+    if key not in _BUILDERS:
+        _BUILDERS[key] = Builder(Path(root) / "builders" / str(os.getpid()), node_cache(root), timeout_s=timeout_s,
+                                 max_jobs=max_jobs, node=ray.get_runtime_context().get_node_id())
+    return _BUILDERS[key]
+
+
+@ray.remote(num_returns=2, max_retries=3)
+def build_extension(solution: Solution, target: BuildTarget, scratch_dir: str | None, timeout_s: float,
+                    max_jobs: int) -> tuple[BuildRecord, bytes | None]:
+    return _builder(scratch_dir, timeout_s, max_jobs).build(solution, target)

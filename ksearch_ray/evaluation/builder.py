@@ -1,0 +1,122 @@
+"""Building CUDA/C++ candidates ahead of their evaluation, on a CPU: the trusted side of a build job.
+
+A `Builder` owns a node's build cache and a sandbox of the evaluators' kind (the same zygote,
+fork, scrubbed environment and authenticated channel; no GPU visible). A build runs
+candidate-supplied sources through the compiler, so it runs there, never in this process:
+
+    Builder.build(solution, target)
+      key = sha256(sources, flags, target archs, toolchain)   cache hit -> (record, library), done
+      fork a sandboxed worker: compile into its job directory (sandbox.build.serve_build)
+      wait for `built` / `fail` (or a timeout, or its death); kill its process group
+      read the library the worker left, hash it, cache it (compile errors too), return it
+
+The library is returned as bytes: the Ray task that calls this (ksearch_ray.actors.builder)
+puts it in the object store, from which the evaluator's node fetches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from ksearch_ray.evaluation.buildcache import (
+    BuildCache,
+    BuildRecord,
+    BuildTarget,
+    build_key,
+    module_name_for,
+    probe_toolchain,
+    sha256_bytes,
+)
+from ksearch_ray.evaluation.sandbox.build import build_flags
+from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
+from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.models import Solution, Status
+
+
+class Builder:
+    """Builds one solution at a time in its own sandbox; many Builders may share one cache directory."""
+
+    def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = ""):
+        self.work_root = Path(work_root)
+        self.cache = cache
+        self.timeout_s = timeout_s
+        self.max_jobs = max_jobs
+        self.node = node
+        self.sandbox = Sandbox("cpu", self.work_root)  # a build needs no GPU, and sees none
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    def key(self, solution: Solution, target: BuildTarget) -> str:
+        return build_key(solution, target, probe_toolchain(), build_flags())
+
+    def build(self, solution: Solution, target: BuildTarget) -> tuple[BuildRecord, bytes | None]:
+        """The build of `solution` for `target`: from this node's cache, or compiled now (and cached)."""
+        key = self.key(solution, target)
+        hit = self.cache.get(key)
+        if hit is not None:
+            record, library = hit
+            return record.model_copy(update={"solution_id": solution.id}), library
+        record, library = self._compile(solution, target, key)
+        self.cache.put(record, library)
+        return record, library
+
+    def _compile(self, solution: Solution, target: BuildTarget, key: str) -> tuple[BuildRecord, bytes | None]:
+        module = module_name_for(key)
+        record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=module,
+                             toolchain=probe_toolchain(), target=target, built_on=self.node)
+        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
+        src = workdir / "src"
+        src.mkdir(parents=True)
+        for name, text in solution.sources.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"solution file name {name!r} is not a plain file name")
+            (src / name).write_text(text)
+        job = {"kind": "build", "workdir": str(workdir), "triton_cache_dir": str(workdir / "triton"),
+               "module_name": module, "archs": list(target.archs), "max_jobs": self.max_jobs}
+        t0 = time.monotonic()
+        worker = self.sandbox.start(job)
+        library = None
+        try:
+            msg = worker.chan.recv(self.timeout_s)
+            if msg.get("type") == "fail":
+                # Whatever status a compromised worker claims, a failed build is a compile error.
+                record.status, record.message, record.log = Status.COMPILE_ERROR, str(msg.get("message", ""))[:500], str(msg.get("log", ""))
+            elif msg.get("type") != "built":
+                record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.get('type')!r} from the build"
+        except ChannelTimeout:
+            record.status, record.message = Status.TIMEOUT, f"the build gave no result in {self.timeout_s:.0f} s"
+        except ChannelClosed:
+            record.status, record.message, record.log = Status.CRASHED, "the build process died", _tail(workdir)
+        except ChannelForgery as exc:
+            record.status, record.message = Status.INTEGRITY_VIOLATION, f"forged message on the build channel ({exc})"
+        finally:
+            # Nothing the candidate started may still run while its output is read.
+            self.sandbox.kill(worker)
+            self.sandbox.reap(worker)
+        record.seconds = time.monotonic() - t0
+        try:
+            if record.passed:
+                path = workdir / "build" / f"{module}.so"
+                if not path.is_file():
+                    record.status, record.message = Status.CRASHED, "the build reported success but left no library"
+                else:
+                    library = path.read_bytes()
+                    record.sha256, record.size = sha256_bytes(library), len(library)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return record, library
+
+
+def _tail(workdir: Path) -> str:
+    tails = []
+    for name in ("stderr.log", "stdout.log"):
+        with contextlib.suppress(OSError):
+            text = (workdir / name).read_text(errors="replace").strip()
+            if text:
+                tails.append(text[-1500:])
+    return "\n".join(tails)

@@ -1,0 +1,2 @@
+def run(x, a, b):
+    return a * x + b

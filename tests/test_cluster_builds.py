@@ -1,0 +1,148 @@
+"""CUDA/C++ builds off the evaluators: the build cache, build jobs in the sandbox, and the pool's builds.
+
+Real compiles throughout (torch's extension builder, the system C++ compiler): the toy C++
+candidate includes no torch header, so a build takes a second or two, not a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
+from ksearch_ray.evaluation.builder import Builder
+from ksearch_ray.evaluation.sandbox.build import build_flags
+from ksearch_ray.models import Solution, Status
+from ksearch_ray.search.evaluators import BUILDER, EvaluatorPool
+from ksearch_ray.taskspec.task import find_task
+
+DATA = Path(__file__).parent / "data"
+TASK = find_task("toy_axpy_cpp", [str(DATA)])
+SEED = TASK.solution("cpp_seed")
+
+
+def variant(solution: Solution, old: str, new: str) -> Solution:
+    text = solution.sources[solution.entry_file]
+    assert old in text
+    return Solution(**{**solution.model_dump(), "sources": {solution.entry_file: text.replace(old, new)}})
+
+
+BROKEN = variant(SEED, "Py_DECREF(value);\n  return out;", "return undefined_name;")
+
+
+@pytest.fixture
+def builder(tmp_path: Path):
+    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
+    yield b
+    b.close()
+
+
+def test_a_second_build_is_a_cache_hit_well_under_a_second(builder: Builder) -> None:
+    record, library = builder.build(SEED, BuildTarget())
+    assert record.status is Status.PASSED and not record.cached and library
+    t0 = time.perf_counter()
+    again, same = builder.build(SEED, BuildTarget())
+    elapsed = time.perf_counter() - t0
+    assert again.cached and same == library and again.sha256 == record.sha256
+    assert elapsed < 0.2, elapsed
+
+
+def test_compile_errors_come_back_trimmed_and_are_cached(builder: Builder) -> None:
+    record, library = builder.build(BROKEN, BuildTarget())
+    assert record.status is Status.COMPILE_ERROR and library is None
+    assert "undefined_name" in record.log and "error" in record.log
+    assert len(record.log.splitlines()) <= 25
+    again, _ = builder.build(BROKEN, BuildTarget())
+    assert again.cached and again.status is Status.COMPILE_ERROR and again.log == record.log
+
+
+def test_a_damaged_cache_entry_is_never_used(builder: Builder, tmp_path: Path) -> None:
+    record, library = builder.build(SEED, BuildTarget())
+    assert library is not None
+    entry = next((tmp_path / "cache").glob(f"*/{record.key}"))
+    damaged = bytearray(library)
+    damaged[len(damaged) // 2] ^= 0xFF  # one byte off: what a disk error or a tampering process could leave
+    (entry / "library.so").write_bytes(bytes(damaged))
+    assert builder.cache.get(record.key) is None
+    rebuilt, fresh = builder.build(SEED, BuildTarget())
+    assert not rebuilt.cached and fresh is not None and rebuilt.sha256 == record.sha256
+
+
+def test_the_build_key_covers_sources_target_flags_and_toolchain() -> None:
+    tc = probe_toolchain()
+    base = build_key(SEED, BuildTarget(), tc, build_flags())
+    assert base == build_key(SEED.model_copy(update={"name": "renamed"}), BuildTarget(), tc, build_flags())
+    others = {
+        build_key(variant(SEED, "kUnroll = 4;", "kUnroll = 8;"), BuildTarget(), tc, build_flags()),
+        build_key(SEED, BuildTarget(archs=("9.0a",)), tc, build_flags()),
+        build_key(SEED, BuildTarget(), tc.model_copy(update={"torch": "0.0"}), build_flags()),
+        build_key(SEED, BuildTarget(), tc, {**build_flags(), "cxx": ["-O0"]}),
+    }
+    assert base not in others and len(others) == 4
+
+
+def test_cuda_sources_without_a_gpu_target_are_a_compile_error(builder: Builder) -> None:
+    cu = Solution(**{**SEED.model_dump(), "sources": {"axpy.cpp": SEED.sources["axpy.cpp"], "k.cu": "__global__ void k() {}\n"}})
+    record, _ = builder.build(cu, BuildTarget())
+    assert record.status is Status.COMPILE_ERROR and "CUDA GPU" in record.log
+
+
+# --- the pool: builds on CPU tasks, ahead of the evaluators -------------------------------------------
+
+
+def _pool(tmp_path: Path, **overrides: object) -> EvaluatorPool:
+    config = RunConfig(task="toy_axpy_cpp", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
+                       scratch_dir=str(tmp_path / "scratch"), **overrides)  # type: ignore[arg-type]
+    return EvaluatorPool(config, f"t{time.time_ns()}", str(tmp_path / "sandbox"))
+
+
+@pytest.mark.slow
+def test_a_compile_error_is_a_verdict_without_an_evaluator(ray_session, tmp_path: Path) -> None:
+    async def go() -> tuple:
+        pool = _pool(tmp_path)
+        return (*await pool.evaluate(BROKEN, "benchmarks"), pool)
+
+    result, index, pool = asyncio.run(go())
+    assert result.status is Status.COMPILE_ERROR and index == BUILDER
+    assert "undefined_name" in result.log
+    assert pool.busy_s == {} and pool.builds == 1
+
+
+@pytest.mark.slow
+def test_a_build_runs_while_its_candidate_waits_for_the_evaluator(ray_session, tmp_path: Path) -> None:
+    """One evaluator, busy with a slow candidate: the C++ candidate submitted next is built meanwhile."""
+    slow = TASK.solution("good")  # plain PyTorch on a million elements: seconds per evaluation on the CPU path
+    seen: dict[str, bool] = {}
+
+    async def go() -> tuple:
+        pool = _pool(tmp_path)
+        first = asyncio.create_task(pool.evaluate(slow, "benchmarks"))
+        while not pool.in_flight:
+            await asyncio.sleep(0.01)
+        second = asyncio.create_task(pool.evaluate(SEED, "benchmarks"))
+        while not first.done():
+            if pool.builds and not pool.building:
+                seen["built while the evaluator was busy"] = True
+            await asyncio.sleep(0.01)
+        return await first, await second, pool
+
+    (slow_result, _), (result, index), pool = asyncio.run(go())
+    assert slow_result.passed and result.passed and index == 0
+    assert seen, "the build waited for the evaluator"
+    assert result.build_seconds < 1.0  # the evaluator loaded the library; it compiled nothing
+
+
+@pytest.mark.slow
+def test_with_the_build_pool_off_the_evaluator_compiles(ray_session, tmp_path: Path) -> None:
+    async def go() -> tuple:
+        pool = _pool(tmp_path, build_pool=False)
+        return (*await pool.evaluate(SEED, "benchmarks"), pool)
+
+    result, index, pool = asyncio.run(go())
+    assert result.passed and index == 0 and pool.builds == 0
+    assert not list((tmp_path / "scratch" / "build-cache").glob("*/*"))
+    assert result.build_seconds > 0.2  # a compile in the evaluation (loading a built library takes milliseconds)

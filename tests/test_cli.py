@@ -34,13 +34,13 @@ def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
       "--max-cost-usd", "1"], "--max-cost-usd needs a price for hosted_vllm/m"),
     (["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--price-per-mtok", "3"], "--price-per-mtok wants two numbers"),
     pytest.param(
-        ["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cuda", "--run-dir", "/tmp/ksearch-no-gpu-run"],
+        ["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cuda", "--run-dir", "no-gpu-run"],
         "no evaluator resources", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
     ),
     (["tasks", "--dataset", "/nonexistent/dataset"], "not a directory"),
 ])
-def test_bad_input_gets_one_line_and_exit_status_2(args, message):
-    result = ksearch(*args)
+def test_bad_input_gets_one_line_and_exit_status_2(args, message, tmp_path):
+    result = ksearch(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr + result.stdout

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from ksearch_ray.llm.client import LLMCall
+from ksearch_ray.llm.types import LLMCall
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.taskspec.task import TaskDefinition
 from ksearch_ray.worldmodel.tree import Tree

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -32,18 +33,25 @@ def init_ray(config: RunConfig) -> None:
     if ray.is_initialized():
         return
     address = config.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
-        return
-    # An embedded single-machine cluster: nothing to authenticate against (Ray 2.60 turns token
-    # auth on by default; set RAY_AUTH_MODE yourself to keep it).
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    package_parent = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
-    # address="local": always a new cluster of our own. Without it ray.init() attaches to whatever
-    # Ray another program left running on this machine, and dies with it.
-    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING)
+            return
+        # An embedded single-machine cluster: nothing to authenticate against (Ray 2.60 turns token
+        # auth on by default; set RAY_AUTH_MODE yourself to keep it).
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        package_parent = str(Path(__file__).resolve().parents[2])
+        pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
+        # address="local": always a new cluster of our own. Without it ray.init() attaches to whatever
+        # Ray another program left running on this machine, and dies with it.
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+    except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
+        # Ray's own start-up and connection failures (a raylet that did not come up, a wrong
+        # address, an auth token missing): one line, not Ray's traceback.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise SearchError(f"could not start or reach {where}: {first[:300]}") from None
 
 
 def check_model(config: RunConfig) -> None:
@@ -139,6 +147,9 @@ def _execute(search: Search, reporter: Reporter) -> RunState:
     """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable."""
     search.on_line = reporter.line
     reporter.attach(search)
+    # `kill PID` (and a background job, where the shell ignores Ctrl-C) stops a run like Ctrl-C:
+    # the run is left resumable and says how to resume it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return asyncio.run(search.run())
     except KeyboardInterrupt:
@@ -148,6 +159,12 @@ def _execute(search: Search, reporter: Reporter) -> RunState:
         message = str(getattr(exc, "cause", None) or exc)  # Ray wraps an actor's exception; keep its one line
         search.store.append("stopped", reason=message)
         raise RunStopped(message, search.store.root) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def start(config: RunConfig, *, progress: bool = True) -> tuple[Path, RunState]:

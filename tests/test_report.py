@@ -397,9 +397,12 @@ def test_report_works_on_a_run_in_progress_and_on_a_method_without_a_world_model
 
 
 def _bundled_tasks() -> dict[str, Path]:
-    from ksearch_ray.taskspec.task import discover
-
-    return {name: Path(root) for name, root in discover([]).items()}
+    """The bundled tasks as the `ksearch` these tests start sees them (PYTHONPATH=ROOT): with a
+    non-editable install, this process imports the installed copy, with other paths."""
+    code = "import json; from ksearch_ray.taskspec.task import discover; print(json.dumps({k: str(v) for k, v in discover([]).items()}))"
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, check=True)
+    return {name: Path(root) for name, root in json.loads(found.stdout).items()}
 
 
 def _in_a_terminal(args: list[str], columns: int, cwd: Path) -> str:

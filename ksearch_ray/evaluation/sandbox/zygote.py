@@ -228,7 +228,9 @@ def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
 
         return serve(chan, job, clock_fd)
 
-    return Prepared(body, [job["task_root"]], [job["workdir"], job["triton_cache_dir"]])
+    # A build job (ksearch_ray.evaluation.builder) has sources in its work directory and no task files.
+    readable = [job["task_root"]] if job.get("task_root") else []
+    return Prepared(body, readable, [job["workdir"], job["triton_cache_dir"]])
 
 
 def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:

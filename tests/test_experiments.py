@@ -93,18 +93,18 @@ def test_the_reproduction_command_as_written(tmp_path):
 def test_the_comparison_with_the_llm_standin_and_a_reference_skips_complete_cells_when_run_again(tmp_path):
     home = script_dir(tmp_path)
     command = (f"python experiments/reproduce.py --task toy_axpy --task-dir {DATA} --device cpu --methods ksearch evolve refine "
-               f"--seeds 1 --rounds 3 --standin --reference {DATA / 'toy/solutions/triton_seed'} --out rep")
+               f"--seeds 1 --rounds 4 --standin --from-solution triton_seed --reference {DATA / 'toy/solutions/good'} --out rep")
     run_script(home, command)
     out = home / "rep"
     assert_outputs(out)
     runs = pl.read_parquet(out / "runs.parquet")
     assert (runs["policy"] == "hosted_vllm/standin").all() and (runs["llm_calls"] > 0).all()
-    assert runs["complete"].all() and (runs["rounds"] == 3).all()
-    assert runs["vs_triton_seed"].is_not_null().all()  # each best against the reference, side by side
+    assert runs["complete"].all() and (runs["rounds"] == 4).all()
+    assert runs["vs_good"].is_not_null().all()  # each best against the reference, side by side
     evals = pl.read_parquet(out / "evaluations.parquet")
     assert {"evolve", "improve"} <= set(evals["kind"].to_list())
     text = (out / "results.md").read_text()
-    assert "vs triton_seed on" in text and "## Reference solutions" in text
+    assert "vs good on" in text and "## Reference solutions" in text
     events = [json.loads(line) for line in (out / "runs/toy_axpy-evolve-w2-s0/events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "llm_call" and e["call"]["kind"] == "evolve" for e in events)
 

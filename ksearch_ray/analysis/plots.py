@@ -25,7 +25,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def progress_figure(curves: Mapping[str, pl.DataFrame], group: str, references: Mapping[str, float], title: str,
+def progress_figure(curves: Mapping[Any, pl.DataFrame], group: str, references: Mapping[str, float], title: str,
                     path: Path) -> Path:
     """One panel per axis in `curves` (round, wall_s, cost_usd): best-so-far speedup per `group` value."""
     plt = _pyplot()

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import platform
 import shlex
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ksearch_ray.config import ConfigError
 from ksearch_ray.experiments.grid import Cell, Grid, cells, load_grid
@@ -32,27 +33,35 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", help="Workload set that scores candidates (default on the CPU: smoke).")
     parser.add_argument("--model", help="litellm model string for every run (default: the offline policy).")
     parser.add_argument("--api-base", help="OpenAI-compatible server URL for --model.")
+    parser.add_argument("--from-solution", help="Start every run from this solution of the task (a name or a file); "
+                                                "with a model, runs without one write their first kernel from the specification.")
     parser.add_argument("--task-dir", action="append", help="Extra directory of task bundles (repeatable).")
     parser.add_argument("--standin", action="store_true",
                         help="Start the LLM stand-in here and point every run at it (tests and demos; not a model).")
     parser.add_argument("--ray-address", help="Submit each run as a Ray job to this cluster (http://head:8265).")
     parser.add_argument("--parallel", type=int, default=1, help="Ray jobs at a time on a cluster (default 1).")
     parser.add_argument("--out", type=Path, required=True, help="Output directory: run directories, Parquet, tables, plots.")
+    parser.add_argument("--no-report", action="store_true",
+                        help="Run the grid only; write tables and plots later with --report-only (where polars is).")
+    parser.add_argument("--report-only", action="store_true", help="Tables and plots from the run directories under --out.")
 
 
 def grid_from(args: argparse.Namespace, **fields: Any) -> Grid:
     settings: dict[str, Any] = {}
-    for key in ("workloads", "model", "api_base"):
+    for key in ("workloads", "model", "api_base", "from_solution"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     if args.task_dir:
         settings["task_dirs"] = [str(Path(d).resolve()) for d in args.task_dir]
     overrides = {"tasks": args.tasks, "seeds": args.seeds, "rounds": args.rounds, "max_cost_usd": args.max_cost_usd,
                  "settings": settings, **fields}
-    return load_grid(args.config, overrides)
+    try:
+        return load_grid(args.config, overrides)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -92,7 +101,6 @@ def run_grid(grid: Grid, args: argparse.Namespace) -> tuple[list[Cell], list[Out
                 return grid_cells, local.run(grid_cells)
     except (ConfigError, GridError) as exc:
         fail(str(exc))
-        raise  # unreachable: fail() exits
 
 
 def checkout() -> Path | None:
@@ -101,11 +109,24 @@ def checkout() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "experiments").is_dir() else None
 
 
-def provenance(argv: list[str]) -> str:
-    """The command, date and machine, for the head of a results file."""
+PROVENANCE = "provenance.md"
+
+
+def write_provenance(out: Path, argv: list[str]) -> None:
+    """The command, date and machine of the runs, kept for the head of the results (which may be
+    written later, on another machine, with --report-only)."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU path: Triton interpreter)"
-    return (f"Command: `python {shlex.join(argv)}`  \n"
-            f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}; machine: {platform.node()} ({platform.machine()}, "
-            f"{platform.processor() or 'cpu'}); GPU: {gpu}\n")
+    if torch.cuda.is_available():
+        gpu = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    else:
+        gpu = "none: CPU results (Triton interpreter, host wall-clock timings; they only rank variants on this machine)"
+    (out / PROVENANCE).write_text(
+        f"Command: `python {shlex.join(argv)}`  \n"
+        f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}; machine: {platform.node()} ({platform.machine()}, "
+        f"{os.cpu_count()} CPUs); GPU: {gpu}\n")
+
+
+def provenance(out: Path) -> str:
+    path = out / PROVENANCE
+    return path.read_text() if path.is_file() else "(no provenance.md: the runs' command and machine are unknown)\n"

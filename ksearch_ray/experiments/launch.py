@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from ksearch_ray.analysis.runs import read_run
+from ksearch_ray.analysis.records import read_run
 from ksearch_ray.experiments.grid import Cell
 
 RAY_START_ATTEMPTS = 3

@@ -205,7 +205,8 @@ def run(
     workloads: Annotated[str | None, typer.Option(help="Workload set that scores candidates.")] = None,
     mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse." + _default("mode"))] = None,
     language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python." + _default("language"))] = None,
-    method: Annotated[str | None, typer.Option(help="Search method: ksearch." + _default("method"))] = None,
+    method: Annotated[str | None, typer.Option(help="Search method: ksearch (world model), evolve (program database with islands) or refine (improve the best, no world model)." + _default("method"))] = None,
+    random_seed: Annotated[int | None, typer.Option(help="Seed of the method's random choices; repetitions of an experiment differ by it." + _default("random_seed"))] = None,
     price_per_mtok: Annotated[str | None, typer.Option(help="USD per million prompt and completion tokens, 'IN,OUT', for a model litellm has no price for.")] = None,
     max_llm_tokens: Annotated[int | None, typer.Option(help="Budget of LLM tokens, prompt and completion together.")] = None,
     structured_output: Annotated[str | None, typer.Option(help="JSON-schema planner replies: auto, on or off." + _default("structured_output"))] = None,
@@ -219,7 +220,7 @@ def run(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress view.")] = True,
     isolation: Isolation = None,
 ) -> None:
-    """Search for a faster kernel: W action cycles in parallel on Ray, one shared world model."""
+    """Search for a faster kernel on Ray: by default K-Search, W action cycles in parallel on one shared world model."""
     from ksearch_ray.config import ConfigError, load_config
 
     overrides = {
@@ -229,7 +230,7 @@ def run(
         "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
         "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
         "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
-        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "method": method,
+        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "method": method, "random_seed": random_seed,
         "price_per_mtok": _price(price_per_mtok), "max_llm_tokens": max_llm_tokens, "structured_output": structured_output,
         "isolation": isolation,
     }

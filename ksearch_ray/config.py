@@ -34,7 +34,17 @@ class RunConfig(BaseModel):
     llm_max_retries: int = Field(default=4, ge=0)
     llm_backoff_base_s: float = Field(default=2.0, ge=0)
     llm_concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder actor.")
-    method: Literal["ksearch"] = Field(default="ksearch", description="Search method: ksearch (the world-model search).")
+    method: Literal["ksearch", "evolve", "refine"] = Field(
+        default="ksearch",
+        description="Search method: ksearch (the world-model search), evolve (an evolutionary program database, "
+        "OpenEvolve-style) or refine (improve or debug the best so far, no world model).",
+    )
+    random_seed: int = Field(default=0, ge=0, description="Seed of the method's random choices (evolve's sampling); repetitions differ by it.")
+    evolve_islands: int = Field(default=3, ge=1, description="evolve: populations that evolve apart, exchanging their best now and then.")
+    evolve_inspirations: int = Field(default=2, ge=0, description="evolve: other programs shown beside the parent.")
+    evolve_migration_interval: int = Field(
+        default=10, ge=1, description="evolve: children evaluated between migrations (each island's best copied to the next)."
+    )
     width: int = Field(default=2, ge=1, description="Action cycles in parallel (the search width W).")
     rounds: int = Field(default=40, ge=1, description="Budget of code generations.")
     stagnation_window: int = Field(default=5, ge=1, description="Non-improving attempts in a row that end a cycle.")

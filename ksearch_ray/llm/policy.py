@@ -22,6 +22,7 @@ from ksearch_ray.llm.views import (
     cut_middle,
     evidence_text,
     history_text,
+    inspirations_text,
     interface_text,
     knowledge_text,
     noise_text,
@@ -155,16 +156,18 @@ class LLMPolicy:
         result = request.current_result
         fields: dict[str, object] = {
             "kind": request.kind, "task": task.description, "hardware": request.hardware, "language": request.language,
-            "action": render_node(request.tree, request.node_id), "interface": interface_text(task),
+            "action": request.action_text or render_node(request.tree, request.node_id), "interface": interface_text(task),
             "knowledge": knowledge_text(request.tree), "noise": noise_text(request.noise),
             "base_code": format_sources(request.base.sources) if request.base else "",
             "base_result": (f"{request.base_speedup:.3g}x over the baseline\n" if request.base_speedup else "")
             + (times_text(request.base_times) or "(per-workload times not available)"),
-            "code": format_sources(code_of.sources) if code_of else "",
+            "code": format_sources(code_of.sources) if code_of else "(no program yet: write the first one from the task and interface above)",
             "status": result.status.value if result else "",
             "log": result.decisive_lines() if result else "",
             "result": result_text(result, request.current_speedup, request.current_times),
             "history": history_text(request.history),
+            # Inspirations share a third of the prompt budget; the parent's code is shown whole.
+            "inspirations": inspirations_text(request.inspirations, request.prompt_budget_tokens * CHARS_PER_TOKEN // 3),
         }
         text, calls, error = await self._ask(request.kind, render(request.kind, prompts_dir=self.prompts_dir, **fields))
         if text is None:

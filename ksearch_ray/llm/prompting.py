@@ -29,6 +29,7 @@ CALL_KINDS = (
     "generate_from_base",
     "debug",
     "improve",
+    "evolve",
 )
 _ROLE_MARKER = re.compile(r"^<!--\s*(system|user|assistant)\s*-->[ \t]*$", re.MULTILINE)
 # Which code-format fragment a task language gets: Triton kernels are Python modules.

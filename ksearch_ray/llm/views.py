@@ -6,8 +6,9 @@ evidence looks like to a model. The templates (`prompts/*.md`) decide where each
 
 from __future__ import annotations
 
+from ksearch_ray.llm.prompting import format_sources
 from ksearch_ray.models import EvalResult
-from ksearch_ray.search.policy import Attempt, AttemptEvidence, WorkloadTime
+from ksearch_ray.search.policy import Attempt, AttemptEvidence, Inspiration, WorkloadTime
 from ksearch_ray.taskspec.task import TaskDefinition
 from ksearch_ray.worldmodel.render import format_speedup, render_hypotheses, render_summary
 from ksearch_ray.worldmodel.tree import Tree
@@ -93,6 +94,18 @@ def evidence_text(evidence: list[AttemptEvidence]) -> str:
             lines.append("  per workload:\n" + "\n".join("  " + line for line in times_text(e.times).splitlines()))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) or "(no attempts)"
+
+
+def inspirations_text(inspirations: list[Inspiration], budget_chars: int) -> str:
+    """Other programs of the database: how each did, why it is shown, its code (cut to share the budget)."""
+    if not inspirations:
+        return "(none yet: the database holds only the parent)"
+    share = max(budget_chars // len(inspirations), 1_000)
+    blocks = []
+    for i, insp in enumerate(inspirations, 1):
+        how = f"{format_speedup(insp.speedup)} over the baseline" if insp.speedup is not None else insp.status
+        blocks.append(f"## Inspiration {i}: {how} ({insp.why})\n\n" + cut_middle(format_sources(insp.solution.sources), share))
+    return "\n\n".join(blocks)
 
 
 def knowledge_text(tree: Tree) -> str:

@@ -1,4 +1,4 @@
-"""The offline policy as coder: generate, debug and improve replies that rewrite tunables.
+"""The offline policy as coder: generate, debug, improve and evolve replies that rewrite tunables.
 
 See `ksearch_ray.offline.policy` for the whole design.
 """
@@ -12,14 +12,16 @@ from ksearch_ray.models import Solution
 from ksearch_ray.offline.configs import (
     ActionSpec,
     Config,
+    _Candidate,
     _fmt,
     _is_numeric,
     _neighbours,
     _Space,
+    change_key,
     parse_action,
     with_values,
 )
-from ksearch_ray.offline.model import _attempt_speedups, _fit, _observations, _Ranker, _tree_speedups
+from ksearch_ray.offline.model import _attempt_speedups, _fit, _observations, _Ranked, _Ranker, _tree_speedups
 from ksearch_ray.search.policy import CodeReply, CodeRequest
 from ksearch_ray.taskspec.tunables import Tunable
 
@@ -31,7 +33,7 @@ AUTHOR = "offline-policy"
 
 def _cycle_space(request: CodeRequest) -> _Space:
     solutions = dict(request.solutions)
-    for extra in (request.base, request.current):
+    for extra in (request.base, request.current, *(i.solution for i in request.inspirations)):
         if extra is not None:
             solutions[extra.id] = extra
     return _Space(request.tree, solutions, request.seeds)
@@ -39,7 +41,7 @@ def _cycle_space(request: CodeRequest) -> _Space:
 
 def _cycle_tried(space: _Space, request: CodeRequest) -> set[str]:
     """A config identical to the base counts as tried: measuring it again teaches nothing."""
-    sources = [request.base, request.current] + [
+    sources = [request.base, request.current, *(i.solution for i in request.inspirations)] + [
         space.solutions.get(a.solution_id or "") for a in request.history
     ]
     return {c.key for s in sources if s is not None and (c := space.solution_config(s)) is not None}
@@ -136,33 +138,71 @@ def _safer(tunable: Tunable, value: Any, base_value: Any) -> Any:
 
 
 def _improve(space: _Space, request: CodeRequest) -> CodeReply:
-    passing = [
-        (a.speedup or 0.0, -a.round, space.solutions[a.solution_id])
-        for a in request.history
-        if a.passed and a.solution_id in space.solutions
-    ]
-    if (
-        not passing
-        and request.current is not None
-        and request.current_result
-        and request.current_result.passed
-    ):
-        passing = [(0.0, 0, request.current)]
-    if not passing:
-        return CodeReply(error="no passing attempt in this cycle to improve on")
-    best = max(passing, key=lambda p: p[:2])[2]
+    if request.current is not None and request.current_result is not None and request.current_result.passed:
+        best = request.current  # the request names what to improve (in a cycle: its best passing attempt)
+    else:
+        passing = [
+            (a.speedup or 0.0, -a.round, space.solutions[a.solution_id])
+            for a in request.history
+            if a.passed and a.solution_id in space.solutions
+        ]
+        if not passing:
+            return CodeReply(error="no passing attempt in this cycle to improve on")
+        best = max(passing, key=lambda p: p[:2])[2]
     config = space.solution_config(best)
     if config is None or config.seed is None:
         return CodeReply(error="the best solution declares no tunables the offline policy knows")
-    speedups = _tree_speedups(request.tree) | _attempt_speedups(request.history)
-    if request.base is not None and request.base_speedup:
-        speedups[request.base.id] = request.base_speedup
-    effects = _fit(_observations(space, request.history, speedups))
-    tried = _cycle_tried(space, request) | space.tree_tried()
     steps = [c for c in _neighbours(space, request.node_id, config, seed_line=False) if not c.is_switch]
-    ranked = _Ranker(space, effects).rank(steps, tried)
+    ranked = _rank_steps(space, request, steps)
     if not ranked:
         return CodeReply(error="no untried single-tunable change remains")
     top = ranked[0]
     what = f"improve: {top.candidate.title} on top of {best.name}; {top.prediction.rationale}"
     return _build(request, best, top.candidate.config, best.id, what)
+
+
+def _rank_steps(space: _Space, request: CodeRequest, steps: list[_Candidate]) -> list[_Ranked]:
+    """Untried steps, best predicted first, by the model fitted to the request's attempts and tree."""
+    speedups = _tree_speedups(request.tree) | _attempt_speedups(request.history)
+    if request.base is not None and request.base_speedup:
+        speedups[request.base.id] = request.base_speedup
+    if request.current is not None and request.current_speedup:
+        speedups[request.current.id] = request.current_speedup
+    effects = _fit(_observations(space, request.history, speedups))
+    tried = _cycle_tried(space, request) | space.tree_tried()
+    return _Ranker(space, effects).rank(steps, tried)
+
+
+def _evolve(space: _Space, request: CodeRequest) -> CodeReply:
+    """A child of the parent (`request.current`): the best-predicted untried single-tunable mutation, or a
+    crossover taking the parent's differences from an inspiration all but one at a time."""
+    parent = request.current
+    if parent is None:
+        if not space.seeds:
+            return CodeReply(error="no parent program and no seed declaring tunables: the offline policy has nothing to mutate")
+        parent = space.seeds[next(iter(space.seeds))][0]
+    config = space.solution_config(parent)
+    if config is None or config.seed is None:
+        return CodeReply(error="the parent program declares no tunables the offline policy knows")
+    steps = [c for c in _neighbours(space, request.node_id, config, seed_line=False) if not c.is_switch]
+    for insp in request.inspirations:
+        other = space.solution_config(insp.solution)
+        if other is None or other.seed != config.seed or insp.speedup is None:
+            continue
+        theirs = other.as_dict()
+        differing = [n for n, v in config.values if theirs.get(n, v) != v]
+        for left_out in differing if len(differing) > 1 else []:
+            taken = {n: theirs[n] for n in differing if n != left_out}
+            child = Config.of(config.seed, config.as_dict() | taken)
+            steps.append(_Candidate(
+                parent=request.node_id, config=child, changes=tuple(change_key(n, v) for n, v in sorted(taken.items())),
+                spec=ActionSpec(None, taken), title=f"crossover with {insp.solution.name}: " + ", ".join(
+                    f"{n} {_fmt(v)}" for n, v in sorted(taken.items())),
+                difficulty=1, distance=len(taken), order=0,
+            ))
+    ranked = _rank_steps(space, request, steps)
+    if not ranked:
+        return CodeReply(error="no untried mutation of this parent remains")
+    top = ranked[0]
+    what = f"evolve: {top.candidate.title} on {parent.name}; {top.prediction.rationale}"
+    return _build(request, parent, top.candidate.config, parent.id, what)

@@ -30,7 +30,7 @@ attempts, seeds), so a resumed run gets the same replies; nothing here is random
 
 from __future__ import annotations
 
-from ksearch_ray.offline.coding import AUTHOR, _cycle_space, _debug, _generate, _improve
+from ksearch_ray.offline.coding import AUTHOR, _cycle_space, _debug, _evolve, _generate, _improve
 from ksearch_ray.offline.configs import (
     ActionSpec,
     Config,
@@ -81,4 +81,6 @@ class OfflinePolicy:
             return _debug(space, request)
         if request.kind == "improve":
             return _improve(space, request)
+        if request.kind == "evolve":
+            return _evolve(space, request)
         raise ValueError(f"unknown code kind {request.kind!r}")

@@ -17,7 +17,7 @@ from ksearch_ray.taskspec.task import TaskDefinition
 from ksearch_ray.worldmodel.tree import Tree
 
 PlanKind = Literal["initialize_tree", "propose_actions", "refine", "too_hard"]
-CodeKind = Literal["generate_from_spec", "generate_from_base", "debug", "improve"]
+CodeKind = Literal["generate_from_spec", "generate_from_base", "debug", "improve", "evolve"]
 
 
 @dataclass
@@ -43,6 +43,16 @@ class WorkloadTime:
     ms: float
     parent_ms: float | None
     baseline_ms: float | None
+
+
+@dataclass
+class Inspiration:
+    """Another program of an evolutionary search's database, shown beside the parent (`evolve`)."""
+
+    solution: Solution
+    speedup: float | None  # over the baseline; None when it did not pass
+    status: str  # its evaluation's Status value
+    why: str  # why it was picked, in words: "the island's best", "a different kind of program"
 
 
 @dataclass
@@ -106,6 +116,9 @@ class CodeRequest:
     seeds: dict[str, Solution] = field(default_factory=dict)
     noise: float | None = None
     prompt_budget_tokens: int = 100_000
+    action_text: str | None = None
+    """The instruction in words when it is not a node of the tree (the refine method's standing one)."""
+    inspirations: list[Inspiration] = field(default_factory=list)  # evolve: other programs beside the parent
 
 
 @dataclass

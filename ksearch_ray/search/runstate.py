@@ -39,6 +39,8 @@ class RunState:
     rounds_used: int = 0
     evaluations: int = 0
     cycles: dict[str, CycleRecord] = field(default_factory=dict)
+    attempts: dict[int, Attempt] = field(default_factory=dict)
+    """Attempts made outside K-Search cycles (the evolve and refine methods), by round."""
     best: dict[str, Any] | None = None  # the best over all GPU types (each against its own baseline)
     best_by_gpu: dict[str, dict[str, Any]] = field(default_factory=dict)
     confirms: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU name -> its last `confirm` event
@@ -108,21 +110,24 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             state.cycles[ev["cycle"]] = CycleRecord(ev["cycle"], ev["node"])
         elif kind == "candidate":
             state.rounds_used += 1
-            state.cycles[ev["cycle"]].attempts.append(
-                Attempt(round=ev["round"], kind=ev["attempt_kind"], solution_id=ev.get("solution_id"), error=ev.get("error"))
-            )
+            attempt = Attempt(round=ev["round"], kind=ev["attempt_kind"], solution_id=ev.get("solution_id"), error=ev.get("error"))
+            if ev.get("cycle") in state.cycles:
+                state.cycles[ev["cycle"]].attempts.append(attempt)
+            else:  # a method without cycles (evolve, refine): its own events say what the attempt belongs to
+                state.attempts[ev["round"]] = attempt
         elif kind == "evaluation":
             state.evaluations += 1
             result = EvalResult.model_validate(ev["result"])
             state.results[ev["solution_id"]] = result
             if result.passed:
                 state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
-            cycle = state.cycles.get(ev.get("cycle", ""))
-            if cycle is not None:
-                attempt = next(a for a in cycle.attempts if a.round == ev["round"])
-                attempt.result = result
-                attempt.speedup = ev.get("speedup")
-                attempt.evaluator = ev.get("evaluator")
+            cycle = state.cycles.get(ev.get("cycle") or "")
+            evaluated = (next(a for a in cycle.attempts if a.round == ev["round"]) if cycle is not None
+                         else state.attempts.get(ev["round"]))
+            if evaluated is not None:
+                evaluated.result = result
+                evaluated.speedup = ev.get("speedup")
+                evaluated.evaluator = ev.get("evaluator")
         elif kind == "cycle_stop":
             state.cycles[ev["cycle"]].stop_reason = ev["reason"]
         elif kind == "cycle_step":

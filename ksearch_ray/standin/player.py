@@ -37,6 +37,7 @@ class Habits:
     broken_json: int = 6
     coder_prose_only: int = 6
     breakage_actions: int = 2  # risky actions per initial plan
+    risky_changes: int = 10  # changes of its own choosing (no planned action) that are broken drafts
 
 
 def _roll(text: str, salt: str, seed: int) -> int:
@@ -46,9 +47,25 @@ def _roll(text: str, salt: str, seed: int) -> int:
 
 
 def section(text: str, heading: str) -> str:
-    """The body under `# heading` up to the next top-level heading."""
-    match = re.search(rf"^# {re.escape(heading)}[^\n]*\n(.*?)(?=^# |\Z)", text, re.MULTILINE | re.DOTALL)
-    return match.group(1).strip() if match else ""
+    """The body under `# heading` up to the next top-level heading outside a fenced code block (a
+    Python comment at the start of a line of code is not a heading)."""
+    body: list[str] | None = None
+    fence: str | None = None
+    for line in text.splitlines():
+        if fence is None and line.startswith("# "):
+            if body is not None:
+                break
+            if line[2:].startswith(heading):
+                body = []
+                continue
+        if body is not None:
+            body.append(line)
+        opener = re.match(r"^(`{3,})[\w+-]*\s*$", line)
+        if fence is None and opener:
+            fence = opener.group(1)
+        elif fence is not None and line.strip() == fence:
+            fence = None
+    return "\n".join(body).strip() if body is not None else ""
 
 
 def first_code(text: str) -> str | None:
@@ -199,19 +216,21 @@ class Player:
         if _roll(text, "code-shape", self.seed) < self.habits.coder_prose_only:
             return "The right approach is to restructure the loads; I will leave that for the next attempt."
         base = (first_code(section(text, "Attempt that failed")) or first_code(section(text, "Best attempt so far (passes)"))
-                or first_code(section(text, "Current solution")))
+                or first_code(section(text, "Current solution")) or first_code(section(text, "Parent program")))
         action = section(text, "Action to implement") or section(text, "Action being implemented")
-        variant = _variant(action)
         entry = re.search(r"def (\w+)\(", section(text, "Interface"))
         entry_name = entry.group(1) if entry else "run"
         if base is None:
             return "I cannot write this kernel from the specification alone without a starting point."
         source = _unbreak(base)
+        # No planned action (evolve, refine, the system's "improve further"): it picks a change itself.
+        own = VARIANT.search(action) is None
+        variant = self._own_change(kind, text, source) if own else _variant(action)
         if variant.get("set"):
             with contextlib.suppress(TunableError):  # a tunable the code no longer has: leave it
                 source = rewrite_tunables(source, variant["set"])
         breakage = variant.get("break")
-        if breakage and (kind in ("generate_from_base", "generate_from_spec") or breakage in PERSISTENT):
+        if breakage and (own or kind in ("generate_from_base", "generate_from_spec") or breakage in PERSISTENT):
             source = _break(source, breakage, entry_name)
             what = f"A draft of the risky rewrite ({breakage})."
         elif kind == "debug":
@@ -219,6 +238,29 @@ class Player:
         else:
             what = f"Applies {json.dumps(variant.get('set') or {})} to the current code."
         return f"{what}\n\n```python\n{source.rstrip()}\n```\n"
+
+
+    def _own_change(self, kind: str, text: str, source: str) -> dict[str, Any]:
+        """A change of its own: now and then a risky draft (never when debugging), else one tunable set to
+        another of its choices, often one an inspiration in the prompt has."""
+        try:
+            tunables = read_tunables(source)
+        except TunableError:
+            tunables = {}
+        roll = _roll(text, "own-change", self.seed)
+        if kind != "debug" and roll < self.habits.risky_changes:
+            return {"break": ("syntax", "wrong")[roll % 2]}
+        borrowed: list[tuple[str, Any]] = []
+        for code in re.findall(r"```(?:python|py)?\n(.*?)\n```", section(text, "Inspirations"), re.DOTALL):
+            with contextlib.suppress(TunableError):
+                borrowed += [(n, t.value) for n, t in read_tunables(code).items()
+                             if n in tunables and t.value != tunables[n].value and t.value in tunables[n].choices]
+        options = [(t.name, c) for t in tunables.values() for c in t.choices if c != t.value]
+        pool = borrowed if borrowed and roll % 2 == 0 else options
+        if not pool:
+            return {}
+        name, value = pool[_roll(text, "own-pick", self.seed) % len(pool)]
+        return {"set": {name: value}}
 
 
 BREAK_MARK = "# standin-breakage"

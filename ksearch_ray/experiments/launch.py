@@ -1,0 +1,204 @@
+"""Running the cells of a grid: `ksearch run` (or `ksearch resume`) per cell, locally or as Ray jobs.
+
+A cell already complete at the grid's budget is skipped; one that was stopped, killed or run at
+another budget is resumed with the grid's budget (`ksearch resume --rounds ...`), so rerunning a
+grid finishes what is missing and extends what is short. Each cell's output goes to `<run dir>.log`.
+
+* Locally, cells run one after another as subprocesses, each from its own directory. They share one
+  Ray instance that this process starts (through RAY_ADDRESS, which the run's manifest does not keep,
+  so a later `ksearch resume` of a cell starts Ray of its own as usual).
+* On a cluster, each cell is a Ray job (the job submission client; `--ray-address http://head:8265`),
+  at most `parallel` at a time. The output directory must be one the cluster's job drivers see (a
+  shared file system, or the head node's disk when this runs there).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ksearch_ray.analysis.records import read_run
+from ksearch_ray.experiments.grid import Cell
+
+RAY_START_ATTEMPTS = 3
+"""Ray gives its node 30 seconds to start; a loaded machine can take longer now and then."""
+
+
+class GridError(Exception):
+    """The grid cannot go on (a cell's configuration is refused); the message is one line."""
+
+
+class CellState(enum.Enum):
+    NEW = "new"
+    INCOMPLETE = "incomplete"  # stopped, killed, or run at another budget: resumed
+    COMPLETE = "complete"
+
+
+def cell_state(cell: Cell, out: Path) -> CellState:
+    run_dir = cell.run_dir(out)
+    if not (run_dir / "manifest.json").is_file():
+        return CellState.NEW
+    _, run = read_run(run_dir)
+    same_budget = (run["rounds_budget"] == cell.settings.get("rounds", run["rounds_budget"])
+                   and run["cost_budget_usd"] == cell.settings.get("max_cost_usd", run["cost_budget_usd"]))
+    return CellState.COMPLETE if run["complete"] and same_budget else CellState.INCOMPLETE
+
+
+def cell_command(cell: Cell, out: Path, state: CellState, python: str) -> list[str]:
+    run_dir = cell.run_dir(out)
+    if state is CellState.NEW:
+        config = run_dir.parent / f"{run_dir.name}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(yaml.safe_dump(cell.config(), sort_keys=True))
+        return [python, "-m", "ksearch_ray", "run", "--config", str(config), "--run-dir", str(run_dir), "--no-progress"]
+    command = [python, "-m", "ksearch_ray", "resume", str(run_dir), "--no-progress"]
+    if cell.settings.get("rounds") is not None:
+        command += ["--rounds", str(cell.settings["rounds"])]
+    if cell.settings.get("max_cost_usd") is not None:
+        command += ["--max-cost-usd", str(cell.settings["max_cost_usd"])]
+    return command
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    state: CellState  # before this launch
+    returncode: int | None  # None: skipped (complete)
+    seconds: float = 0.0
+    last_line: str = ""
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    return lines[-1] if lines else ""
+
+
+def _check(outcome: Outcome, log: Path) -> Outcome:
+    if outcome.returncode == 2:  # a usage error: every cell like it would fail the same way
+        raise GridError(f"{outcome.cell.name}: {_last_line(log)} (log: {log})")
+    outcome.last_line = _last_line(log)
+    return outcome
+
+
+class LocalLauncher:
+    """Cells as `ksearch` subprocesses, one at a time, on one Ray instance started here."""
+
+    def __init__(self, out: Path, say: Callable[[str], None], env: dict[str, str] | None = None):
+        self.out, self.say = out, say
+        self.env = {**os.environ, **(env or {})}
+
+    def __enter__(self) -> LocalLauncher:
+        import logging
+
+        import ray
+
+        self.env.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ["RAY_AUTH_MODE"] = self.env["RAY_AUTH_MODE"]
+        env_vars = {k: v for k, v in self.env.items() if k in ("PYTHONPATH", "RAY_AUTH_MODE")}
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                # address="local": a Ray of our own, never one another program left running on this machine.
+                ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
+                         runtime_env={"env_vars": env_vars})
+                break
+            except Exception as exc:  # noqa: BLE001  (Ray raises a bare Exception when its node starts too slowly)
+                ray.shutdown()
+                self.say(f"Ray did not start ({str(exc)[:120]}); attempt {attempt} of {RAY_START_ATTEMPTS}")
+                if attempt == RAY_START_ATTEMPTS:
+                    raise GridError(f"Ray did not start on this machine: {str(exc)[:200]}") from None
+        self.env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
+        ray.shutdown()
+
+    def run(self, cells: Sequence[Cell]) -> list[Outcome]:
+        outcomes = []
+        for cell in cells:
+            state = cell_state(cell, self.out)
+            if state is CellState.COMPLETE:
+                self.say(f"{cell.name}: complete, skipped")
+                outcomes.append(Outcome(cell, state, None))
+                continue
+            run_dir = cell.run_dir(self.out)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            log = run_dir.parent / f"{run_dir.name}.log"
+            command = cell_command(cell, self.out, state, sys.executable)
+            self.say(f"{cell.name}: {'running' if state is CellState.NEW else 'resuming'} (log: {log})")
+            t0 = time.monotonic()
+            with log.open("a") as sink:
+                sink.write("$ " + shlex.join(command[1:]) + "\n")
+                sink.flush()
+                code = subprocess.run(command, cwd=run_dir.parent, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, check=False).returncode
+            outcome = _check(Outcome(cell, state, code, time.monotonic() - t0), log)
+            self.say(f"{cell.name}: exit {code} after {outcome.seconds:.0f} s: {outcome.last_line[:160]}")
+            outcomes.append(outcome)
+        return outcomes
+
+
+class JobLauncher:
+    """Cells as Ray jobs on a cluster, through the job submission client, `parallel` at a time."""
+
+    FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+    def __init__(self, address: str, out: Path, say: Callable[[str], None], *, parallel: int = 1,
+                 working_dir: Path | None = None, poll_s: float = 5.0):
+        from ray.job_submission import JobSubmissionClient
+
+        self.client = JobSubmissionClient(address)
+        self.out, self.say, self.parallel, self.poll_s = out, say, max(parallel, 1), poll_s
+        self.runtime_env: dict[str, Any] = {"working_dir": str(working_dir)} if working_dir else {}
+
+    def submit(self, command: Sequence[str], *, gpus: float = 0) -> str:
+        return str(self.client.submit_job(entrypoint=shlex.join(command), runtime_env=self.runtime_env or None,
+                                          entrypoint_num_gpus=gpus or None))
+
+    def wait(self, job_id: str) -> tuple[int, str]:
+        """(0 when the job succeeded else 1, its logs)."""
+        while (status := str(self.client.get_job_status(job_id)).split(".")[-1]) not in self.FINAL:
+            time.sleep(self.poll_s)
+        return (0 if status == "SUCCEEDED" else 1), self.client.get_job_logs(job_id)
+
+    def run(self, cells: Sequence[Cell]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        queue = list(cells)
+        running: dict[str, tuple[Cell, CellState, Path, float]] = {}
+        while queue or running:
+            while queue and len(running) < self.parallel:
+                cell = queue.pop(0)
+                state = cell_state(cell, self.out)
+                if state is CellState.COMPLETE:
+                    self.say(f"{cell.name}: complete, skipped")
+                    outcomes.append(Outcome(cell, state, None))
+                    continue
+                run_dir = cell.run_dir(self.out)
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                job = self.submit(cell_command(cell, self.out, state, "python"))
+                self.say(f"{cell.name}: submitted as Ray job {job}")
+                running[job] = (cell, state, run_dir.parent / f"{run_dir.name}.log", time.monotonic())
+            for job in list(running):
+                status = str(self.client.get_job_status(job)).split(".")[-1]
+                if status not in self.FINAL:
+                    continue
+                cell, state, log, t0 = running.pop(job)
+                code, logs = self.wait(job)
+                log.write_text(logs)
+                outcome = _check(Outcome(cell, state, code, time.monotonic() - t0), log)
+                self.say(f"{cell.name}: job {job} {status} after {outcome.seconds:.0f} s: {outcome.last_line[:160]}")
+                outcomes.append(outcome)
+            if running:
+                time.sleep(self.poll_s)
+        return outcomes

@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -149,7 +150,9 @@ def _execute(search: Search, reporter: Reporter) -> RunState:
     reporter.attach(search)
     # `kill PID` (and a background job, where the shell ignores Ctrl-C) stops a run like Ctrl-C:
     # the run is left resumable and says how to resume it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # (Only the main thread may set a handler; a search started from another thread keeps Python's.)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         return asyncio.run(search.run())
     except KeyboardInterrupt:
@@ -160,7 +163,8 @@ def _execute(search: Search, reporter: Reporter) -> RunState:
         search.store.append("stopped", reason=message)
         raise RunStopped(message, search.store.root) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

@@ -221,3 +221,12 @@ def test_cuda_faults_cost_only_that_candidate(toy, tmp_path, name, statuses, fra
     assert bad.status in statuses, (bad.message, bad.log[-500:])
     assert fragment in bad.message + bad.log
     assert healthy.status is Status.PASSED, healthy.message
+
+
+def test_a_gpumode_submission_imports_its_type_names_from_task(evaluator):
+    """Published GPUMode kernels begin with `from task import input_t, output_t`; the harness provides it."""
+    from ksearch_ray.taskspec.task import find_task
+
+    trimul = find_task("trimul")
+    result = evaluator.evaluate(trimul, solution_from_file(CANDIDATES / "trimul_gpumode.py", trimul), workload_set="smoke")
+    assert result.status is Status.PASSED, result.message

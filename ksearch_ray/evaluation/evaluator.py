@@ -43,6 +43,16 @@ Mode = Literal["fresh", "reuse"]
 Stage = Callable[["_Run", WorkerHandle, float], float]
 
 
+GPUMODE_TASK_MODULE = '''"""The names GPUMode submissions import (`from task import input_t, output_t`): types only."""
+from typing import Any
+
+import torch
+
+input_t = tuple[Any, ...]
+output_t = torch.Tensor
+'''
+
+
 @dataclass
 class Limits:
     """Seconds. A worker that sends nothing for `idle` seconds (a hang) is killed."""
@@ -211,7 +221,8 @@ class Evaluator:
             device_name=device_name(self.device), compat=sorted(options), timed=timed,
         )
         t0 = time.monotonic()
-        workdir = self._workdir(solution, prebuilt[1] if prebuilt else None)
+        workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
+                                gpumode=task.definition.interface == "gpumode")
         self._current_workdir = workdir
         worker = self.sandbox.start(self._job(run, workdir))
         busy = 0.0
@@ -250,7 +261,7 @@ class Evaluator:
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _workdir(self, solution: Solution, library: bytes | None = None) -> Path:
+    def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
         src = workdir / "src"
         src.mkdir(parents=True)
@@ -258,6 +269,9 @@ class Evaluator:
             if "/" in name or name.startswith("."):
                 raise ValueError(f"solution file name {name!r} is not a plain file name")
             (src / name).write_text(text)
+        if gpumode and "task.py" not in solution.sources:
+            # GPUMode submissions import their type names from the harness's `task` module.
+            (src / "task.py").write_text(GPUMODE_TASK_MODULE)
         if library is not None:  # the candidate's own copy: nothing it does reaches the build cache
             (workdir / "prebuilt").mkdir()
             (workdir / "prebuilt" / "library.so").write_bytes(library)

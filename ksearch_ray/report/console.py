@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
@@ -18,10 +18,15 @@ from rich.text import Text
 
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.report.listing import TaskEntry
-from ksearch_ray.report.summary import RunSummary, summarize
-from ksearch_ray.report.tables import NO_CODE, Origin, Run
 from ksearch_ray.search.measure import format_noise, with_noise
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
+
+if TYPE_CHECKING:
+    from ksearch_ray.report.summary import RunSummary
+    from ksearch_ray.report.tables import Run
+
+# The views of runs (summary, tables) need polars; `ksearch eval` does not, and imports this module
+# on machines that may lack it (the lent GPU machine): those views import it where they are drawn.
 
 RECENT = 8
 """Evaluations the live view (`show --follow`) keeps on screen."""
@@ -175,6 +180,7 @@ def ledger_table(summary: RunSummary) -> Table | None:
 
 def print_run(console: Console, run: Run) -> None:
     """`ksearch show`: everything comes from the run directory."""
+    from ksearch_ray.report.summary import summarize
     summary_ = summarize(run)
     for line in header_lines(summary_, last_event_t=run.last_event_t):
         say(console, line)
@@ -206,6 +212,7 @@ def print_run(console: Console, run: Run) -> None:
 
 
 def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:
+    from ksearch_ray.report.tables import NO_CODE, Origin
     frame = run.evaluations
     rows = [r for r in frame.iter_rows(named=True) if r["origin"] == Origin.CANDIDATE]
     if failed_only:
@@ -229,6 +236,7 @@ def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None =
 
 def live_view(run: Run, *, now: float | None = None) -> RenderableType:
     """What `ksearch show --follow` redraws in a terminal."""
+    from ksearch_ray.report.summary import summarize
     summary_ = summarize(run, with_tree=False)
     parts: list[RenderableType] = [Text("\n".join(header_lines(summary_, now=now, last_event_t=run.last_event_t)))]
     if summary_.cycles_open:
@@ -243,6 +251,7 @@ def live_view(run: Run, *, now: float | None = None) -> RenderableType:
 
 def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
     """One plain line for an event worth a line in a followed log (pipes, job logs); None otherwise."""
+    from ksearch_ray.report.tables import NO_CODE
     kind = ev.get("kind")
     at = f"[{duration(elapsed_s)}]"
     where = " ".join(str(ev[k]) for k in ("cycle", "node") if ev.get(k))

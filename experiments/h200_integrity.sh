@@ -12,7 +12,7 @@
 # Everything lands in $OUT: gpu.txt, pytest.txt, overhead.json, tf32_{fresh,reuse}.json,
 # candidate_{fresh,reuse}.json, candidate_retime.json, summary.txt.
 #
-#   bash experiments/h200_integrity.sh [CANDIDATE.py]
+#   [EVALS_ONLY=1] bash experiments/h200_integrity.sh [CANDIDATE.py]
 set -uo pipefail
 mkdir -p /tmp/site && tar xJf .gpubundle/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
@@ -27,12 +27,14 @@ CANDIDATE=${1:-}
 } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
+if [ -z "${EVALS_ONLY:-}" ]; then  # EVALS_ONLY=1: steps 3 and 4 alone
 timeout 240 python3 -m pytest -q -m gpu tests/test_sandbox_gpu.py tests/test_evaluator.py -p no:cacheprovider \
   > "$OUT/pytest.txt" 2>&1
 tail -15 "$OUT/pytest.txt"
 
 timeout 90 python3 experiments/sandbox_overhead.py --device cuda --n 20 > "$OUT/overhead.json" 2> "$OUT/overhead.err"
 cat "$OUT/overhead.json"
+fi
 
 K="python3 -m ksearch_ray"
 for mode in fresh reuse; do

@@ -48,6 +48,11 @@ class Solution(BaseModel):
     author: str = Field(default="unknown", description="Who or what wrote it: a model string, 'offline-policy', a person.")
     description: str = Field(default="", description="What the code does, for reports and prompts.")
     parent_id: str | None = Field(default=None, description="Solution this one was derived from, if any.")
+    prepare: str | None = Field(
+        default=None,
+        description="A function of the entry file called with each input set before that set's timed calls, "
+        "untimed (a library's plan step). Honoured only for a task's own bundled solutions, never for candidates.",
+    )
 
     @property
     def id(self) -> str:
@@ -58,6 +63,7 @@ class Solution(BaseModel):
                 "entry_file": self.entry_file,
                 "entry_point": self.entry_point,
                 "sources": dict(sorted(self.sources.items())),
+                **({"prepare": self.prepare} if self.prepare else {}),
             },
             sort_keys=True,
         )
@@ -108,6 +114,11 @@ class EvalResult(BaseModel):
     score: float | None = Field(default=None, description="Task score (lower is better for latency scores).")
     score_kind: str = Field(default="", description="What the score is, e.g. 'geomean latency (ms)'.")
     timed: bool = Field(default=False, description="Whether latencies were measured.")
+    prepared_untimed: bool = Field(
+        default=False,
+        description="A trusted baseline's per-input setup (its `prepare`, e.g. a library's plan) ran outside the "
+        "timed region: these are kernel times, not setup-plus-kernel times.",
+    )
     seconds: float = Field(default=0.0, description="Wall time of the evaluation, sandbox start to verdict.")
     overhead_seconds: float = Field(default=0.0, description="Sandbox cost: fork, setup and teardown.")
     build_seconds: float = Field(

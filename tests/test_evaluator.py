@@ -230,3 +230,49 @@ def test_a_gpumode_submission_imports_its_type_names_from_task(evaluator):
     trimul = find_task("trimul")
     result = evaluator.evaluate(trimul, solution_from_file(CANDIDATES / "trimul_gpumode.py", trimul), workload_set="smoke")
     assert result.status is Status.PASSED, result.message
+
+
+PLANNED = '''import time
+
+_planned = []
+
+
+def plan(x, a, b):
+    time.sleep(0.2)  # a library's host-side plan step
+    _planned.append(x)
+
+
+def run(x, a, b):
+    if not any(p is x for p in _planned):
+        plan(x, a, b)
+    return a * x + b
+'''
+
+
+def test_a_bundled_baselines_prepare_is_untimed_and_a_candidates_is_not(evaluator, tmp_path):
+    """A library baseline's per-input setup (`prepare` in its solution.json) runs outside the timed
+    call; the same declaration on any other code (one byte differs) is ignored: the candidate's
+    setup is timed, inside its call."""
+    import json
+    import shutil
+
+    from ksearch_ray.models import Solution
+
+    root = tmp_path / "toy"
+    shutil.copytree(DATA / "toy", root)
+    (root / "solutions" / "planned").mkdir()
+    (root / "solutions" / "planned" / "main.py").write_text(PLANNED)
+    (root / "solutions" / "planned" / "solution.json").write_text(json.dumps(
+        {"name": "planned", "language": "python", "entry_file": "main.py", "entry_point": "run", "prepare": "plan"}))
+    task = Task.load(root)
+    trusted = task.solution("planned")
+    candidate = Solution(**{**trusted.model_dump(), "sources": {"main.py": PLANNED + "# edited\n"}})
+    assert trusted.prepare == candidate.prepare == "plan" and trusted.id != candidate.id
+
+    library = evaluator.evaluate(task, trusted, workload_set="benchmarks", mode="fresh")
+    other = evaluator.evaluate(task, candidate, workload_set="benchmarks", mode="fresh")
+    assert library.passed and other.passed, (library.message, other.message)
+    assert library.prepared_untimed and not other.prepared_untimed
+    assert all(w.timing for w in library.workloads + other.workloads)
+    assert max(w.timing.mean_ms for w in library.workloads if w.timing) < 100
+    assert min(w.timing.mean_ms for w in other.workloads if w.timing) > 150

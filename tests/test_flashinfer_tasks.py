@@ -397,6 +397,25 @@ def test_flashinfer_library_baseline_is_offered_only_where_the_library_is(name):
             task.solution("flashinfer")
 
 
+@pytest.mark.parametrize("name", [n for n in ALL_TASKS if not n.startswith("moe")])
+def test_the_library_kernel_alone_is_a_trusted_baseline_whose_plan_is_untimed(name):
+    """`flashinfer_kernel`: the same library call with plan() as its `prepare` hook (untimed, for
+    bundled solutions only); `flashinfer` beside it keeps the plan inside the timed call."""
+    import json
+
+    from ksearch_ray.evaluation.evaluator import trusted_prepare
+
+    task = _task(name)
+    root = task.root / "solutions"
+    meta = json.loads((root / "flashinfer_kernel" / "solution.json").read_text())
+    assert meta["prepare"] == "plan" and "prepare" not in json.loads((root / "flashinfer" / "solution.json").read_text())
+    source = (root / "flashinfer_kernel" / "main.py").read_text()
+    compile(source, "main.py", "exec")
+    assert "def plan(" in source and "def run(" in source
+    if importlib.util.find_spec("flashinfer") is not None:
+        assert trusted_prepare(task, task.solution("flashinfer_kernel")) == "plan"
+
+
 # --- (d) every solution through the sandboxed evaluator -----------------------------------------
 
 

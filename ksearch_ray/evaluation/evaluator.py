@@ -36,7 +36,7 @@ from ksearch_ray.evaluation.sandbox.clock import OUT_OF_ORDER, ClockRecord, pars
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.seeds import call_seed, derive_seed, new_secret
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.taskspec.task import Task, Workload
+from ksearch_ray.taskspec.task import Task, TaskError, Workload
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (run, worker, deadline) -> seconds of candidate work.
@@ -51,6 +51,19 @@ import torch
 input_t = tuple[Any, ...]
 output_t = torch.Tensor
 '''
+
+
+def trusted_prepare(task: Task, solution: Solution) -> str | None:
+    """The untimed setup function of `solution`, when it may have one: only a Python solution that is,
+    byte for byte, one of the task's own bundled solutions (a library baseline). A candidate that
+    declares `prepare` is timed as every candidate is: its setup inside the timed call."""
+    if not solution.prepare or solution.language != "python":
+        return None
+    try:
+        bundled = task.solution(solution.name)
+    except TaskError:
+        return None
+    return solution.prepare if bundled.id == solution.id else None
 
 
 @dataclass
@@ -219,6 +232,7 @@ class Evaluator:
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
             workload_set=task.workload_set_name(workload_set, self.device), mode=mode, device=self.device,
             device_name=device_name(self.device), compat=sorted(options), timed=timed,
+            prepared_untimed=trusted_prepare(task, solution) is not None,
         )
         t0 = time.monotonic()
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
@@ -291,6 +305,7 @@ class Evaluator:
             "language": sol.language,
             "entry_file": sol.entry_file,
             "entry_point": sol.entry_point,
+            "prepare": trusted_prepare(run.task, sol),
             "prebuilt": {"path": str(workdir / "prebuilt" / "library.so"), "module": run.prebuilt.module_name}
             if run.prebuilt else None,
             "check": [

@@ -103,7 +103,8 @@ def print_eval(console: Console, result: EvalResult, base: EvalResult | None, sp
     else:
         say(console, f"PASSED (correctness only) on {where}")
     if base is not None and speedup is not None:
-        say(console, f"baseline {base.solution_name}: {base.score:.4g}; speedup {speedup:.3f}x")
+        untimed = " (its per-input setup ran outside the timing: kernel time alone)" if base.prepared_untimed else ""
+        say(console, f"baseline {base.solution_name}: {base.score:.4g}{untimed}; speedup {speedup:.3f}x")
     say(console, f"evaluation took {result.seconds:.1f} s, of which sandbox overhead {result.overhead_seconds:.2f} s")
 
 

@@ -276,6 +276,7 @@ class _SolutionMeta(BaseModel):
     entry_point: str
     author: str = "ksearch-ray"
     description: str = ""
+    prepare: str | None = Field(default=None, description="Untimed per-input setup function (trusted baselines only).")
     requires: list[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*$")]] = Field(default=[], description="Optional Python modules the solution imports (a library "
                                 "baseline such as flashinfer); without them the solution is not offered.")
 

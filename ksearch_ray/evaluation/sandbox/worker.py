@@ -83,6 +83,7 @@ class Worker:
         self.task.module  # noqa: B018  (load the trusted reference module before any candidate code)
         self.guard: integrity.Guard | None = None
         self.entry: Any = None
+        self.prepare: Any = None  # a trusted baseline's untimed setup function (see set_up)
         self.current: str | None = None  # workload being run, for failure messages
 
     # --- helpers ----------------------------------------------------------------------------
@@ -114,9 +115,15 @@ class Worker:
                 traceback.format_exc()[-2000:],
             ) from None
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def set_up(self, inputs: dict[str, Any]) -> None:
+        """A trusted baseline's untimed per-input setup (its `prepare`), before that input set's calls."""
+        if self.prepare is not None:
+            self.call(inputs, self.prepare)
+            self.sync()
+
+    def call(self, inputs: dict[str, Any], function: Any = None) -> Any:
         try:
-            return self.task.call(self.entry, inputs)
+            return self.task.call(function or self.entry, inputs)
         except CandidateFailure:
             raise
         except SystemExit as exc:
@@ -173,6 +180,11 @@ class Worker:
         except Exception as exc:  # import-time failure of candidate code
             raise CandidateFailure("COMPILE_ERROR", f"import failed: {type(exc).__name__}: {exc}",
                                    _candidate_traceback(exc, self.src)) from None
+        if self.job.get("prepare"):  # set by the evaluator for a task's own bundled solution only
+            module = sys.modules.get(f"ks_{self.job['solution_id']}")
+            self.prepare = getattr(module, self.job["prepare"], None)
+            if not callable(self.prepare):
+                raise CandidateFailure("COMPILE_ERROR", f"{self.job['entry_file']} defines no callable `{self.job['prepare']}`")
         self.integrity_check("at import")
         self.chan.send({"type": "built", "seconds": _perf() - t0})
 
@@ -181,6 +193,7 @@ class Worker:
             self.current = item["workload"]["name"]
             inputs = self.inputs_for(item["workload"], item["seed"])
             pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            self.set_up(inputs)
             self.sync()
             t0 = _perf()
             result = self.call(inputs)
@@ -201,6 +214,7 @@ class Worker:
         for item in items:
             self.current = item["workload"]["name"]
             inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+            self.set_up(inputs)
             for _ in range(cmd.get("warmup_calls", 2)):
                 self.call(inputs)
             self.sync()
@@ -218,6 +232,7 @@ class Worker:
         watch.reset()
         seed_index = 0
         inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+        self.set_up(inputs)
         start_wall = _perf()
         result: Any = None
         n = 0
@@ -226,6 +241,7 @@ class Worker:
                 del result
                 seed_index = i
                 inputs = self.inputs_for(item["workload"], call_seed(item["seed"], i))
+                self.set_up(inputs)
             if flush is not None:
                 flush()
             self.sync()
@@ -258,6 +274,7 @@ class Worker:
                 self.current = item["workload"]["name"]
                 graph = None
                 inputs = self.inputs_for(item["workload"], call_seed(item["seed"], 0))
+                self.set_up(inputs)
                 for _ in range(2):
                     result = self.call(inputs)
                 self.sync()

@@ -212,6 +212,7 @@ def run(
     structured_output: Annotated[str | None, typer.Option(help="JSON-schema planner replies: auto, on or off." + _default("structured_output"))] = None,
     noise_repeats: Annotated[int | None, typer.Option(help="Measurements of the baseline and the seed at the start (the noise estimate)." + _default("noise_repeats"))] = None,
     confirm_repeats: Annotated[int | None, typer.Option(help="Interleaved re-timings of the best against the baseline at the end (0: none)." + _default("confirm_repeats"))] = None,
+    autotune: Annotated[int | None, typer.Option("--autotune", help="Evaluations the tuner may spend on each passed candidate's tunables (0: none)." + _default("autotune_variants"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML file with the same keys; flags override it.")] = None,
     run_dir: Annotated[str | None, typer.Option(help="Run directory (default runs/<task>-<time>-<id>).")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Attach to this Ray cluster.")] = None,
@@ -230,7 +231,7 @@ def run(
         "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
         "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
         "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
-        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "method": method, "random_seed": random_seed,
+        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "autotune_variants": autotune, "method": method, "random_seed": random_seed,
         "price_per_mtok": _price(price_per_mtok), "max_llm_tokens": max_llm_tokens, "structured_output": structured_output,
         "isolation": isolation,
     }

@@ -106,6 +106,10 @@ class RunConfig(BaseModel):
     retime_best: bool = Field(
         default=True, description="Believe a new best only once a second, independent measurement agrees with the first."
     )
+    autotune_variants: int = Field(
+        default=0, ge=0,
+        description="Evaluations the tuner may spend on the tunables of each passed candidate that declares some (0: no tuning).",
+    )
     confirm_repeats: int = Field(
         default=3, ge=0, description="Interleaved re-timings of the best against the baseline at the end (0: none)."
     )

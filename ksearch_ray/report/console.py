@@ -268,6 +268,12 @@ def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
     if kind == "candidate" and not ev.get("solution_id"):
         error = (ev.get("error") or "no code came back").splitlines()[0]
         return f"{at} round {ev.get('round', '?')} {where} {NO_CODE}: {error}"
+    if kind == "tuned":
+        if ev.get("solution_id") == ev.get("original"):
+            return f"{at} round {ev.get('round', '?')} {where} tuning: nothing faster in {ev.get('variants')} variant(s)"
+        values = ", ".join(f"{k}={v!r}" for k, v in (ev.get("values") or {}).items())
+        return (f"{at} round {ev.get('round', '?')} {where} tuned {values}: {format_speedup(ev.get('speedup_before'))}"
+                f" -> {format_speedup(ev.get('speedup'))} ({ev.get('variants')} variant(s))")
     if kind == "best":
         return f"{at} new best: {format_speedup(ev.get('speedup'))} over the baseline (node {ev.get('node')}, round {ev.get('round')})"
     if kind == "baseline":

@@ -23,6 +23,7 @@ from ksearch_ray.search.evidence import attempt_evidence, failure_digest, worklo
 from ksearch_ray.search.measure import with_noise
 from ksearch_ray.search.policy import Attempt, AttemptEvidence, CodeKind, CodeRequest
 from ksearch_ray.search.runstate import CycleRecord
+from ksearch_ray.search.tuner import autotune
 from ksearch_ray.worldmodel.tree import ActionNode, Outcome
 
 if TYPE_CHECKING:
@@ -173,6 +174,8 @@ class ActionCycle:
             s.state.note_score(gpu, attempt.solution_id, result.score)
         shown = with_noise(attempt.speedup, s.noise(evaluator)) if result.passed else result.message[:120]
         s.on_line(f"round {attempt.round} ({rec.cycle_id} on {rec.node_id}, {attempt.kind}): {result.status.value} {shown}")
+        await autotune(s, attempt, {"cycle": rec.cycle_id, "node": rec.node_id})
+        evaluator = attempt.evaluator if attempt.evaluator is not None else evaluator
         await s.note_best(attempt.solution_id, attempt.speedup, rec.node_id, attempt.round, evaluator)
         s.on_change(s)
 

@@ -21,6 +21,7 @@ from ksearch_ray.models import Solution
 from ksearch_ray.search.evidence import workload_times
 from ksearch_ray.search.measure import with_noise
 from ksearch_ray.search.policy import Attempt, CodeKind, CodeRequest, Inspiration, WorkloadTime
+from ksearch_ray.search.tuner import autotune
 from ksearch_ray.worldmodel.tree import ROOT_ID
 
 if TYPE_CHECKING:
@@ -150,8 +151,10 @@ class Lanes:
                        speedup=attempt.speedup)
         if result.passed:
             s.state.note_score(s.gpu_of[evaluator], attempt.solution_id, result.score)
-        self.measured(s, attempt)
         shown = with_noise(attempt.speedup, s.noise(evaluator)) if result.passed else result.message[:120]
         s.on_line(f"round {attempt.round} ({lane}, {attempt.kind}): {result.status.value} {shown}")
+        await autotune(s, attempt, {"method": self.name, "lane": lane})
+        evaluator = attempt.evaluator if attempt.evaluator is not None else evaluator
+        self.measured(s, attempt)
         await s.note_best(attempt.solution_id, attempt.speedup, node or self.name, attempt.round, evaluator)
         s.on_change(s)

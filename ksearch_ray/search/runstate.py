@@ -38,6 +38,7 @@ class RunState:
     seed: dict[str, Any] | None = None  # {"solution_id", "speedup"} of the seed, once evaluated
     rounds_used: int = 0
     evaluations: int = 0
+    tune_evaluations: int = 0  # variants measured by the tuner (search/tuner.py), beside `evaluations`
     cycles: dict[str, CycleRecord] = field(default_factory=dict)
     attempts: dict[int, Attempt] = field(default_factory=dict)
     """Attempts made outside K-Search cycles (the evolve and refine methods), by round."""
@@ -128,6 +129,19 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
                 evaluated.result = result
                 evaluated.speedup = ev.get("speedup")
                 evaluated.evaluator = ev.get("evaluator")
+        elif kind == "tune":  # a variant the tuner measured (search/tuner.py): not a round, not a candidate
+            state.tune_evaluations += 1
+            result = EvalResult.model_validate(ev["result"])
+            state.results[ev["solution_id"]] = result
+            if result.passed:
+                state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
+        elif kind == "tuned" and ev["solution_id"] != ev["original"]:
+            cycle = state.cycles.get(ev.get("cycle") or "")
+            tuned = (next(a for a in cycle.attempts if a.round == ev["round"]) if cycle is not None
+                     else state.attempts.get(ev["round"]))
+            if tuned is not None:
+                tuned.solution_id, tuned.result = ev["solution_id"], state.results[ev["solution_id"]]
+                tuned.speedup, tuned.evaluator = ev.get("speedup"), ev.get("evaluator")
         elif kind == "cycle_stop":
             state.cycles[ev["cycle"]].stop_reason = ev["reason"]
         elif kind == "cycle_step":

@@ -29,12 +29,23 @@ def _scratch(tmpdir: Path) -> Path:
     return tmpdir / f"ksearch-ray-{os.getuid()}"  # what buildcache.default_scratch_dir() gives on that node
 
 
-def _in_flight(node_tmp: Path, run: str) -> int:
-    return sum(1 for _ in _scratch(node_tmp).glob(f"runs/{run}/evaluator-*/jobs/*"))
+def _sandboxes(node_tmp: Path) -> list[Path]:
+    """The evaluators' private sandbox folders on that node (sandbox.client.default_work_root)."""
+    return list((node_tmp / "ksearch").glob("sandbox-*"))
+
+
+def _in_flight(node_tmp: Path) -> int:
+    return sum(1 for sandbox in _sandboxes(node_tmp) for _ in sandbox.glob("jobs/*"))
 
 
 def _cache_entries(node_tmp: Path) -> set[str]:
     return {p.name for p in _scratch(node_tmp).glob("build-cache/*/*") if (p / "record.json").is_file()}
+
+
+def _node_env(node_tmp: Path) -> dict[str, str]:
+    # TMPDIR: the node-local scratch (build cache, builders); XDG_RUNTIME_DIR: where evaluators make
+    # their private sandboxes (else a per-user folder that all simulated nodes would share).
+    return {"TMPDIR": str(node_tmp), "XDG_RUNTIME_DIR": str(node_tmp)}
 
 
 @pytest.fixture
@@ -48,10 +59,10 @@ def cluster(tmp_path: Path):
         "num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "_system_config": fast,
     })
     nodes = {
-        "gpu_a": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_a"])}),
-        "gpu_b": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars={"TMPDIR": str(tmp["gpu_b"])}),
+        "gpu_a": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars=_node_env(tmp["gpu_a"])),
+        "gpu_b": c.add_node(wait=False, num_cpus=2, num_gpus=2, env_vars=_node_env(tmp["gpu_b"])),
         "build": c.add_node(wait=False, num_cpus=2, num_gpus=0, resources={"ksearch_build": 2},
-                            env_vars={"TMPDIR": str(tmp["build"])}),
+                            env_vars=_node_env(tmp["build"])),
     }
     c.wait_for_nodes(timeout=180)  # generous: raylets start slowly on a loaded 2-core machine
     yield c, nodes, tmp
@@ -79,8 +90,8 @@ def test_search_survives_losing_a_gpu_node_and_counts_nothing_twice(cluster, tmp
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and driver.poll() is None:
         started = events.is_file() and '"kind": "candidate"' in events.read_text()
-        if started and _in_flight(tmp["gpu_a"], "run") > 0:
-            placed = {name: len(list(_scratch(tmp[name]).glob("runs/run/evaluator-*"))) for name in ("gpu_a", "gpu_b")}
+        if started and _in_flight(tmp["gpu_a"]) > 0:
+            placed = {name: len(_sandboxes(tmp[name])) for name in ("gpu_a", "gpu_b")}
             c.remove_node(nodes["gpu_a"])
             killed = True
             break
@@ -100,7 +111,7 @@ def test_search_survives_losing_a_gpu_node_and_counts_nothing_twice(cluster, tmp
     built = _cache_entries(tmp["build"])
     assert built and _cache_entries(tmp["gpu_b"]) <= built and _cache_entries(tmp["gpu_b"])
     # The run directory exists on the driver's node only: nothing of it under any worker node's scratch.
-    assert not [p for name in tmp for p in _scratch(tmp[name]).rglob("events.jsonl")]
+    assert not [p for name in tmp for p in tmp[name].rglob("events.jsonl")]
 
     log = [json.loads(line) for line in events.read_text().splitlines()]
     end = next(e for e in log if e["kind"] == "run_end")

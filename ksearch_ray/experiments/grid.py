@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ksearch_ray.config import ConfigError, RunConfig
 
-CPU_SETTINGS = {"noise_repeats": 1, "confirm_repeats": 0}
+CPU_SETTINGS = {"noise_repeats": 1, "confirm_repeats": 0, "retime_best": False}
 """On the CPU path (Triton's interpreter: a TriMul evaluation takes tens of seconds) numbers only rank
 variants on one machine: the grid takes the cheapest settings unless it names others (one measurement
-of the baseline and the seed, no final re-timing), and the `smoke` set where a task has one."""
+of the baseline and the seed, no final re-timing, no independent re-timing of each new best: that
+guards GPU timings against hostile code, and costs a whole evaluation), and the `smoke` set where a
+task has one."""
 
 
 class Grid(BaseModel):

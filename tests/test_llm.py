@@ -386,6 +386,7 @@ ALL_FIELDS = {
     "attempts": "attempt 1: COMPILE_ERROR",
     "action": "Tile the loop",
     "interface": "custom_kernel(data) in kernel.py",
+    "inspirations": "INSPIRATIONS",
     "base_code": format_sources({"kernel.py": "import torch\n"}),
     "base_result": "1.0 ms",
     "status": "INCORRECT_NUMERICAL",

@@ -69,6 +69,9 @@ class RayWorldModel:
     async def call(self, name: str, args: dict[str, Any]) -> Any:
         return await _with_retry(lambda: self.actor.call.remote(name, args), "world-model", self._rebuild)
 
+    def release(self) -> None:
+        ray.kill(self.actor)
+
 
 class RayPolicy:
     def __init__(self, role: str, config: RunConfig, store: RunStore):
@@ -85,6 +88,9 @@ class RayPolicy:
 
     def _replace(self) -> None:
         self.actor = self._make()
+
+    def release(self) -> None:
+        ray.kill(self.actor)
 
     async def name(self) -> str:
         return str(await _with_retry(lambda: self.actor.name.remote(), self.role, self._replace))

@@ -351,23 +351,34 @@ class Search:
     # --- the run -----------------------------------------------------------------------------------
 
     async def run(self) -> RunState:
-        await self.setup()
-        await self._measure_baselines()  # also a check, on resume, that the sandbox still works
-        if not self.state.seeded:
-            await self._seed()
-        spent = self.budget_left()
-        if spent:
-            self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
-        reason = await self.method.run(self)
-        await self._confirm()
-        self.store.append(
-            "run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best,
-            session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
-            evaluator_busy_s={str(k): v for k, v in sorted(self.pool.busy_s.items())},
-        )
-        self.state.finished = reason
-        self.on_change(self)
-        return self.state
+        try:
+            await self.setup()
+            await self._measure_baselines()  # also a check, on resume, that the sandbox still works
+            if not self.state.seeded:
+                await self._seed()
+            spent = self.budget_left()
+            if spent:
+                self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
+            reason = await self.method.run(self)
+            await self._confirm()
+            self.store.append(
+                "run_end", reason=reason, rounds=self.state.rounds_used, best=self.state.best,
+                session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
+                evaluator_busy_s={str(k): v for k, v in sorted(self.pool.busy_s.items())},
+            )
+            self.state.finished = reason
+            self.on_change(self)
+            return self.state
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give back what the backends hold (Ray actors, GPUs), however the session ends: a driver
+        that lives on (a notebook, a test suite, an experiment) must not keep a finished run's GPUs."""
+        for backend in (getattr(self, "world_model", None), self.backends.planner, self.backends.coder, self.pool):
+            release = getattr(backend, "release", None)
+            if release is not None:
+                release()
 
     async def _measure_baselines(self) -> None:
         """Every evaluator measures the baseline on its own GPU, each session; more than once the

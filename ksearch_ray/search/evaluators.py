@@ -344,6 +344,14 @@ class EvaluatorPool:
             self._builds.pop((solution.id, record.target), None)
         return result
 
+    def release(self) -> None:
+        """Kill this pool's evaluator actors (their GPUs go back to the cluster) and its pending work."""
+        for task in self._replacing.values():
+            task.cancel()
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already dead with its node
+                ray.kill(actor, no_restart=True)
+
     async def close(self) -> None:
         """Stop waiting for replacements (their actors go with the job)."""
         for task in list(self._replacing.values()):

@@ -337,6 +337,26 @@ def _redirect_output(workdir: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
+def _private_flashinfer_workspace(workdir: Path) -> None:
+    """FlashInfer opens a log file in its JIT cache when imported, and the shared cache is read-only
+    in the sandbox (warm it first: experiments/flashinfer_warmup.py). Give this worker a workspace of
+    its own whose cache entries link to the shared, read-only ones."""
+    base = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+    if not base or not os.path.isdir(base) or os.access(base, os.W_OK):
+        return
+    shared = Path(base) / ".cache" / "flashinfer"
+    mine = workdir / "flashinfer_workspace"
+    for arch_dir in shared.glob("*/*"):  # <version>/<arch>
+        if not arch_dir.is_dir():
+            continue
+        target = mine / ".cache" / "flashinfer" / arch_dir.relative_to(shared)
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in arch_dir.iterdir():
+            if entry.suffix != ".log":
+                (target / entry.name).symlink_to(entry)
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = str(mine)
+
+
 def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     """Run one job to the end; returns the process exit code."""
     workdir = Path(job["workdir"])
@@ -345,6 +365,7 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     os.environ["TRITON_CACHE_DIR"] = job["triton_cache_dir"]
     os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
     os.environ["HOME"] = str(workdir)
+    _private_flashinfer_workspace(workdir)
     if job.get("kind") == "build":  # a build ahead of the evaluation (ksearch_ray.evaluation.builder)
         from ksearch_ray.evaluation.sandbox.build import serve_build
 

@@ -101,3 +101,17 @@ def test_the_tuner_through_the_real_stack_from_the_command_line(tmp_path):
     assert len(tunes) == 2 == tuned["variants"] and all(e["result"]["status"] == "PASSED" for e in tunes)
     assert all(e["result"]["timed"] and e["speedup"] is not None for e in tunes)  # measured, side by side
     assert "tuning 2 tunable(s)" in done.stdout + done.stderr
+
+
+def test_show_report_and_the_experiment_frames_find_a_tuned_best(tmp_path):
+    from ksearch_ray.analysis.runs import read_runs
+    from ksearch_ray.report.tables import Run
+
+    s = search(tmp_path, Recording(OfflinePolicy()), FakeEvaluators(by_tunables()), method="refine", width=1, rounds=1,
+               autotune_variants=6)
+    state = run(s)
+    best = Run.load(s.store.root).best_result()
+    assert best is not None and best.solution_id == (state.best or {}).get("solution_id")  # measured by a `tune` event
+    evals, runs = read_runs([s.store.root])
+    assert evals.filter(evals["kind"] == "tune").height == 6
+    assert runs["best_speedup"][0] == pytest.approx(state.best["speedup"])  # type: ignore[index]

@@ -75,7 +75,7 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             no_code += ev.get("solution_id") is None
             kinds[ev["round"]] = ev.get("attempt_kind", "")
             first_candidate_s = t if first_candidate_s is None else first_candidate_s
-        elif kind in ("seed", "evaluation") and ev.get("solution_id") and ev.get("result"):
+        elif kind in ("seed", "evaluation", "tune") and ev.get("solution_id") and ev.get("result"):
             result = ev["result"]
             passed = result.get("status") == "PASSED"
             speedup = ev.get("speedup") if passed else None
@@ -86,7 +86,8 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             else:
                 last_eval_s = t
             rows.append({
-                **label, "round": 0 if kind == "seed" else ev["round"], "kind": "seed" if kind == "seed" else kinds.get(ev["round"], ""),
+                **label, "round": 0 if kind == "seed" else ev["round"],
+                "kind": kind if kind in ("seed", "tune") else kinds.get(ev["round"], ""),
                 "solution_id": ev["solution_id"], "status": result.get("status"), "passed": passed, "workloads": result.get("workload_set"), "speedup": speedup,
                 "best_so_far": best, "wall_s": t, "cost_usd": cost, "llm_tokens": tokens, "evaluator": ev.get("evaluator"),
                 "gpu": ev.get("gpu"), "eval_s": result.get("seconds"),

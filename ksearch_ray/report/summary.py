@@ -67,7 +67,7 @@ def lost_evaluations(events: list[dict[str, Any]]) -> list[str]:
     """One phrase per evaluation an evaluator (or its node) took down with it, from `evaluator_lost` events."""
     evaluated: dict[str, float] = {}
     for e in events:
-        if e.get("kind") in ("evaluation", "baseline", "seed", "seed_repeat", "confirm") and e.get("solution_id"):
+        if e.get("kind") in ("evaluation", "tune", "baseline", "seed", "seed_repeat", "confirm") and e.get("solution_id"):
             evaluated[e["solution_id"]] = e["t"]
     return [
         f"{e['solution_id']} on evaluator {e['evaluator']}, "

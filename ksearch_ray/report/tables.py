@@ -185,7 +185,7 @@ class Run:
         if best is None:
             return None
         for ev in reversed(self.events):
-            if ev.get("kind") in ("evaluation", "seed") and ev.get("solution_id") == best.get("solution_id") and ev.get("result"):
+            if ev.get("kind") in ("evaluation", "tune", "seed") and ev.get("solution_id") == best.get("solution_id") and ev.get("result"):
                 return ev
         return None
 
@@ -215,7 +215,7 @@ class Run:
 
         for ev in self.events:
             kind, result = ev.get("kind"), ev.get("result") or {}
-            if kind in ("baseline", "seed", "evaluation") and result.get("status") == Status.PASSED.value:
+            if kind in ("baseline", "seed", "evaluation", "tune") and result.get("status") == Status.PASSED.value:
                 add(ev, ev.get("solution_id"), result.get("score"))
             elif kind == "seed_repeat" and ev.get("status") == Status.PASSED.value:
                 add(ev, ev.get("solution_id"), ev.get("score"))

@@ -115,6 +115,7 @@ class _Run:
     time_seeds: list[int]
     stage: Stage | None = None  # what follows the correctness checks when timed; None: Evaluator._time
     prebuilt: BuildRecord | None = None
+    prepare: str | None = None  # the trusted untimed setup function (trusted_prepare), decided once
     results: list[WorkloadResult] = field(default_factory=list)
     build_seconds: float = 0.0
 
@@ -227,12 +228,13 @@ class Evaluator:
             [derive_seed(self.secret, w.name, w.params.get("seed"), tag) for w in workloads],
             stage=_stage,
             prebuilt=prebuilt[0] if prebuilt else None,
+            prepare=trusted_prepare(task, solution),
         )
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
             workload_set=task.workload_set_name(workload_set, self.device), mode=mode, device=self.device,
             device_name=device_name(self.device), compat=sorted(options), timed=timed,
-            prepared_untimed=trusted_prepare(task, solution) is not None,
+            prepared_untimed=run.prepare is not None,
         )
         t0 = time.monotonic()
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
@@ -305,7 +307,7 @@ class Evaluator:
             "language": sol.language,
             "entry_file": sol.entry_file,
             "entry_point": sol.entry_point,
-            "prepare": trusted_prepare(run.task, sol),
+            "prepare": run.prepare,
             "prebuilt": {"path": str(workdir / "prebuilt" / "library.so"), "module": run.prebuilt.module_name}
             if run.prebuilt else None,
             "check": [

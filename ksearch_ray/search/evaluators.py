@@ -351,10 +351,3 @@ class EvaluatorPool:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already dead with its node
                 ray.kill(actor, no_restart=True)
-
-    async def close(self) -> None:
-        """Stop waiting for replacements (their actors go with the job)."""
-        for task in list(self._replacing.values()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -122,9 +122,7 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             state.results[ev["solution_id"]] = result
             if result.passed:
                 state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
-            cycle = state.cycles.get(ev.get("cycle") or "")
-            evaluated = (next(a for a in cycle.attempts if a.round == ev["round"]) if cycle is not None
-                         else state.attempts.get(ev["round"]))
+            evaluated = _attempt_of(state, ev)
             if evaluated is not None:
                 evaluated.result = result
                 evaluated.speedup = ev.get("speedup")
@@ -136,9 +134,7 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
             if result.passed:
                 state.note_score(ev.get("gpu", ""), ev["solution_id"], result.score)
         elif kind == "tuned" and ev["solution_id"] != ev["original"]:
-            cycle = state.cycles.get(ev.get("cycle") or "")
-            tuned = (next(a for a in cycle.attempts if a.round == ev["round"]) if cycle is not None
-                     else state.attempts.get(ev["round"]))
+            tuned = _attempt_of(state, ev)
             if tuned is not None:
                 tuned.solution_id, tuned.result = ev["solution_id"], state.results[ev["solution_id"]]
                 tuned.speedup, tuned.evaluator = ev.get("speedup"), ev.get("evaluator")
@@ -166,6 +162,14 @@ def fold(events: list[dict[str, Any]], solution_exists: Callable[[str], bool]) -
     state.tree = wm.tree if wm else None
     state.wall_s = _active_wall_s(events)
     return state
+
+
+def _attempt_of(state: RunState, ev: dict[str, Any]) -> Attempt | None:
+    """The attempt an event speaks of: by round, in its cycle, or among the cycle-less attempts."""
+    cycle = state.cycles.get(ev.get("cycle") or "")
+    if cycle is not None:
+        return next(a for a in cycle.attempts if a.round == ev["round"])
+    return state.attempts.get(ev["round"])
 
 
 def _active_wall_s(events: list[dict[str, Any]]) -> float:

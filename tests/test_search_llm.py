@@ -38,7 +38,13 @@ PLAN_INIT = """Three ideas.
 
 
 class Script:
-    """Planner calls get ops; coder calls take the next scripted reply (a 500 once exhausted)."""
+    """Planner calls get ops; coder calls take the next scripted reply (a 500 once exhausted).
+
+    After the first plan the planner adds nothing, except when asked for more actions: then it
+    proposes one. Which cycle draws which scripted coder reply depends on timing, and so does
+    whether both first actions end too hard before the budget is spent; an empty answer there
+    would end the run early (rightly: ksearch.NO_MORE_ACTIONS), and this test is about the round budget.
+    """
 
     def __init__(self, coder_steps):
         self.coder_steps = list(coder_steps)
@@ -50,8 +56,15 @@ class Script:
         with self.lock:
             if "Output format: edit ops" in text:
                 self.planner_calls += 1
-                return Completion(PLAN_INIT if self.planner_calls == 1 else "Nothing to add.\n```json\n[]\n```",
-                                  prompt_tokens=100, completion_tokens=40)
+                if self.planner_calls == 1:
+                    reply = PLAN_INIT
+                elif "Call: propose_actions" in text:
+                    reply = ('One more idea.\n```json\n[{"op": "insert", "parent": "root", "title": "another try '
+                             f'{self.planner_calls}", "description": "again", "difficulty": 1, "score": 0.5, '
+                             '"expected_speedup": 1.05, "rationale": "more rounds"}]\n```')
+                else:
+                    reply = "Nothing to add.\n```json\n[]\n```"
+                return Completion(reply, prompt_tokens=100, completion_tokens=40)
             if self.coder_steps:
                 return self.coder_steps.pop(0)
             return HTTPError(500, "script exhausted")

@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import ray
 
-from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
+from ksearch_ray.config import LLMConfig
+from ksearch_ray.policies import make_policy
+from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
 
 
 @ray.remote(num_cpus=0)
 class PolicyActor:
-    def __init__(self, role: str, llm_config_json: str | None, cache_dir: str | None, prompts_dir: str | None):
+    def __init__(self, role: str, llm_config_json: str, cache_dir: str | None, prompts_dir: str | None):
         self.role = role
-        self.policy: Policy
-        if llm_config_json is None:
-            from ksearch_ray.offline.policy import OfflinePolicy
-
-            self.policy = OfflinePolicy()
-        else:
-            # litellm's Router/client is built here, inside the actor: it is not picklable.
-            from ksearch_ray.llm.client import LLMConfig
-            from ksearch_ray.llm.policy import LLMPolicy
-
-            self.policy = LLMPolicy(
-                LLMConfig.model_validate_json(llm_config_json),
-                cache_dir=Path(cache_dir) if cache_dir else None,
-                prompts_dir=Path(prompts_dir) if prompts_dir else None,
-            )
+        if cache_dir:  # the actor's own log lines (retries, provider errors) go to the run directory, not the terminal
+            handler = logging.FileHandler(Path(cache_dir).parent / f"{role}.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger("ksearch_ray").addHandler(handler)
+        # litellm's client is built here, inside the actor: it is not picklable.
+        self.policy = make_policy(LLMConfig.model_validate_json(llm_config_json),
+                                  cache_dir=Path(cache_dir) if cache_dir else None,
+                                  prompts_dir=Path(prompts_dir) if prompts_dir else None)
 
     def name(self) -> str:
         return self.policy.name

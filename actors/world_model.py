@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from ksearch_ray.search.store import RunStore
+from ksearch_ray.store import RunStore
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 

@@ -83,13 +83,14 @@ def final_check(grid: Grid, cells: list[Cell], refs: dict[str, list[str]], args:
         task_cells = [c for c in cells if c.task in (task_name, str(Path(task_name).resolve()))]
         if not task_cells:
             continue
-        settings = task_cells[0].settings
-        device = settings.get("device") or ("cuda" if _has_cuda() else "cpu")
-        task = find_task(task_cells[0].task, settings.get("task_dirs") or [])
+        first = task_cells[0]
+        device = first.setting("evaluation.device") or ("cuda" if _has_cuda() else "cpu")
+        task_dirs = first.setting("task_dirs") or []
+        task = find_task(first.task, task_dirs)
         bests = {c.name: c.run_dir(args.out.resolve()) for c in task_cells}
         wanted = args.check_workloads or grid.check_workloads
-        scored = settings.get("workloads") or task.definition.default_workloads or "benchmarks"
-        request: dict[str, Any] = {"task": task_cells[0].task, "task_dirs": settings.get("task_dirs") or [], "device": device,
+        scored = first.setting("evaluation.workloads") or task.definition.default_workloads or "benchmarks"
+        request: dict[str, Any] = {"task": first.task, "task_dirs": task_dirs, "device": device,
                    "workloads": wanted, "line_workloads": scored, "bests": {k: str(v) for k, v in bests.items()},
                    "references": refs.get(task_name, []), "work_dir": str(args.out.resolve() / "sandbox")}
         say(f"{task.name}: final check on {check_set(task, wanted, scored)} ({len(bests)} best kernel(s), "

@@ -8,23 +8,27 @@ either.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, get_args, get_origin
 
 import typer
 from rich.console import Console
 
-from ksearch_ray.config import RunConfig
+from ksearch_ray.config import BUDGET_KEYS, field_info
 from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.")
+# In a pipe, help is plain text (click's), which wraps without cutting: rich's tables end long defaults in "…".
+RICH_HELP = sys.stdout.isatty()
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="K-Search on Ray: find fast GPU kernels.",
+                  rich_markup_mode="rich" if RICH_HELP else None)
 out = Console()
 err = Console(stderr=True, soft_wrap=True)  # messages are never broken into lines: paths stay whole
 
-TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", help="Extra directory of task bundles (repeatable).")]
+TaskDirs = Annotated[list[Path] | None, typer.Option("--task-dir", metavar="DIR", help="Extra directory of task bundles (repeatable).")]
 Isolation = Annotated[
     str | None,
     typer.Option("--isolation", help="Candidate isolation: require (refuse without it), best-effort (default; warns "
@@ -32,7 +36,7 @@ Isolation = Annotated[
 ]
 Datasets = Annotated[
     list[Path] | None,
-    typer.Option("--dataset", help="FlashInfer-Bench dataset directory (definitions + workloads; repeatable)."),
+    typer.Option("--dataset", metavar="DIR", help="FlashInfer-Bench dataset directory (definitions + workloads; repeatable)."),
 ]
 
 
@@ -180,92 +184,136 @@ def _eval_progress() -> Iterator[Callable[[str], None]]:
         yield lambda text: print(text, file=sys.stderr, flush=True)
 
 
-def _default(field: str) -> str:
-    """' [default: X]' from RunConfig, for options whose default lives there (flags override YAML)."""
-    value = RunConfig.model_fields[field].default
-    return f" \\[default: {'none' if value is None else value}]"  # escaped: help text is rich markup
+RUN_FLAGS: list[tuple[str, str, str]] = [
+    # (parameter, flag, setting): each option's type, help and default come from the setting's field.
+    ("task", "--task", "task"),
+    ("model", "--model", "llm.model"),
+    ("api_base", "--api-base", "llm.api_base"),
+    ("api_key_env", "--api-key-env", "llm.api_key_env"),
+    ("reasoning_effort", "--reasoning-effort", "llm.reasoning_effort"),
+    ("structured_output", "--structured-output", "llm.structured_output"),
+    ("price_per_mtok", "--price-per-mtok", "llm.price_per_mtok"),
+    ("method", "--method", "search.method"),
+    ("width", "--width", "search.width"),
+    ("start", "--start", "search.start"),
+    ("from_solution", "--from-solution", "search.from_solution"),
+    ("language", "--language", "search.language"),
+    ("random_seed", "--random-seed", "search.random_seed"),
+    ("autotune", "--autotune", "search.autotune_variants"),
+    ("noise_repeats", "--noise-repeats", "search.noise_repeats"),
+    ("confirm_repeats", "--confirm-repeats", "search.confirm_repeats"),
+    ("stagnation_window", "--stagnation-window", "search.ksearch.stagnation_window"),
+    ("max_difficulty", "--max-difficulty", "search.ksearch.max_difficulty"),
+    ("rounds", "--rounds", "budget.rounds"),
+    ("max_cost_usd", "--max-cost-usd", "budget.max_cost_usd"),
+    ("max_llm_tokens", "--max-llm-tokens", "budget.max_llm_tokens"),
+    ("max_wall_s", "--max-wall-s", "budget.max_wall_s"),
+    ("device", "--device", "evaluation.device"),
+    ("evaluators", "--evaluators", "evaluation.evaluators"),
+    ("workloads", "--workloads", "evaluation.workloads"),
+    ("mode", "--mode", "evaluation.mode"),
+    ("isolation", "--isolation", "evaluation.isolation"),
+    ("ray", "--ray/--no-ray", "cluster.ray"),
+    ("ray_address", "--ray-address", "cluster.address"),
+    ("run_dir", "--run-dir", "run_dir"),
+    ("progress", "--progress/--no-progress", "progress"),
+]
+"""`ksearch run`'s options that set a configuration field."""
+
+RESUME_FLAGS = [(name, f"--{name.replace('_', '-')}", f"budget.{name}") for name in BUDGET_KEYS]
 
 
-@app.command()
-def run(
-    task: Annotated[str | None, typer.Option("--task", help="Task name or bundle path.")] = None,
-    model: Annotated[str | None, typer.Option(help="litellm model string, e.g. openai/gpt-5; none = offline policy.")] = None,
-    api_base: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (vLLM, SGLang, Ollama).")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="Environment variable that holds the API key.")] = None,
-    reasoning_effort: Annotated[str | None, typer.Option(help="low / medium / high, where the model supports it.")] = None,
-    width: Annotated[int | None, typer.Option(help="Action cycles in parallel (search width W)." + _default("width"))] = None,
-    rounds: Annotated[int | None, typer.Option(help="Budget of code generations." + _default("rounds"))] = None,
-    stagnation_window: Annotated[int | None, typer.Option(help="Non-improving attempts that end a cycle." + _default("stagnation_window"))] = None,
-    max_difficulty: Annotated[int | None, typer.Option(help="Difficulty gate (1-5)." + _default("max_difficulty"))] = None,
-    max_cost_usd: Annotated[float | None, typer.Option(help="LLM spending budget." + _default("max_cost_usd"))] = None,
-    max_wall_s: Annotated[float | None, typer.Option(help="Wall-clock budget, seconds." + _default("max_wall_s"))] = None,
-    from_solution: Annotated[str | None, typer.Option(help="Start from this solution (task solution name or file).")] = None,
-    device: Annotated[str | None, typer.Option(help="cuda or cpu.")] = None,
-    evaluators: Annotated[int | None, typer.Option(help="Evaluator actors (default: one per GPU).")] = None,
-    workloads: Annotated[str | None, typer.Option(help="Workload set that scores candidates.")] = None,
-    mode: Annotated[str | None, typer.Option(help="Timing mode: fresh or reuse." + _default("mode"))] = None,
-    language: Annotated[str | None, typer.Option(help="What the LLM writes: triton, cuda or python." + _default("language"))] = None,
-    method: Annotated[str | None, typer.Option(help="Search method: ksearch (world model), evolve (program database with islands) or refine (improve the best, no world model)." + _default("method"))] = None,
-    random_seed: Annotated[int | None, typer.Option(help="Seed of the method's random choices; repetitions of an experiment differ by it." + _default("random_seed"))] = None,
-    price_per_mtok: Annotated[str | None, typer.Option(help="USD per million prompt and completion tokens, 'IN,OUT', for a model litellm has no price for.")] = None,
-    max_llm_tokens: Annotated[int | None, typer.Option(help="Budget of LLM tokens, prompt and completion together.")] = None,
-    structured_output: Annotated[str | None, typer.Option(help="JSON-schema planner replies: auto, on or off." + _default("structured_output"))] = None,
-    noise_repeats: Annotated[int | None, typer.Option(help="Measurements of the baseline and the seed at the start (the noise estimate)." + _default("noise_repeats"))] = None,
-    confirm_repeats: Annotated[int | None, typer.Option(help="Interleaved re-timings of the best against the baseline at the end (0: none)." + _default("confirm_repeats"))] = None,
-    autotune: Annotated[int | None, typer.Option("--autotune", help="Evaluations the tuner may spend on each passed candidate's tunables (0: none)." + _default("autotune_variants"))] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML file with the same keys; flags override it.")] = None,
-    run_dir: Annotated[str | None, typer.Option(help="Run directory (default runs/<task>-<time>-<id>).")] = None,
-    ray_address: Annotated[str | None, typer.Option(help="Attach to this Ray cluster.")] = None,
-    task_dir: TaskDirs = None,
-    dataset: Datasets = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress view.")] = True,
-    isolation: Isolation = None,
-) -> None:
-    """Search for a faster kernel on Ray: by default K-Search, W action cycles in parallel on one shared world model."""
+def _option(flag: str, path: str, *, resume: bool = False) -> Any:
+    """A typer option for a configuration field: its type and help from the field, its default shown."""
+    info = field_info(path)
+    kind = info.annotation
+    choices = get_args(kind) if get_origin(kind) is Literal else None
+    if choices is None:
+        kind = next((a for a in get_args(kind) if a is not type(None)), kind)  # X | None -> X
+    metavar = "|".join(choices) if choices else {int: "N", float: "X", bool: None}.get(kind, "TEXT")
+    if path == "llm.price_per_mtok" or choices:
+        kind = str  # 'IN,OUT' parsed below; choices checked by the configuration, in one line
+    default = None if info.is_required() else info.get_default(call_default_factory=True)
+    description = (info.description or "").rstrip(".") + "."
+    bracket = "\\[" if RICH_HELP else "["  # rich markup needs its brackets escaped
+    said = info.is_required() or (default is None and "default" in description)
+    shown = "" if said else f" {bracket}default: {'none' if default is None else default}]"
+    help_text = description + (" For the whole run, from now on." if resume else shown)
+    if path == "llm.price_per_mtok":
+        help_text = "USD per million prompt and completion tokens, 'IN,OUT', for a model litellm has no price for."
+        metavar = "IN,OUT"
+    return Annotated[kind | None, typer.Option(flag, help=help_text, show_default=False, metavar=metavar)]
+
+
+def _command(flags: list[tuple[str, str, str]], extra: list[inspect.Parameter], body: Callable[..., None], *,
+             resume: bool = False) -> Callable[..., None]:
+    """A command function whose options are made from configuration fields (typer reads __signature__)."""
+    params = list(extra)
+    for name, flag, path in flags:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=_option(flag, path, resume=resume)))
+
+    def command(**kwargs: Any) -> None:
+        body(**kwargs)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__doc__ = body.__doc__
+    return command
+
+
+def _run(config: Path | None = None, task_dir: list[Path] | None = None, dataset: list[Path] | None = None,
+         **flags: Any) -> None:
+    """Search for a faster kernel: by default K-Search, W action cycles in parallel on one shared world model, on Ray.
+
+    Every option sets a field of the run's configuration; a YAML file (--config) sets the same fields in sections (search, budget, llm, evaluation, cluster), and options given here win.
+    """
     from ksearch_ray.config import ConfigError, load_config
 
-    overrides = {
-        "task": task, "model": model, "api_base": api_base, "api_key_env": api_key_env,
-        "reasoning_effort": reasoning_effort, "width": width, "rounds": rounds,
-        "stagnation_window": stagnation_window, "max_difficulty": max_difficulty, "max_cost_usd": max_cost_usd,
-        "max_wall_s": max_wall_s, "from_solution": from_solution, "device": device, "evaluators": evaluators,
-        "workloads": workloads, "mode": mode, "language": language, "run_dir": run_dir,
-        "ray_address": ray_address, "task_dirs": task_dirs(task_dir, dataset) or None,
-        "noise_repeats": noise_repeats, "confirm_repeats": confirm_repeats, "autotune_variants": autotune, "method": method, "random_seed": random_seed,
-        "price_per_mtok": _price(price_per_mtok), "max_llm_tokens": max_llm_tokens, "structured_output": structured_output,
-        "isolation": isolation,
-    }
+    overrides = {path: flags[name] for name, _flag, path in RUN_FLAGS}
+    overrides["llm.price_per_mtok"] = _price(flags["price_per_mtok"])
+    overrides["task_dirs"] = task_dirs(task_dir, dataset) or None
     try:
         cfg = load_config(config, overrides)
     except ConfigError as exc:
         fail(str(exc))
-    _run_search(lambda: _runner().start(cfg, progress=progress))
+    _run_search(lambda: _session().start(cfg, progress=cfg.progress))
 
 
-@app.command()
-def resume(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory left by `ksearch run`.")],
-    rounds: Annotated[int | None, typer.Option(help="New budget of code generations for the whole run (extends a finished run).")] = None,
-    max_cost_usd: Annotated[float | None, typer.Option(help="New LLM spending budget for the whole run.")] = None,
-    max_wall_s: Annotated[float | None, typer.Option(help="New wall-clock budget for the whole run, seconds.")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live view on a terminal (plain lines otherwise).")] = True,
-) -> None:
+_RUN_EXTRA = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Path | None, typer.Option("--config", metavar="FILE", help="YAML file of settings (the same fields, in sections); options given win.")]),
+    inspect.Parameter("task_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskDirs),
+    inspect.Parameter("dataset", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Datasets),
+]
+app.command("run")(_command(RUN_FLAGS, _RUN_EXTRA, _run))
+
+
+def _resume(run_dir: Path, progress: bool = True, **budget: Any) -> None:
     """Continue a run that was stopped, killed or finished: nothing lost, nothing counted twice."""
-    budget = {"rounds": rounds, "max_cost_usd": max_cost_usd, "max_wall_s": max_wall_s}
-    _run_search(lambda: (run_dir.resolve(), _runner().resume(run_dir, progress=progress, budget=budget)))
+    _run_search(lambda: _session().resume(run_dir, progress=progress, budget=budget))
+
+
+_RESUME_EXTRA = [
+    inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
+        Path, typer.Argument(help="A run directory left by `ksearch run`.")]),
+    inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation=Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Live view on a terminal (plain lines otherwise).")]),
+]
+app.command("resume")(_command(RESUME_FLAGS, _RESUME_EXTRA, _resume, resume=True))
 
 
 @app.command()
 def show(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    run_dir: Annotated[Path | None, typer.Argument(help="A run directory (default: the latest under ./runs).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep redrawing as the run goes on; stops when it ends.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:
     """Print a run's counters, failures, world model and best kernel (from its run directory)."""
-    from ksearch_ray.search.store import RunDirError
+    from ksearch_ray.store import RunDirError
 
     if follow and as_json:
         fail("--follow and --json do not go together: --json prints one summary")
+    run_dir = run_dir or _latest_run()
     try:
         if follow:
             _follow(run_dir)
@@ -303,7 +351,7 @@ def report(
     """Write one self-contained HTML file that tells the story of a run: open it anywhere, offline."""
     from ksearch_ray.report.html import write_report
     from ksearch_ray.report.tables import Run
-    from ksearch_ray.search.store import RunDirError
+    from ksearch_ray.store import RunDirError
 
     target = out_file or run_dir / "report.html"
     if target.is_dir():
@@ -368,7 +416,7 @@ def standin(
     """
     import time
 
-    from ksearch_ray.standin.server import StandIn
+    from ksearch_ray.policies.standin.server import StandIn
 
     try:
         server = StandIn(port, seed=seed).start()
@@ -382,10 +430,19 @@ def standin(
         server.stop()
 
 
-def _runner():  # type: ignore[no-untyped-def]
-    from ksearch_ray.search import runner
+def _session():  # type: ignore[no-untyped-def]
+    from ksearch_ray import session
 
-    return runner
+    return session
+
+
+def _latest_run() -> Path:
+    """The most recently started run under ./runs (what `ksearch run` makes by default)."""
+    runs = sorted((p for p in Path("runs").glob("*/manifest.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        fail("no run directory given, and ./runs holds none: name one (ksearch show RUN_DIR)")
+    err.print(f"showing the latest run: {runs[-1].parent}", highlight=False, markup=False, soft_wrap=True)
+    return runs[-1].parent
 
 
 def _run_search(go) -> None:  # type: ignore[no-untyped-def]
@@ -393,12 +450,12 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     error (resumable), 130 interrupted (resumable)."""
     from ksearch_ray.config import ConfigError
     from ksearch_ray.evaluation.sandbox.client import SandboxError
-    from ksearch_ray.search.errors import RunInterrupted, RunStopped, SearchError
-    from ksearch_ray.search.outcome import outcome_lines
-    from ksearch_ray.search.store import RunDirError
+    from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
+    from ksearch_ray.run.outcome import outcome_lines
+    from ksearch_ray.store import RunDirError
 
     try:
-        run_dir, state = go()
+        search = go()
     except RunInterrupted as exc:
         err.print(f"interrupted; resume with: ksearch resume {exc.run_dir}", highlight=False)
         raise typer.Exit(130) from None
@@ -408,7 +465,8 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
         raise typer.Exit(3) from None
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(exc))
-    print("\n".join(outcome_lines(state, run_dir)))  # plain lines: paths and ids are never wrapped or cut
+    # Plain lines: paths and ids are never wrapped or cut.
+    print("\n".join(outcome_lines(search.view, search.store.root, search.policy_name)))
 
 
 def _price(text: str | None) -> tuple[float, float] | None:

@@ -1,160 +1,304 @@
 """Run configuration: defaults, then a YAML file, then command-line flags; validated once.
 
-The resolved `RunConfig` is written into the run's manifest and handed to every actor, so a
-resumed run uses exactly the configuration it started with.
+One `RunConfig`, in sections (`llm`, `search` with a section per method, `budget`, `evaluation`,
+`cluster`), is written into the run's manifest and handed to every part of the run, so a resumed
+run uses exactly the configuration it started with. The command line's options are made from
+these fields (their help is the fields' descriptions: `cli.RUN_FLAGS`), and a YAML file uses the
+same nested keys:
+
+    task: trimul
+    search: {width: 8, method: ksearch, ksearch: {stagnation_window: 4}}
+    budget: {rounds: 200, max_cost_usd: 50}
+    llm: {model: openai/gpt-5}
+    evaluation: {workloads: benchmarks, timing: {max_calls: 50}}
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ksearch_ray.llm.types import LLMConfig
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 
 
 class ConfigError(Exception):
     """Bad configuration; the message is one line for the user."""
 
 
-class RunConfig(BaseModel):
+class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(description="Task name or bundle path.")
-    task_dirs: list[str] = Field(default_factory=list, description="Extra directories of task bundles.")
-    model: str | None = Field(default=None, description="litellm model string; none = the offline policy.")
+
+class LLMConfig(_Section):
+    """Which model to call and how patiently (none: the offline policy plays planner and coder)."""
+
+    model: str | None = Field(default=None, description="litellm model string, e.g. openai/gpt-5; none = the offline policy.")
     api_base: str | None = Field(default=None, description="OpenAI-compatible server URL (vLLM, SGLang, Ollama).")
-    api_key_env: str | None = Field(default=None, description="Environment variable holding the API key.")
-    reasoning_effort: str | None = None
-    temperature: float | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
-    llm_timeout_s: float = Field(default=600.0, gt=0)
-    llm_max_retries: int = Field(default=4, ge=0)
-    llm_backoff_base_s: float = Field(default=2.0, ge=0)
-    llm_concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder actor.")
-    method: Literal["ksearch", "evolve", "refine"] = Field(
-        default="ksearch",
-        description="Search method: ksearch (the world-model search), evolve (an evolutionary program database, "
-        "OpenEvolve-style) or refine (improve or debug the best so far, no world model).",
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable that holds the API key (default: the provider's own variable)."
     )
-    random_seed: int = Field(default=0, ge=0, description="Seed of the method's random choices (evolve's sampling); repetitions differ by it.")
-    evolve_islands: int = Field(default=3, ge=1, description="evolve: populations that evolve apart, exchanging their best now and then.")
-    evolve_inspirations: int = Field(default=2, ge=0, description="evolve: other programs shown beside the parent.")
-    evolve_migration_interval: int = Field(
-        default=10, ge=1, description="evolve: children evaluated between migrations (each island's best copied to the next)."
+    temperature: float | None = Field(default=None, description="None sends nothing: reasoning models reject most values.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Completion token limit; none leaves it to the server.")
+    reasoning_effort: str | None = Field(default=None, description="low / medium / high, where the model supports it.")
+    timeout_s: float = Field(default=600.0, gt=0, description="Seconds per HTTP attempt.")
+    max_retries: int = Field(default=4, ge=0, description="Retries of a retryable failure within one call.")
+    backoff_base_s: float = Field(default=2.0, ge=0, description="First retry waits about this long, then doubling.")
+    backoff_max_s: float = Field(default=60.0, ge=0, description="Cap on one wait, a server's Retry-After included.")
+    outage_s: float = Field(
+        default=1800.0, ge=0,
+        description="How long a provider may keep failing (timeouts, 5xx, 429) before the run stops, resumable; "
+        "such failures spend no round.",
     )
-    width: int = Field(default=2, ge=1, description="Action cycles in parallel (the search width W).")
-    rounds: int = Field(default=40, ge=1, description="Budget of code generations.")
-    stagnation_window: int = Field(default=5, ge=1, description="Non-improving attempts in a row that end a cycle.")
-    parent_patience: int = Field(
-        default=5, ge=1, description="Attempts in a row, after one passed, that leave the cycle no faster than its parent: the cycle ends."
-    )
-    lease_ttl_s: float = Field(default=3600.0, gt=0, description="A cycle that stops reporting this long loses its action.")
-    prompt_budget_tokens: int = Field(
-        default=100_000, ge=2_000, description="Largest prompt, in tokens (estimated); fits a 128k-context model with room to answer."
-    )
+    concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder.")
     structured_output: Literal["auto", "on", "off"] = Field(
-        default="auto", description="Ask for JSON-schema replies from the planner: auto = where litellm says the model supports it."
+        default="auto", description="JSON-schema planner replies: auto = where litellm says the model supports them."
     )
-    planner_reasks: int = Field(default=1, ge=0, description="Times a planner reply that cannot be used is asked again, with the reasons.")
+    planner_reasks: int = Field(default=1, ge=0, description="Times a planner reply that cannot be used is asked again.")
     price_per_mtok: tuple[float, float] | None = Field(
         default=None, description="USD per million prompt and completion tokens, for a model litellm has no price for."
     )
-    max_llm_tokens: int | None = Field(default=None, gt=0, description="Budget of LLM tokens (prompt + completion).")
-    max_difficulty: int = Field(default=4, ge=1, le=5)
-    relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0)
-    max_cost_usd: float | None = Field(default=None, ge=0)
-    max_wall_s: float | None = Field(default=None, gt=0, description="Wall-clock budget in seconds.")
-    from_solution: str | None = Field(default=None, description="Seed: a solution name of the task, or a file.")
-    device: Literal["cuda", "cpu"] | None = Field(default=None, description="Default: cuda if Ray sees GPUs.")
-    evaluators: int | None = Field(default=None, ge=1, description="Default: one per GPU, or one on the CPU.")
-    evaluator_cpus: float = Field(default=1.0, gt=0, description="num_cpus reserved by each evaluator actor.")
-    evaluator_gpus: bool = Field(
-        default=False, description="Reserve one GPU per evaluator even on --device cpu (tests with fake GPUs)."
+    prompt_budget_tokens: int | None = Field(
+        default=None, ge=2_000,
+        description="Largest prompt in tokens (estimated); default: what the model's context window leaves for the "
+        "answer (litellm knows it for most models), else 100,000.",
     )
+    stream: bool = Field(default=True, description="Stream replies (a proxy that cuts idle connections cannot cut a long call).")
+
+    def reply_parameters(self) -> dict[str, Any]:
+        """The parameters that change what the model says; they key the response cache."""
+        return {"model": self.model, "temperature": self.temperature, "max_tokens": self.max_tokens,
+                "reasoning_effort": self.reasoning_effort}
+
+
+class KSearchConfig(_Section):
+    stagnation_window: int = Field(default=5, ge=1, description="Non-improving attempts in a row that end a cycle.")
+    parent_patience: int = Field(
+        default=5, ge=1, description="Attempts in a row, after one passed, that leave the cycle no faster than its parent."
+    )
+    lease_ttl_s: float = Field(default=3600.0, gt=0, description="A cycle that stops reporting this long loses its action.")
+    max_difficulty: int = Field(default=4, ge=1, le=5, description="Difficulty gate (1-5) of the selection policy.")
+    relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0, description="The gate opens once the best reaches this.")
+    max_new_actions: int = Field(default=3, ge=1, description="New actions one planner batch may add (K-Search: 3).")
+
+
+class EvolveConfig(_Section):
+    islands: int = Field(default=3, ge=1, description="Populations that evolve apart, exchanging their best now and then.")
+    inspirations: int = Field(default=2, ge=0, description="Other programs shown beside the parent.")
+    migration_interval: int = Field(default=10, ge=1, description="Children evaluated between migrations.")
+
+
+class RefineConfig(_Section):
+    debug_window: int = Field(default=5, ge=1, description="Failed attempts in a row a lane debugs before it improves the best again.")
+
+
+class SearchConfig(_Section):
+    method: Literal["ksearch", "evolve", "refine"] = Field(
+        default="ksearch",
+        description="Search method: ksearch (the world-model search), evolve (program database with islands) or "
+        "refine (improve the best so far, no world model).",
+    )
+    width: int = Field(default=2, ge=1, description="Action cycles (or lanes) in parallel: the search width W.")
+    start: Literal["seed", "spec"] = Field(
+        default="seed",
+        description="seed: start from the task's seed kernel (or --from-solution); spec: write the first kernel from the "
+        "specification, as in the K-Search paper.",
+    )
+    from_solution: str | None = Field(default=None, description="Start from this solution (a task solution name or a file).")
+    language: Literal["triton", "cuda", "python"] = Field(default="triton", description="What the LLM coder writes.")
+    random_seed: int = Field(default=0, ge=0, description="Seed of the method's random choices; repetitions differ by it.")
+    autotune_variants: int = Field(
+        default=0, ge=0, description="Evaluations the tuner may spend on each passed candidate's tunables (0: none)."
+    )
+    noise_repeats: int = Field(
+        default=2, ge=1, description="Measurements of the baseline (per evaluator) and of the seed at the start: the noise."
+    )
+    confirm_repeats: int = Field(
+        default=3, ge=0, description="Interleaved re-timings of the best against the baseline and the seed at the end (0: none)."
+    )
+    retime_best: bool = Field(
+        default=True, description="Believe a new best only once a second, independent measurement agrees with the first."
+    )
+    ksearch: KSearchConfig = Field(default_factory=KSearchConfig)
+    evolve: EvolveConfig = Field(default_factory=EvolveConfig)
+    refine: RefineConfig = Field(default_factory=RefineConfig)
+
+
+class BudgetConfig(_Section):
+    """What a run may spend; `ksearch resume` may change these and nothing else."""
+
+    rounds: int = Field(default=40, ge=1, description="Budget of code generations.")
+    max_cost_usd: float | None = Field(default=None, ge=0, description="LLM spending budget, USD.")
+    max_llm_tokens: int | None = Field(default=None, gt=0, description="Budget of LLM tokens, prompt and completion together.")
+    max_wall_s: float | None = Field(default=None, gt=0, description="Wall-clock budget, seconds (the final re-timing included).")
+
+
+class EvaluationConfig(_Section):
+    device: Literal["cuda", "cpu"] | None = Field(default=None, description="cuda or cpu (default: cuda where there is a GPU).")
+    workloads: str | None = Field(default=None, description="Workload set that scores candidates (default: the task's).")
+    mode: Literal["fresh", "reuse"] = Field(default="fresh", description="Timing mode: fresh inputs every timed call, or reuse.")
+    isolation: Literal["require", "best-effort", "off"] = Field(
+        default="best-effort",
+        description="Candidate isolation: require (refuse without it), best-effort (warns about what the host lacks) or off.",
+    )
+    evaluators: int | None = Field(default=None, ge=1, description="Evaluators (default: one per GPU, or one on the CPU).")
+    evaluator_cpus: float = Field(default=1.0, gt=0, description="num_cpus reserved by each evaluator actor.")
+    evaluator_gpus: bool = Field(default=False, description="Reserve one GPU per evaluator even on the CPU path (tests with fake GPUs).")
+    replace_timeout_s: float = Field(
+        default=600.0, gt=0, description="An evaluator started to replace a lost one and not running after this long is given up."
+    )
+    limits: Limits = Field(default_factory=Limits, description="Time limits of one evaluation, seconds.")
+    timing: dict[str, Any] = Field(
+        default_factory=dict, description="Changes to the device's timing rule (TimingPolicy fields), e.g. {max_calls: 50}."
+    )
+
+    @field_validator("timing")
+    @classmethod
+    def _timing_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        TimingPolicy.model_validate({**TimingPolicy().model_dump(), **value})  # unknown or bad fields fail here
+        return value
+
+    def timing_for(self, device: str) -> TimingPolicy:
+        return TimingPolicy.model_validate({**TimingPolicy.for_device(device).model_dump(), **self.timing})
+
+
+class ClusterConfig(_Section):
+    ray: bool = Field(default=True, description="Run on Ray (local or a cluster); false: everything in this process.")
+    address: str | None = Field(default=None, description="Attach to this Ray cluster (default: RAY_ADDRESS, or a local Ray).")
     build_pool: bool = Field(
-        default=True,
-        description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (false: inside the "
-        "evaluation, on the evaluator's GPU, as before).",
+        default=True, description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (Ray only)."
     )
     build_cpus: float = Field(default=2.0, gt=0, description="num_cpus of each build task (also its ninja MAX_JOBS).")
     build_resource: str | None = Field(
         default=None,
         description="A custom Ray resource builds ask a little of, so they run only on nodes declaring it "
-        "(cluster.yaml's CPU build nodes declare ksearch_build); none: any node with free CPUs.",
+        "(cluster.yaml's build nodes declare ksearch_build); none: any node with free CPUs.",
     )
     build_timeout_s: float = Field(default=900.0, gt=0, description="A build that gives no result this long is a TIMEOUT.")
     scratch_dir: str | None = Field(
         default=None,
-        description="Node-local working directory on every node: the build cache, build sandboxes, and the sandboxes "
-        "of evaluators away from the driver's node. Default: <system temp>/ksearch-ray-<uid>.",
+        description="Node-local working directory on every node (build cache, build sandboxes, remote evaluators' "
+        "sandboxes). Default: <system temp>/ksearch-ray-<uid>.",
     )
-    evaluator_replace_timeout_s: float = Field(
-        default=600.0, gt=0,
-        description="An evaluator started to replace a lost one and not running after this long is given up.",
-    )
-    language: Literal["triton", "cuda", "python"] = Field(default="triton", description="What the LLM coder writes.")
-    workloads: str | None = Field(default=None, description="Workload set that scores candidates.")
-    mode: Literal["fresh", "reuse"] = "fresh"
-    eval_idle_timeout_s: float = Field(default=180.0, gt=0, description="A candidate silent this long is a hang.")
-    noise_repeats: int = Field(
-        default=2, ge=1,
-        description="Measurements of the baseline (per evaluator) and of the seed in a run's first session: the noise estimate.",
-    )
-    retime_best: bool = Field(
-        default=True, description="Believe a new best only once a second, independent measurement agrees with the first."
-    )
-    autotune_variants: int = Field(
-        default=0, ge=0,
-        description="Evaluations the tuner may spend on the tunables of each passed candidate that declares some (0: no tuning).",
-    )
-    confirm_repeats: int = Field(
-        default=3, ge=0, description="Interleaved re-timings of the best against the baseline at the end (0: none)."
-    )
-    isolation: Literal["require", "best-effort", "off"] = Field(
-        default="best-effort",
-        description="Candidate isolation (namespaces): require = refuse to evaluate on a host without it; "
-        "best-effort = use what the host offers and warn about what is lost; off = none (debugging).",
-    )
-    run_dir: str | None = Field(default=None, description="Default: runs/<run-id>.")
-    ray_address: str | None = Field(default=None, description="Attach to this cluster; default: auto / local.")
-    progress: bool = True
 
 
-    def llm_config(self) -> LLMConfig:
-        """What the LLM client needs, from this run's settings."""
-        assert self.model is not None
-        return LLMConfig(
-            model=self.model, api_base=self.api_base, api_key_env=self.api_key_env, temperature=self.temperature,
-            max_tokens=self.max_tokens, reasoning_effort=self.reasoning_effort, timeout_s=self.llm_timeout_s,
-            max_retries=self.llm_max_retries, backoff_base_s=self.llm_backoff_base_s,
-            max_concurrency=self.llm_concurrency, structured_output=self.structured_output,
-            planner_reasks=self.planner_reasks, price_per_mtok=self.price_per_mtok,
-        )
+class RunConfig(_Section):
+    task: str = Field(description="Task name or bundle path.")
+    task_dirs: list[str] = Field(default_factory=list, description="Extra directories of task bundles.")
+    run_dir: str | None = Field(default=None, description="Run directory (default: runs/<task>-<time>-<id>).")
+    progress: bool = Field(default=True, description="Live progress view on a terminal.")
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @property
+    def workload_set(self) -> str | None:
+        return self.evaluation.workloads
+
+    def with_settings(self, settings: dict[str, Any]) -> RunConfig:
+        """A copy with dotted settings changed ({"budget.rounds": 80}), validated."""
+        data = self.model_dump(mode="json")
+        for path, value in settings.items():
+            set_path(data, path, value)
+        return validate_config(data)
+
+
+BUDGET_KEYS = tuple(BudgetConfig.model_fields)
+"""What `ksearch resume` may change: the budget, never what the run searches."""
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+def field_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str, Any]:
+    """Every leaf setting's dotted path -> its pydantic FieldInfo."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, _Section):
+            out.update(field_paths(annotation, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = info
+    return out
+
+
+def field_info(path: str) -> Any:
+    return field_paths()[path]
+
+
+def flat_settings(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted paths: {"search": {"width": 2}} -> {"search.width": 2}."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "timing":
+            out.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for key in parents:
+        data = data.setdefault(key, {})
+    data[leaf] = value
+
+
+def _did_you_mean(path: str) -> str:
+    known = list(field_paths())
+    leaf = path.split(".")[-1]
+    by_leaf = [p for p in known if p.split(".")[-1] == leaf]
+    close = by_leaf or difflib.get_close_matches(path, known, n=1) or difflib.get_close_matches(
+        leaf, [p.split(".")[-1] for p in known], n=1)
+    if not close:
+        return ""
+    guess = close[0] if close[0] in known else next(p for p in known if p.endswith("." + close[0]) or p == close[0])
+    return f" (did you mean {guess}?)"
+
+
+def validate_config(data: dict[str, Any], where: str = "config") -> RunConfig:
+    """RunConfig from nested data; ConfigError with one line naming the setting (and a guess for a typo)."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in first["loc"]) or "config"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{where}: unknown setting {path}{_did_you_mean(path)}") from None
+        if first["type"] == "missing":
+            raise ConfigError(f"{where}: {path} is required") from None
+        raise ConfigError(f"{where}: {path}: {first['msg']}") from None
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> RunConfig:
-    """Defaults < YAML file < overrides (flags given on the command line; None = not given)."""
+    """Defaults < YAML file < overrides (dotted paths from the command line; None = not given)."""
     data: dict[str, Any] = {}
+    where = "config"
     if path is not None:
         p = Path(path)
+        where = str(p)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark else ""
-            raise ConfigError(f"{p}: not valid YAML{where}") from None
+            line = f" (line {mark.line + 1})" if mark else ""
+            raise ConfigError(f"{p}: not valid YAML{line}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of settings at the top level")
-        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(f"{where}: {first['msg']}") from None
+        data = _normalise_keys(loaded)
+    for dotted, value in overrides.items():
+        if value is not None:
+            set_path(data, dotted, value)
+    return validate_config(data, where)
+
+
+def _normalise_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """YAML keys may use dashes (`max-wall-s`); nested mappings are sections."""
+    return {k.replace("-", "_"): _normalise_keys(v) if isinstance(v, dict) else v for k, v in data.items()}

@@ -1,8 +1,9 @@
-"""In-process backends for `search.engine.Search`: the run logic without Ray.
+"""In-process backends for `run.engine.Search` whose behaviour a test scripts: the run logic without Ray.
 
-The world model is the real state machine; planners and coders are the test's own scripts; the
-evaluator is a fake whose verdicts a test chooses (the behaviour under test is the engine's, not
-the sandbox's, which has tests of its own).
+The world model is the real state machine (`run.local.LocalWorldModel`); planners and coders are the
+test's own scripts; the evaluator pool is a fake whose verdicts a test chooses (the behaviour under test
+is the engine's, not the sandbox's, which has tests of its own). `settings` lets a test name settings
+by their last part (`rounds=3`, `stagnation_window=2`) when that part is unique.
 """
 
 from __future__ import annotations
@@ -13,26 +14,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ksearch_ray.config import RunConfig
+from ksearch_ray.config import RunConfig, field_paths, set_path, validate_config
+from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.evaluation.retime import RetimeResult
+from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.search.engine import Backends, Search
-from ksearch_ray.search.methods import method_for
-from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.search.store import RunStore
+from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.run.engine import Search
+from ksearch_ray.run.local import local_backends
+from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import find_task
-from ksearch_ray.worldmodel.state import WorldModelState
-from ksearch_ray.worldmodel.tree import Tree
 
 DATA = Path(__file__).parent / "data"
 
 
-class LocalWorldModel:
-    def __init__(self, store: RunStore, tree: Tree):
-        self.state = WorldModelState(tree, store.has_solution)
-
-    async def call(self, name: str, args: dict[str, Any]) -> Any:
-        return self.state.call(name, args)
+def settings(**values: Any) -> RunConfig:
+    """A RunConfig from settings named by dotted path (as keyword: search__width) or by a unique last part."""
+    paths = list(field_paths())
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        dotted = key.replace("__", ".")
+        if dotted not in paths:
+            matches = [p for p in paths if p.split(".")[-1] == dotted]
+            assert len(matches) == 1, f"setting {key}: {matches or 'no such setting'}"
+            dotted = matches[0]
+        set_path(data, dotted, value)
+    return validate_config(data)
 
 
 class ScriptedPolicy:
@@ -55,6 +62,9 @@ class ScriptedPolicy:
         self.codes.append(request)
         assert self._code is not None
         return self._code(request)
+
+    def release(self) -> None:
+        pass
 
 
 def result(solution: Solution, ms: float | None, status: Status = Status.PASSED, message: str = "") -> EvalResult:
@@ -80,9 +90,10 @@ class FakeEvaluators:
         self.evaluated: list[Solution] = []
         self.retimed: list[Solution] = []
         self.retime_agrees: Callable[[Solution], bool] = lambda _solution: True
+        self.released = False
 
-    async def describe_all(self) -> list[dict[str, Any]]:
-        return [{"name": "fake", "hardware": "a fake evaluator"} for _ in range(self.size)]
+    async def describe_all(self) -> list[EvaluatorInfo]:
+        return [EvaluatorInfo(device="cpu", name="fake", hardware="a fake evaluator") for _ in range(self.size)]
 
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
         return await self.evaluate_on(0, solution, workload_set), 0
@@ -99,13 +110,19 @@ class FakeEvaluators:
         ms, status, message = self.judge(solution)
         return result(solution, ms, status, message)
 
+    def release(self) -> None:
+        self.released = True
 
-def local_search(tmp_path: Path, planner: ScriptedPolicy, coder: ScriptedPolicy, evaluators: FakeEvaluators,
-                 clock: Callable[[], float] = time.time, **config: Any) -> Search:
-    settings = {"task": "toy_axpy", "task_dirs": [str(DATA)], "device": "cpu", "width": 1, "rounds": 6,
-                "noise_repeats": 1, "confirm_repeats": 0, "model": None} | config
-    cfg = RunConfig.model_validate(settings)
-    store = RunStore.create(tmp_path / "run", {"run_id": "run", "config": cfg.model_dump(mode="json")})
-    backends = Backends(world_model=lambda tree: LocalWorldModel(store, tree), planner=planner, coder=coder,
-                        evaluators=evaluators)
-    return Search(cfg, find_task(cfg.task, cfg.task_dirs), store, backends, method_for(cfg), clock=clock)
+
+def local_search(tmp_path: Path, planner: ScriptedPolicy, coder: ScriptedPolicy, evaluators: Any,
+                 clock: Callable[[], float] = time.time, run_dir: Path | None = None, **config: Any) -> Search:
+    """A search of the toy task in this process, with the test's planner, coder and evaluators."""
+    defaults = {"task": "toy_axpy", "task_dirs": [str(DATA)], "device": "cpu", "width": 1, "rounds": 6,
+                "noise_repeats": 1, "confirm_repeats": 0}
+    cfg = settings(**(defaults | config))
+    root = run_dir or tmp_path / "run"
+    store = RunStore.open(root) if (root / "manifest.json").exists() else RunStore.create(
+        root, {"run_id": root.name, "config": cfg.model_dump(mode="json")})
+    backends = local_backends(cfg, find_task(cfg.task, cfg.task_dirs), store, planner=planner, coder=coder,
+                              evaluators=evaluators)
+    return Search(cfg, find_task(cfg.task, cfg.task_dirs), store, backends, method_for(cfg, store.load_solution), clock=clock)

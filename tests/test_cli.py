@@ -1,25 +1,21 @@
-"""The `ksearch` command line as a user meets it: real subprocesses, one-line errors, exit codes."""
+"""The `ksearch` command line as a user meets it: one-line errors and exit codes, through typer's test runner."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import ksearch as cli
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"
 GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
 
 
-def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "ksearch_ray", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+def ksearch(*args: str, cwd: Path = ROOT):  # type: ignore[no-untyped-def]
+    return cli(cwd, *args)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -27,7 +23,9 @@ def ksearch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "missing.py"], "no such file or solution"),
     (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--mode", "sometimes"], "--mode must be fresh or reuse"),
     (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--workloads", "nope"], "no workload set 'nope'"),
-    (["run", "--task", "trimul", "--width", "0"], "width: Input should be greater than or equal to 1"),
+    (["run", "--task", "trimul", "--width", "0"], "search.width: Input should be greater than or equal to 1"),
+    (["run", "--task", "trimul", "--method", "greedy"], "search.method: Input should be 'ksearch', 'evolve' or 'refine'"),
+    (["run", "--task", "trimul", "--from-solution", "nosuch.py", "--no-ray"], "--from-solution: no solution of trimul"),
     (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
     (["resume", "/nonexistent/run"], "is not a run directory"),
     (["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1",

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from ksearch_ray.config import RunConfig
+from ksearch_ray.distributed.pool import BUILDER, EvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.search.evaluators import BUILDER, EvaluatorPool
 from ksearch_ray.taskspec.task import find_task
 
 DATA = Path(__file__).parent / "data"

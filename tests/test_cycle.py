@@ -7,10 +7,10 @@ import re
 
 from local_backends import FakeEvaluators, ScriptedPolicy, local_search
 
+from ksearch_ray.events import RunView
+from ksearch_ray.methods.ksearch import KSearch
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.search.ksearch import KSearch
-from ksearch_ray.search.policy import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.search.runstate import fold
+from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
 from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
 
 
@@ -75,9 +75,9 @@ def test_a_cycle_stops_when_it_cannot_beat_its_parent_and_still_attaches_its_bes
                           parent_patience=2)
     state = run(search)
     events = search.store.read_events()
-    stops = [e["reason"] for e in events if e["kind"] == "cycle_stop"]
+    stops = [e.reason for e in events if e.kind == "cycle_stop"]
     assert stops[0] == "cannot beat the parent"
-    assert sum(e["kind"] == "candidate" and e["cycle"] == "c1" for e in events) == 2
+    assert sum(e.kind == "candidate" and e.cycle == "c1" for e in events) == 2
     assert state.tree.nodes["n1"].status is NodeStatus.DONE  # a slower step may still lead somewhere
     assert "refine" in [p.kind for p in plans.plans]
 
@@ -102,7 +102,7 @@ def test_a_failed_action_keeps_the_system_verdict_and_the_planners_reason(tmp_pa
     assert node.status is NodeStatus.TOO_HARD and len(reasons) == 2
     assert reasons[0].startswith("no passing attempt in 2") and reasons[1] == "fp16 overflows"
     assert state.tree.nodes["n2"].split_from == "n1" and state.tree.nodes["n2"].parent == "root"
-    applied = [e for e in search.store.read_events() if e["kind"] == "wm" and e.get("plan_kind") == "too_hard"]
+    applied = [e for e in search.store.read_events() if e.kind == "wm" and getattr(e, "plan_kind", None) == "too_hard"]
     assert applied, "the planner's too_hard ops were applied"
 
 
@@ -163,7 +163,7 @@ def test_a_lease_whose_cycle_stopped_expires_through_the_driver(tmp_path):
     asyncio.run(go())
     assert search.tree().nodes["n1"].status is NodeStatus.OPEN and not search.tree().leases
     # The expiry is in the log, so a replay agrees.
-    state = fold(search.store.read_events(), search.store.has_solution)
+    state = RunView.of(search.store.read_events(), search.store.has_solution)
     assert state.tree.nodes["n1"].status is NodeStatus.OPEN
 
 
@@ -187,6 +187,6 @@ def test_a_new_best_that_an_independent_re_timing_contradicts_is_not_recorded(tm
     search = local_search(tmp_path, planner([insert("root", "tile")]), coder("ms=0.1", "ms=1.5"), evaluators,
                           rounds=2, stagnation_window=5)
     state = run(search)
-    retimes = [e for e in search.store.read_events() if e["kind"] == "retime"]
-    assert [(e["agreed"]) for e in retimes] == [False, True]
-    assert state.best is not None and state.best["speedup"] == 1.0 / 1.5  # the honest one, not the 10x
+    retimes = [e for e in search.store.read_events() if e.kind == "retime"]
+    assert [(e.agreed) for e in retimes] == [False, True]
+    assert state.best is not None and state.best.speedup == 1.0 / 1.5  # the honest one, not the 10x

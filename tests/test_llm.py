@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
 
-from ksearch_ray.llm.client import LiteLLMClient, LLMConfig, LLMError, ResponseCache
-from ksearch_ray.llm.parsing import ParseError, extract_code, extract_ops
-from ksearch_ray.llm.prompting import CALL_KINDS, PromptError, format_sources, render
+from ksearch_ray.policies.llm.client import LiteLLMClient, LLMConfig, LLMError, ResponseCache
+from ksearch_ray.policies.llm.parsing import ParseError, extract_code, extract_ops
+from ksearch_ray.policies.llm.prompting import CALL_KINDS, PromptError, format_sources, render
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
 KEY_ENV = "KSEARCH_TEST_LLM_KEY"
@@ -461,7 +461,7 @@ def test_override_directory_wins_for_same_named_files(
 
 
 def _plan_request():  # type: ignore[no-untyped-def]
-    from ksearch_ray.search.policy import PlanRequest
+    from ksearch_ray.policies.contract import PlanRequest
     from ksearch_ray.taskspec.task import find_task
     from ksearch_ray.worldmodel.tree import new_tree
 
@@ -471,8 +471,8 @@ def _plan_request():  # type: ignore[no-untyped-def]
 
 
 def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_again_without() -> None:
-    from ksearch_ray.llm.policy import LLMPolicy
-    from ksearch_ray.llm.types import fatal_error
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.types import fatal_error
 
     ops = [{"op": "add_question", "text": "which tunable matters?"}]
     script = [HTTPError(400, "response_format json_schema is not supported by this model"),
@@ -487,7 +487,7 @@ def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_agai
 
 
 def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> None:
-    from ksearch_ray.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.policy import LLMPolicy
 
     script = [Completion('```json\n[{"op": "update", "node": "n99", "score": 0.5}]\n```'),
               Completion('```json\n[{"op": "add_question", "text": "q"}]\n```')]

@@ -8,22 +8,21 @@ import random
 from pathlib import Path
 
 import pytest
-from local_backends import DATA, FakeEvaluators, LocalWorldModel
+from local_backends import FakeEvaluators, local_search, settings
 from test_prompts_golden import FAST, GOLDEN, SEED, TASK, Recorder, state, timed
 
-from ksearch_ray.config import RunConfig
-from ksearch_ray.llm.policy import LLMPolicy
-from ksearch_ray.llm.types import LLMConfig
+from ksearch_ray.config import LLMConfig
+from ksearch_ray.events import Candidate, Evaluation, Resume, RunView, parse_event
+from ksearch_ray.methods.evolve import Evolve
+from ksearch_ray.methods.programs import ProgramDatabase, features
+from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.offline.policy import OfflinePolicy
-from ksearch_ray.search.engine import Backends, Search
-from ksearch_ray.search.methods import method_for
-from ksearch_ray.search.policy import Attempt, CodeRequest, Inspiration
-from ksearch_ray.search.programs import ProgramDatabase, features
-from ksearch_ray.search.runstate import fold
-from ksearch_ray.search.store import RunStore
-from ksearch_ray.standin.player import Player, section
-from ksearch_ray.taskspec.task import find_task
+from ksearch_ray.policies.contract import Attempt, CodeRequest, Inspiration
+from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.standin.player import Player, section
+from ksearch_ray.run.engine import Search
+from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.tunables import read_tunables, rewrite_tunables
 
 
@@ -44,6 +43,9 @@ class Recording:
         self.codes.append(request)
         return await self.policy.code(request)
 
+    def release(self) -> None:
+        pass
+
 
 def by_tunables(broken: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
     """Verdicts from the toy kernel's tunables: larger blocks are faster; `broken` values fail."""
@@ -57,14 +59,8 @@ def by_tunables(broken: dict[str, object] | None = None):  # type: ignore[no-unt
     return judge
 
 
-def search(tmp_path: Path, coder: Recording, evaluators: FakeEvaluators, *, resume: bool = False, **config) -> Search:  # type: ignore[no-untyped-def]
-    settings = {"task": "toy_axpy", "task_dirs": [str(DATA)], "device": "cpu", "width": 2, "rounds": 6,
-                "noise_repeats": 1, "confirm_repeats": 0, "from_solution": "triton_seed"} | config
-    cfg = RunConfig.model_validate(settings)
-    root = tmp_path / "run"
-    store = RunStore.open(root) if resume else RunStore.create(root, {"run_id": "run", "config": cfg.model_dump(mode="json")})
-    backends = Backends(world_model=lambda tree: LocalWorldModel(store, tree), planner=coder, coder=coder, evaluators=evaluators)
-    return Search(cfg, find_task(cfg.task, cfg.task_dirs), store, backends, method_for(cfg))
+def search(tmp_path: Path, coder: Recording, evaluators: FakeEvaluators, **config) -> Search:  # type: ignore[no-untyped-def]
+    return local_search(tmp_path, coder, coder, evaluators, **({"width": 2, "from_solution": "triton_seed"} | config))  # type: ignore[arg-type]
 
 
 def run(s: Search):  # type: ignore[no-untyped-def]
@@ -123,62 +119,58 @@ def test_sampling_is_a_function_of_the_seed_and_shows_other_programs_than_the_pa
 # --- the methods on in-process backends ------------------------------------------------------------
 
 
-def test_fold_files_attempts_without_a_cycle_by_round():
+def test_the_read_model_files_attempts_without_a_cycle_by_round():
     events = [
-        {"seq": 1, "t": 0.0, "kind": "candidate", "method": "evolve", "lane": "e1", "round": 1, "attempt_kind": "evolve",
-         "solution_id": "abc", "error": None, "island": 0, "parent": None, "inspirations": []},
-        {"seq": 2, "t": 1.0, "kind": "evaluation", "method": "evolve", "lane": "e1", "round": 1, "evaluator": 0,
-         "gpu": "cpu", "solution_id": "abc", "speedup": 1.5,
-         "result": timed(FAST, 0.8).model_dump(mode="json")},
+        Candidate(seq=1, t=0.0, method="evolve", lane="e1", round=1, attempt_kind="evolve", solution_id="abc", island=0),
+        parse_event({"seq": 2, "t": 1.0, "kind": "evaluation", "method": "evolve", "lane": "e1", "round": 1, "evaluator": 0,
+                     "gpu": "cpu", "solution_id": "abc", "speedup": 1.5, "result": timed(FAST, 0.8).model_dump(mode="json")}),
     ]
-    state = fold(events, lambda _id: True)
+    state = RunView.of(events)
     assert state.rounds_used == 1 and state.evaluations == 1 and not state.cycles
     assert state.attempts[1].speedup == 1.5 and state.attempts[1].passed
 
 
 def test_evolve_spends_its_rounds_on_children_of_sampled_parents_and_beats_the_seed(tmp_path):
     coder = Recording(OfflinePolicy())
-    s = search(tmp_path, coder, FakeEvaluators(by_tunables()), method="evolve", rounds=8, evolve_islands=2)
+    s = search(tmp_path, coder, FakeEvaluators(by_tunables()), method="evolve", rounds=8, islands=2)
     state = run(s)
     events = s.store.read_events()
-    candidates = [e for e in events if e["kind"] == "candidate"]
+    candidates = [e for e in events if isinstance(e, Candidate)]
     assert state.finished == "rounds" and state.rounds_used == 8 and len(candidates) == 8
-    assert all(c["method"] == "evolve" and c["island"] == (c["round"] - 1) % 2 for c in candidates)
+    assert all(c.method == "evolve" and c.island == (c.round - 1) % 2 for c in candidates)
     assert all(r.kind == "evolve" and r.current is not None for r in coder.codes)
     assert any(r.inspirations for r in coder.codes)  # once the database holds more than the seed
-    seed = next(e for e in events if e["kind"] == "seed")
-    assert state.best is not None and state.best["speedup"] > seed["speedup"]
+    seed = next(e for e in events if e.kind == "seed")
+    assert state.best is not None and state.best.speedup > seed.speedup
     assert not state.cycles and len(state.tree.nodes) == 0  # type: ignore[union-attr]  (no world model)
 
 
 def test_evolve_resumed_after_a_kill_evaluates_the_orphan_candidate_without_a_new_round(tmp_path):
     coder = Recording(OfflinePolicy())
-    run(search(tmp_path, coder, FakeEvaluators(by_tunables()), method="evolve", rounds=4, evolve_islands=2,
-               evolve_migration_interval=2))
+    run(search(tmp_path, coder, FakeEvaluators(by_tunables()), method="evolve", rounds=4, islands=2,
+               migration_interval=2))
     store = RunStore.open(tmp_path / "run")
     orphan = Solution(name="orphan", task="toy_axpy", language="triton", entry_file="axpy.py", entry_point="run",
                       sources={"axpy.py": rewrite_tunables(SEED.sources["axpy.py"], {"BLOCK": 512, "NUM_WARPS": 2})})
     store.save_solution(orphan)
-    events = store.read_events()
-    store.append("resume", open_cycles=[], budget={})  # a session that was killed right after its candidate
-    store.append("candidate", method="evolve", lane="e1", round=5, attempt_kind="evolve", solution_id=orphan.id,
-                 error=None, island=0, parent=events[0].get("solution_id"), inspirations=[])
+    store.append(Resume())  # a session that was killed right after its candidate
+    store.append(Candidate(method="evolve", lane="e1", round=5, attempt_kind="evolve", solution_id=orphan.id, island=0))
     store.close()
     evaluators = FakeEvaluators(by_tunables())
-    resumed = search(tmp_path, Recording(OfflinePolicy()), evaluators, resume=True, method="evolve", rounds=7,
-                     evolve_islands=2, evolve_migration_interval=2)
+    resumed = search(tmp_path, Recording(OfflinePolicy()), evaluators, method="evolve", rounds=7, islands=2,
+                     migration_interval=2)
     state = run(resumed)
     events = resumed.store.read_events()
     assert state.rounds_used == 7
-    assert [e["round"] for e in events if e["kind"] == "candidate"] == [1, 2, 3, 4, 5, 6, 7]
-    assert sorted(e["round"] for e in events if e["kind"] == "evaluation") == [1, 2, 3, 4, 5, 6, 7]
+    assert [e.round for e in events if isinstance(e, Candidate)] == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted(e.round for e in events if isinstance(e, Evaluation)) == [1, 2, 3, 4, 5, 6, 7]
     assert orphan.id in [s.id for s in evaluators.evaluated]
-    assert any(e["kind"] == "evolve_migrate" for e in events)
+    assert any(e.kind == "evolve_migrate" for e in events)
     # The database rebuilt from the log equals the one the session ended with.
     method = resumed.method
-    rebuilt = type(method)()
-    rebuilt.candidates = {e["round"]: e for e in events if e["kind"] == "candidate"}
-    rebuilt.restore(resumed, events)
+    rebuilt = Evolve(2, resumed.store.load_solution)
+    for event in events:
+        rebuilt.observe(event)
     assert [i.population for i in rebuilt.db.islands] == [i.population for i in method.db.islands]  # type: ignore[attr-defined]
     assert [i.grid for i in rebuilt.db.islands] == [i.grid for i in method.db.islands]  # type: ignore[attr-defined]
 
@@ -196,9 +188,9 @@ def test_refine_debugs_a_failed_attempt_then_improves_the_best(tmp_path):
     assert failing is not None and read_tunables(failing.sources["axpy.py"])["BLOCK"].value == 256
     assert all(r.action_text for r in coder.codes)
     later = [r for r in coder.codes[first_debug + 1:] if r.kind == "improve"]
-    assert later and all(r.current is not None and r.current.id == (s.state.best or {}).get("solution_id")
+    assert later and all(r.current is not None and r.current.id == (s.view.best.solution_id if s.view.best else None)
                          or r.current_speedup is not None for r in later)
-    assert state.best is not None and state.best["node"] == "refine"
+    assert state.best is not None and state.best.node == "refine"
 
 
 def test_a_coder_with_nothing_left_to_try_ends_the_run_with_a_reason(tmp_path):
@@ -262,5 +254,6 @@ def test_the_standin_reads_a_section_whose_code_has_comments_at_the_start_of_lin
 
 @pytest.mark.parametrize("method", ["evolve", "refine"])
 def test_the_method_is_a_run_setting(method):
-    assert RunConfig(task="toy_axpy", method=method).method == method
-    assert method_for(RunConfig(task="toy_axpy", method=method)).name == method
+    config = settings(task="toy_axpy", method=method)
+    assert config.search.method == method
+    assert method_for(config, lambda _id: SEED).name == method

@@ -1,5 +1,8 @@
 """What a new user meets, typed as they type it: `ksearch` from a working directory of their own,
-relative paths, default options, the installed package (no PYTHONPATH), real Ray, real sandboxes.
+relative paths, default options, real sandboxes. The README's first command and the TriMul search run
+as subprocesses of the installed package (no PYTHONPATH) on a real Ray of their own; the rest runs in
+this process through typer's test runner (`cli_runner`), without Ray where Ray is not the point, and
+in a pseudo-terminal where signals and the live view are.
 """
 
 from __future__ import annotations
@@ -16,10 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import ksearch as cli
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, always
+
+from ksearch_ray.events import Baseline, Candidate, Evaluation, Resume, Stopped
+from ksearch_ray.store import RunStore
 
 DATA = Path(__file__).parent / "data"
 TOY = ["--task", "toy_axpy", "--task-dir", "data", "--device", "cpu"]
+LOCAL = [*TOY, "--no-ray"]
 
 
 def _env() -> dict[str, str]:
@@ -39,8 +47,8 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+def _events(run_dir: Path) -> list:
+    return RunStore(run_dir).read_events()
 
 
 def _only_run(home: Path) -> Path:
@@ -49,29 +57,29 @@ def _only_run(home: Path) -> Path:
     return runs[0]
 
 
-@pytest.mark.slow
 def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigger_budget(home):
-    first = ksearch(home, "run", *TOY, "--width", "2", "--rounds", "3", "--confirm-repeats", "2")
+    first = cli(home, "run", *LOCAL, "--width", "2", "--rounds", "3", "--confirm-repeats", "2")
     assert first.returncode == 0, first.stderr + first.stdout
     run_dir = _only_run(home)
-    evaluations = [e for e in _events(run_dir) if e["kind"] == "evaluation"]
-    assert evaluations and all(e["result"]["status"] == "PASSED" for e in evaluations), evaluations
-    # Plain lines on stdout: the path is printed whole even in an 80-column pipe.
+    evaluations = [e for e in _events(run_dir) if isinstance(e, Evaluation)]
+    assert evaluations and all(e.result.passed for e in evaluations), evaluations
+    # Plain lines on stdout: the path is printed whole even in an 80-column pipe; the policy is named.
     assert f"run directory: {run_dir}" in first.stdout.splitlines()
+    assert "offline policy" in first.stdout and "offline policy" in first.stderr
     assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
     assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
 
     relative = run_dir.relative_to(home)
-    more = ksearch(home, "resume", str(relative), "--rounds", "5")
+    more = cli(home, "resume", str(relative), "--rounds", "5")
     assert more.returncode == 0, more.stderr + more.stdout
     events = _events(run_dir)
-    assert sorted(e["round"] for e in events if e["kind"] == "candidate") == [1, 2, 3, 4, 5]
-    assert all(e["result"]["status"] == "PASSED" for e in events if e["kind"] == "evaluation")
-    resumed = [e for e in events if e["kind"] == "resume"]
-    assert resumed and resumed[-1]["budget"] == {"rounds": 5}
+    assert sorted(e.round for e in events if isinstance(e, Candidate)) == [1, 2, 3, 4, 5]
+    assert all(e.result.passed for e in events if isinstance(e, Evaluation))
+    resumed = [e for e in events if isinstance(e, Resume)]
+    assert resumed and resumed[-1].budget == {"rounds": 5}
     # The resumed session measured the baseline again before spending a round.
-    first_round = next(e["seq"] for e in events if e["kind"] == "candidate" and e["round"] == 4)
-    assert any(e["kind"] == "baseline" and resumed[-1]["seq"] < e["seq"] < first_round for e in events)
+    first_round = next(e.seq for e in events if isinstance(e, Candidate) and e.round == 4)
+    assert any(isinstance(e, Baseline) and resumed[-1].seq < e.seq < first_round for e in events)
 
 
 @pytest.mark.slow
@@ -79,19 +87,20 @@ def test_readme_main_job_and_eval_with_a_relative_work_dir(home):
     main_job = ksearch(home, "eval", "--task", "trimul", "triton_seed")
     assert main_job.returncode == 0, main_job.stderr + main_job.stdout
     assert "PASSED" in main_job.stdout
-    local = ksearch(home, "eval", *TOY, "good", "--work-dir", "scratch", "--json")
+    local = cli(home, "eval", *TOY, "good", "--work-dir", "scratch", "--json")
     assert local.returncode == 0, local.stderr
     assert json.loads(local.stdout)["result"]["status"] == "PASSED"
     assert "correct on" in local.stderr  # progress per workload
 
 
 @pytest.mark.slow
-def test_trimul_search_from_a_fresh_directory(home):
+def test_trimul_search_from_a_fresh_directory_on_a_ray_of_its_own(home):
     result = ksearch(home, "run", "--task", "trimul", "--width", "2", "--rounds", "2", "--workloads", "smoke",
                      "--noise-repeats", "1", "--confirm-repeats", "0")
     assert result.returncode == 0, result.stderr + result.stdout
+    assert "starting Ray" in result.stderr
     events = _events(_only_run(home))
-    assert [e["result"]["status"] for e in events if e["kind"] == "evaluation"] == ["PASSED", "PASSED"]
+    assert [e.result.status.value for e in events if isinstance(e, Evaluation)] == ["PASSED", "PASSED"]
 
 
 def _needs_a_secret(home: Path) -> None:
@@ -103,37 +112,35 @@ def _needs_a_secret(home: Path) -> None:
     )
 
 
-@pytest.mark.slow
 def test_a_sandbox_that_cannot_start_stops_the_run_with_its_cause_and_resume_checks_again(home):
     _needs_a_secret(home)
     env = {"KSEARCH_TEST_TOKEN": "1"}
-    result = ksearch(home, "run", *TOY, "--rounds", "3", env=env)
+    result = cli(home, "run", *LOCAL, "--rounds", "3", env=env)
     assert result.returncode == 3, result.stderr + result.stdout
     said = " ".join(result.stderr.split())
     assert "the sandbox could not start a worker" in said and "needs KSEARCH_TEST_TOKEN" in said
     assert "Traceback" not in result.stderr
     run_dir = _only_run(home)
     assert f"ksearch resume {run_dir}" in said
-    again = ksearch(home, "resume", str(run_dir.relative_to(home)), env=env)
+    again = cli(home, "resume", str(run_dir.relative_to(home)), env=env)
     assert again.returncode == 3 and "the sandbox could not start a worker" in again.stderr
     events = _events(run_dir)
-    assert not any(e["kind"] in ("candidate", "evaluation") for e in events)
-    assert [e["kind"] for e in events].count("stopped") == 2
+    assert not any(isinstance(e, Candidate | Evaluation) for e in events)
+    assert sum(isinstance(e, Stopped) for e in events) == 2
 
 
-@pytest.mark.slow
 def test_a_rejected_api_key_ends_the_run_loudly_and_it_resumes_once_fixed(home):
     with FakeLLMServer(always(HTTPError(401, "Incorrect API key provided"))) as server:
-        args = ["run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+        args = ["run", *LOCAL, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
                 "--from-solution", "triton_seed"]
-        result = ksearch(home, *args)
+        result = cli(home, *args)
         asked = len(server.chat_requests)
     assert result.returncode == 3, result.stderr + result.stdout
     said = " ".join(result.stderr.split())
     assert "retrying cannot fix it" in said and "auth" in said and "Incorrect API key" in said
     assert asked == 1  # no retries of an authentication error, no further calls
     run_dir = _only_run(home)
-    assert not any(e["kind"] == "candidate" for e in _events(run_dir))
+    assert not any(isinstance(e, Candidate) for e in _events(run_dir))
 
     plan = '```json\n[{"op": "insert", "parent": "root", "title": "fma", "difficulty": 1, "score": 0.9, "expected_speedup": 1.1}]\n```'
     code = "```python\ndef run(x, a, b):\n    return a * x + b\n```"
@@ -145,11 +152,11 @@ def test_a_rejected_api_key_ends_the_run_loudly_and_it_resumes_once_fixed(home):
     with FakeLLMServer(answer) as fixed:
         # The model settings are part of the run; a user fixes the key (or the server), not the run.
         manifest = json.loads((run_dir / "manifest.json").read_text())
-        manifest["config"]["api_base"] = fixed.api_base
+        manifest["config"]["llm"]["api_base"] = fixed.api_base
         (run_dir / "manifest.json").write_text(json.dumps(manifest))
-        resumed = ksearch(home, "resume", str(run_dir))
+        resumed = cli(home, "resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
-    assert sum(e["kind"] == "candidate" for e in _events(run_dir)) == 2
+    assert sum(isinstance(e, Candidate) for e in _events(run_dir)) == 2
 
 
 @pytest.mark.slow
@@ -157,7 +164,7 @@ def test_waiting_is_visible_a_second_writer_is_refused_and_ctrl_c_prints_the_res
     with FakeLLMServer(always(Completion("never sent", delay_s=3600))) as server:
         main, follower = pty.openpty()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ksearch_ray", "run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m",
+            [sys.executable, "-m", "ksearch_ray", "run", *LOCAL, "--rounds", "2", "--model", "hosted_vllm/m",
              "--api-base", server.api_base, "--run-dir", "hanging"],
             cwd=home, env={**_env(), "TERM": "xterm", "COLUMNS": "100"}, stdin=follower, stdout=follower,
             stderr=follower, start_new_session=True,
@@ -174,8 +181,9 @@ def test_waiting_is_visible_a_second_writer_is_refused_and_ctrl_c_prints_the_res
                     break
         text = screen.decode(errors="replace")
         assert "waiting for" in text and "planner initialize_tree" in text, text[-3000:]
+        assert f"run directory {home / 'hanging'}" in " ".join(text.split()), text[-3000:]  # in the live view's header
 
-        second = ksearch(home, "resume", "hanging")
+        second = cli(home, "resume", "hanging")
         assert second.returncode == 2
         assert "is in use by process" in second.stderr and "Traceback" not in second.stderr
 
@@ -194,10 +202,9 @@ def test_waiting_is_visible_a_second_writer_is_refused_and_ctrl_c_prints_the_res
     tail = " ".join(rest.decode(errors="replace").split())
     assert proc.returncode == 130, tail
     assert f"interrupted; resume with: ksearch resume {home / 'hanging'}" in tail
-    assert any(e["kind"] == "stopped" and e["reason"] == "interrupted" for e in _events(home / "hanging"))
+    assert any(isinstance(e, Stopped) and e.reason == "interrupted" for e in _events(home / "hanging"))
 
 
-@pytest.mark.slow
 def test_the_seed_stays_the_best_when_nothing_beats_it(home):
     slow = "```python\nimport time\n\ndef run(x, a, b):\n    time.sleep(0.2)\n    return a * x + b\n```"
     plan = '```json\n[{"op": "insert", "parent": "root", "title": "sleep", "difficulty": 1, "score": 0.9, "expected_speedup": 1.1}]\n```'
@@ -206,15 +213,15 @@ def test_the_seed_stays_the_best_when_nothing_beats_it(home):
         return Completion(plan if "edit ops" in json.dumps(request.body["messages"]) else slow)
 
     with FakeLLMServer(answer) as server:
-        result = ksearch(home, "run", *TOY, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
-                         "--from-solution", "good", "--confirm-repeats", "1")
+        result = cli(home, "run", *LOCAL, "--rounds", "2", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+                     "--from-solution", "good", "--confirm-repeats", "1")
     assert result.returncode == 0, result.stderr + result.stdout
     assert "best: the seed; the search found nothing faster" in result.stdout
     run_dir = _only_run(home)
     best = json.loads((run_dir / "best.json").read_text())
     assert best["node"] == "root" and best["solution"]["name"] == "good"
     assert (run_dir / "best" / "good.py").read_text() == (DATA / "toy" / "solutions" / "good" / "good.py").read_text()
-    exported = ksearch(home, "export", str(run_dir.relative_to(home)), "--task-dir", "data")
+    exported = cli(home, "export", str(run_dir.relative_to(home)), "--task-dir", "data")
     assert exported.returncode == 0 and "time.sleep" not in exported.stdout
 
 
@@ -228,14 +235,15 @@ def test_bad_paths_get_one_line_errors(home):
         (["export", "emptydir", "--task", "trimul"], "neither a run directory"),
     ]
     for args, message in cases:
-        result = ksearch(home, *args)
+        result = cli(home, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in " ".join(result.stderr.split()), (args, result.stderr)
         assert "Traceback" not in result.stderr + result.stdout
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_help_shows_the_defaults(home):
-    result = ksearch(home, "run", "--help", env={"COLUMNS": "200"})
+def test_help_shows_the_defaults_and_every_option_in_a_pipe(home):
+    result = ksearch(home, "run", "--help")
     text = " ".join(result.stdout.split())
     assert "[default: 40]" in text and "[default: 2]" in text and "[default: fresh]" in text
+    assert "runs/<task>-<time>-<id>" in text  # the run directory's default, uncut

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from ksearch_ray.models import EvalResult, Solution, Status
-from ksearch_ray.offline.policy import OfflinePolicy, parse_action
-from ksearch_ray.search.policy import (
+from ksearch_ray.policies.contract import (
     Attempt,
     CodeKind,
     CodeReply,
@@ -26,6 +25,7 @@ from ksearch_ray.search.policy import (
     PlanReply,
     PlanRequest,
 )
+from ksearch_ray.policies.offline.policy import OfflinePolicy, parse_action
 from ksearch_ray.taskspec.task import Task
 from ksearch_ray.taskspec.tunables import read_tunables
 from ksearch_ray.worldmodel.ops import apply_ops

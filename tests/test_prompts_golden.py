@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from ksearch_ray.llm.policy import LLMPolicy
-from ksearch_ray.llm.types import LLMCall, LLMConfig, LLMReply
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.search.policy import Attempt, AttemptEvidence, CodeRequest, PlanRequest, WorkloadTime
+from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeRequest, PlanRequest, WorkloadTime
+from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.llm.types import LLMCall, LLMConfig, LLMReply
 from ksearch_ray.taskspec.task import find_task
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.tree import Outcome, new_tree

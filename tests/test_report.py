@@ -255,7 +255,7 @@ class Script:
 @pytest.fixture(scope="module")
 def llm_run(ray_session, tmp_path_factory) -> Path:
     from ksearch_ray.config import RunConfig
-    from ksearch_ray.search.runner import start
+    from ksearch_ray.session import start
 
     script = Script([Completion(CODE, 200, 30), Completion(SYNTAX, 200, 30), Completion(PROSE, 200, 20),
                      Completion(WRONG, 200, 30), Completion(CRASH, 200, 30), Completion(CODE.replace("a * x", "x * a"), 200, 30)])

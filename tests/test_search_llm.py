@@ -12,8 +12,8 @@ from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, Rat
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.models import Status
-from ksearch_ray.search.runner import start
-from ksearch_ray.search.store import RunStore
+from ksearch_ray.session import start
+from ksearch_ray.store import RunStore
 from ksearch_ray.worldmodel.tree import NodeStatus
 
 DATA = Path(__file__).parent / "data"

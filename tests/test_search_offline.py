@@ -1,37 +1,38 @@
-"""The offline policy improving the real TriMul Triton seed, on the CPU path (Triton interpreter)."""
+"""The offline policy improving a mistuned Triton seed by measuring it: real sandboxed evaluations of real
+Triton kernels (the interpreter, on the CPU path), in one process (`run.local`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from local_backends import DATA, settings
 
-from ksearch_ray.config import RunConfig
-from ksearch_ray.search.runner import start
-from ksearch_ray.search.store import RunStore
+from ksearch_ray.events import Seed
+from ksearch_ray.session import start
+from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.tunables import rewrite_tunables
-
-ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.slow
-def test_offline_policy_improves_a_mistuned_trimul_seed_on_cpu(ray_session, tmp_path):
-    # The seed with 32x32 contraction tiles: on the smoke workload (N=48) that is four times the
-    # tiles of its 64x64 default, which costs about 2x in the interpreter. The policy knows
-    # nothing of this; it must find better tunables by measuring.
-    seed = (ROOT / "tasks/trimul/solutions/triton_seed/submission.py").read_text()
-    start_file = tmp_path / "submission.py"
-    start_file.write_text(rewrite_tunables(seed, {"BLOCK_M": 32, "BLOCK_N": 32}))
-    config = RunConfig(task="trimul", device="cpu", evaluator_gpus=True, width=2, rounds=10, stagnation_window=2,
-                       workloads="smoke", from_solution=str(start_file), run_dir=str(tmp_path / "run"), progress=False,
-                       noise_repeats=1, confirm_repeats=0)
-    run_dir, state = start(config, progress=False)
-    events = RunStore(run_dir).read_events()
-    seeded = next(e for e in events if e["kind"] == "seed")
-    assert seeded["result"]["status"] == "PASSED" and seeded["speedup"]
-    assert state.finished == "rounds" and state.rounds_used == 10
-    assert state.best is not None
-    assert state.best["speedup"] > 1.3 * seeded["speedup"], (state.best, seeded["speedup"])
-    best = RunStore(run_dir).load_solution(state.best["solution_id"])
-    assert best.author == "offline-policy"
-    assert "offline-policy" in (run_dir / "best.json").read_text()
+def test_offline_policy_improves_a_mistuned_seed_on_cpu(tmp_path):
+    # The toy seed with 64-element blocks: sixteen times the interpreter's programs of its best choice.
+    # The policy knows nothing of this; it must find better tunables by measuring.
+    seed = (DATA / "toy/solutions/triton_seed/axpy.py").read_text()
+    start_dir = tmp_path / "seed"
+    start_dir.mkdir()
+    (start_dir / "axpy.py").write_text(rewrite_tunables(seed, {"BLOCK": 64}))
+    (start_dir / "solution.json").write_text((DATA / "toy/solutions/triton_seed/solution.json").read_text())
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", ray=False, width=2, rounds=6,
+                      stagnation_window=2, from_solution=str(start_dir), run_dir=str(tmp_path / "run"), progress=False,
+                      noise_repeats=2, confirm_repeats=1)
+    search = start(config, progress=False)
+    view = search.view
+    view_dir = Path(search.store.root)
+    seeded = next(e for e in RunStore(view_dir).read_events() if isinstance(e, Seed))
+    assert seeded.result is not None and seeded.result.passed and seeded.speedup
+    assert view.finished == "rounds" and view.rounds_used == 6
+    assert view.best is not None and view.best.solution_id != seeded.solution_id
+    assert view.best.speedup > 1.3 * seeded.speedup, (view.best, seeded.speedup)
+    best = RunStore(view_dir).load_solution(view.best.solution_id)
+    assert best.author == "offline-policy" and "offline policy" in (view_dir / "best.json").read_text()

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from ksearch_ray.analysis.replay import replay_world_model
 from ksearch_ray.config import RunConfig
-from ksearch_ray.search.replay import replay_world_model
-from ksearch_ray.search.runner import start
-from ksearch_ray.search.runstate import fold
-from ksearch_ray.search.store import RunStore
-from ksearch_ray.standin.player import Habits
-from ksearch_ray.standin.server import StandIn
+from ksearch_ray.policies.standin.player import Habits
+from ksearch_ray.policies.standin.server import StandIn
+from ksearch_ray.session import start
+from ksearch_ray.store import RunStore
 from ksearch_ray.worldmodel.tree import NodeStatus
 
 DATA = Path(__file__).parent / "data"
@@ -49,10 +48,10 @@ def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(ray_sessio
 
     # The best improves over the seed, and its node gets children of its own.
     seed = next(e for e in events if e["kind"] == "seed")
-    assert state.best is not None and state.best["node"] != "root"
-    assert state.best["speedup"] > 1.5 * seed["speedup"], (state.best, seed["speedup"])
+    assert state.best is not None and state.best.node != "root"
+    assert state.best.speedup > 1.5 * seed["speedup"], (state.best, seed["speedup"])
     tree = state.tree
-    assert tree is not None and any(n.parent == state.best["node"] for n in tree.nodes.values())
+    assert tree is not None and any(n.parent == state.best.node for n in tree.nodes.values())
 
     # Habits of real providers met on the way and survived.
     assert any(x.status == 429 for x in exchanges)
@@ -64,7 +63,7 @@ def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(ray_sessio
 
     # The world model is a function of the cached replies: a replay rebuilds it exactly.
     replayed = replay_world_model(run_dir)
-    assert replayed.model_dump() == fold(events, RunStore(run_dir).has_solution).tree.model_dump()
+    assert replayed.model_dump() == RunView.of(events, RunStore(run_dir).has_solution).tree.model_dump()
     assert json.loads((run_dir / "best.json").read_text())["policy"] == "llm: hosted_vllm/standin"
 
 
@@ -100,5 +99,5 @@ def test_the_cost_budget_is_enforced_from_the_event_log(ray_session, tmp_path):
     events = RunStore(run_dir).read_events()
     spent = sum(e["call"]["cost_usd"] for e in events if e["kind"] == "llm_call")
     assert state.finished == "cost" and state.rounds_used < 50
-    assert spent >= 5.0 and abs(fold(events, RunStore(run_dir).has_solution).llm_cost_usd - spent) < 1e-9
+    assert spent >= 5.0 and abs(RunView.of(events, RunStore(run_dir).has_solution).llm_cost_usd - spent) < 1e-9
     assert all(e["call"]["cost_known"] for e in events if e["kind"] == "llm_call")

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ksearch_ray.llm.parsing import read_plan
-from ksearch_ray.standin.player import Player
+from ksearch_ray.policies.llm.parsing import read_plan
+from ksearch_ray.policies.standin.player import Player
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.render import render_world_model
 from ksearch_ray.worldmodel.select import select_and_lease

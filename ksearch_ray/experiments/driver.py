@@ -48,9 +48,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def grid_from(args: argparse.Namespace, **fields: Any) -> Grid:
     settings: dict[str, Any] = {}
-    for key in ("workloads", "model", "api_base", "from_solution"):
+    for key, path in (("workloads", "evaluation.workloads"), ("model", "llm.model"), ("api_base", "llm.api_base"),
+                      ("from_solution", "search.from_solution")):
         if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
+            settings[path] = getattr(args, key)
     if args.task_dir:
         settings["task_dirs"] = [str(Path(d).resolve()) for d in args.task_dir]
     overrides = {"tasks": args.tasks, "seeds": args.seeds, "rounds": args.rounds, "max_cost_usd": args.max_cost_usd,
@@ -75,11 +76,11 @@ def _standin(grid: Grid, wanted: bool) -> Iterator[None]:
     if not wanted:
         yield
         return
-    from ksearch_ray.standin.server import StandIn
+    from ksearch_ray.policies.standin.server import StandIn
 
     # No 429s: an experiment compares methods; the retry path has tests of its own.
     with StandIn(rate_limit_every=0) as server:
-        grid.settings.update(model="hosted_vllm/standin", api_base=server.api_base)
+        grid.settings.setdefault("llm", {}).update(model="hosted_vllm/standin", api_base=server.api_base)
         say(f"LLM stand-in at {server.api_base} (not a model: it applies tunable changes it reads in the prompts)")
         yield
 
@@ -97,7 +98,8 @@ def run_grid(grid: Grid, args: argparse.Namespace) -> tuple[list[Cell], list[Out
             if args.ray_address:
                 launcher: Any = JobLauncher(args.ray_address, out, say, parallel=args.parallel, working_dir=checkout())
                 return grid_cells, launcher.run(grid_cells)
-            with LocalLauncher(out, say) as local:
+            on_ray = any(cell.setting("cluster.ray") is not False for cell in grid_cells)
+            with LocalLauncher(out, say, ray=on_ray) as local:
                 return grid_cells, local.run(grid_cells)
     except (ConfigError, GridError) as exc:
         fail(str(exc))

@@ -9,8 +9,8 @@
     references:               # per task: solutions to report and draw against (names or paths)
       gqa_paged_decode_h32_kv4_d128_ps1: [flashinfer]
     check_workloads: all      # the set each best kernel is checked and timed on at the end
-    settings:                 # any key of `ksearch run` for every cell (model, workloads, ...)
-      model: openai/gpt-5
+    settings:                 # any setting of a run for every cell, in the run file's sections
+      llm: {model: openai/gpt-5}
 
 Each cell is one `ksearch run` in its own run directory, `<out>/runs/<task>-<method>-w<width>-s<seed>`,
 configured by a YAML file beside it (`<run dir>.yaml`: the settings, the budget and the cell's own keys).
@@ -24,14 +24,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ksearch_ray.config import ConfigError, RunConfig
+from ksearch_ray.config import ConfigError
 
-CPU_SETTINGS = {"noise_repeats": 1, "confirm_repeats": 0, "retime_best": False}
+CPU_SETTINGS = {"search.noise_repeats": 1, "search.confirm_repeats": 0, "search.retime_best": False, "cluster.ray": False}
 """On the CPU path (Triton's interpreter: a TriMul evaluation takes tens of seconds) numbers only rank
 variants on one machine: the grid takes the cheapest settings unless it names others (one measurement
 of the baseline and the seed, no final re-timing, no independent re-timing of each new best: that
-guards GPU timings against hostile code, and costs a whole evaluation), and the `smoke` set where a
-task has one."""
+guards GPU timings against hostile code, and costs a whole evaluation; each run in its own process,
+without Ray, since it has one evaluator anyway), and the `smoke` set where a task has one."""
+
+OWNED = {"task", "run_dir", "search.method", "search.width", "search.random_seed", "budget.rounds", "budget.max_cost_usd"}
+"""Settings the grid sets per cell."""
 
 
 class Grid(BaseModel):
@@ -46,7 +49,7 @@ class Grid(BaseModel):
     references: dict[str, list[str]] = Field(default_factory=dict, description="Task -> reference solutions.")
     check_workloads: str = Field(default="all", description="Set the bests are checked on (else the runs' scoring set).")
     target_speedup: float | None = Field(default=None, gt=0, description="Width study: the speedup to reach.")
-    settings: dict[str, Any] = Field(default_factory=dict, description="`ksearch run` keys for every cell.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Run settings for every cell, in sections.")
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -56,12 +59,32 @@ class Grid(BaseModel):
     @field_validator("settings")
     @classmethod
     def _known_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        normalized = {k.replace("-", "_"): v for k, v in value.items()}
-        owned = {"task", "method", "width", "random_seed", "rounds", "max_cost_usd", "run_dir"}
-        unknown = set(normalized) - set(RunConfig.model_fields) | (set(normalized) & owned)
-        if unknown:
-            raise ValueError(f"not a setting a cell can take: {', '.join(sorted(unknown))}")
-        return normalized
+        from ksearch_ray.config import flat_settings, validate_config
+
+        value = nested(value)
+        owned = set(flat_settings(value)) & OWNED
+        if owned:
+            raise ValueError(f"set by the grid for each cell, not in settings: {', '.join(sorted(owned))}")
+        try:
+            validate_config({**value, "task": "any"}, "settings")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+def nested(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings in sections; dotted keys ("search.width") are sections too."""
+    from ksearch_ray.config import set_path
+
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        key = key.replace("-", "_")
+        if isinstance(value, dict) and key != "timing":
+            for inner, inner_value in nested(value).items():
+                set_path(out, f"{key}.{inner}", inner_value)
+        else:
+            set_path(out, key, value)
+    return out
 
 
 def load_grid(path: Path | None, overrides: dict[str, Any]) -> Grid:
@@ -77,7 +100,7 @@ def load_grid(path: Path | None, overrides: dict[str, Any]) -> Grid:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data.update({k.replace("-", "_"): v for k, v in loaded.items()})
-    settings = {**data.get("settings", {}), **overrides.pop("settings", {})}
+    settings = {**nested(data.get("settings") or {}), **nested(overrides.pop("settings", {}))}
     data.update({k: v for k, v in overrides.items() if v is not None})
     data["settings"] = settings
     try:
@@ -109,36 +132,52 @@ class Cell(BaseModel):
         return Path(out) / "runs" / self.name
 
     def config(self) -> dict[str, Any]:
-        """The cell's `ksearch run` configuration (the keys of a `--config` YAML file)."""
-        return {**self.settings, "task": self.task, "method": self.method, "width": self.width, "random_seed": self.seed}
+        """The cell's run configuration (the nested keys of a `--config` YAML file)."""
+        from ksearch_ray.config import set_path
+
+        config = nested(self.settings)
+        config["task"] = self.task
+        for path, value in (("search.method", self.method), ("search.width", self.width), ("search.random_seed", self.seed)):
+            set_path(config, path, value)
+        return config
+
+    def setting(self, path: str) -> Any:
+        from ksearch_ray.config import flat_settings
+
+        return flat_settings(self.settings).get(path)
 
 
 def budget(grid: Grid) -> dict[str, Any]:
-    return {"rounds": grid.rounds, "max_cost_usd": grid.max_cost_usd}
+    return {"budget.rounds": grid.rounds, "budget.max_cost_usd": grid.max_cost_usd}
 
 
 def cells(grid: Grid, device: str | None) -> list[Cell]:
     """Every cell, tasks outermost; CPU-path defaults filled in where the grid names none."""
+    from ksearch_ray.config import flat_settings, set_path
     from ksearch_ray.taskspec.task import find_task
 
     out = []
     for task_name in grid.tasks:
-        settings = {**grid.settings, **{k: v for k, v in budget(grid).items() if v is not None}}
+        flat = {**flat_settings(grid.settings), **{k: v for k, v in budget(grid).items() if v is not None}}
         # A cell runs in a directory of its own: paths are made absolute here, against ours.
-        settings["task_dirs"] = [str(Path(d).expanduser().resolve()) for d in settings.get("task_dirs") or []]
-        if settings.get("from_solution") and Path(settings["from_solution"]).exists():
-            settings["from_solution"] = str(Path(settings["from_solution"]).resolve())
+        flat["task_dirs"] = [str(Path(d).expanduser().resolve()) for d in flat.get("task_dirs") or []]
+        seed = flat.get("search.from_solution")
+        if seed and Path(seed).exists():
+            flat["search.from_solution"] = str(Path(seed).resolve())
         if (Path(task_name) / "task.json").is_file():
             task_name = str(Path(task_name).resolve())
         if device is not None:
-            settings["device"] = device
-        if settings.get("device") == "cpu":
-            settings = {**CPU_SETTINGS, **settings}
-            task = find_task(task_name, settings.get("task_dirs") or [])
-            if "workloads" not in settings and "smoke" in task.definition.workload_sets:
-                settings["workloads"] = "smoke"
+            flat["evaluation.device"] = device
+        if flat.get("evaluation.device") == "cpu":
+            flat = {**CPU_SETTINGS, **flat}
+            task = find_task(task_name, flat.get("task_dirs") or [])
+            if "evaluation.workloads" not in flat and "smoke" in task.definition.workload_sets:
+                flat["evaluation.workloads"] = "smoke"
+        settings: dict[str, Any] = {}
+        for path, value in flat.items():
+            set_path(settings, path, value)
         for method in grid.methods:
             for width in grid.widths:
-                for seed in grid.seeds:
-                    out.append(Cell(task=task_name, method=method, width=width, seed=seed, settings=settings))
+                for seed_ in grid.seeds:
+                    out.append(Cell(task=task_name, method=method, width=width, seed=seed_, settings=settings))
     return out

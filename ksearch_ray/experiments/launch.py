@@ -49,8 +49,9 @@ def cell_state(cell: Cell, out: Path) -> CellState:
     if not (run_dir / "manifest.json").is_file():
         return CellState.NEW
     _, run = read_run(run_dir)
-    same_budget = (run["rounds_budget"] == cell.settings.get("rounds", run["rounds_budget"])
-                   and run["cost_budget_usd"] == cell.settings.get("max_cost_usd", run["cost_budget_usd"]))
+    rounds, cost = cell.setting("budget.rounds"), cell.setting("budget.max_cost_usd")
+    same_budget = (run["rounds_budget"] == (rounds if rounds is not None else run["rounds_budget"])
+                   and run["cost_budget_usd"] == (cost if cost is not None else run["cost_budget_usd"]))
     return CellState.COMPLETE if run["complete"] and same_budget else CellState.INCOMPLETE
 
 
@@ -62,10 +63,10 @@ def cell_command(cell: Cell, out: Path, state: CellState, python: str) -> list[s
         config.write_text(yaml.safe_dump(cell.config(), sort_keys=True))
         return [python, "-m", "ksearch_ray", "run", "--config", str(config), "--run-dir", str(run_dir), "--no-progress"]
     command = [python, "-m", "ksearch_ray", "resume", str(run_dir), "--no-progress"]
-    if cell.settings.get("rounds") is not None:
-        command += ["--rounds", str(cell.settings["rounds"])]
-    if cell.settings.get("max_cost_usd") is not None:
-        command += ["--max-cost-usd", str(cell.settings["max_cost_usd"])]
+    if cell.setting("budget.rounds") is not None:
+        command += ["--rounds", str(cell.setting("budget.rounds"))]
+    if cell.setting("budget.max_cost_usd") is not None:
+        command += ["--max-cost-usd", str(cell.setting("budget.max_cost_usd"))]
     return command
 
 
@@ -91,13 +92,16 @@ def _check(outcome: Outcome, log: Path) -> Outcome:
 
 
 class LocalLauncher:
-    """Cells as `ksearch` subprocesses, one at a time, on one Ray instance started here."""
+    """Cells as `ksearch` subprocesses, one at a time, on one Ray instance started here (unless no cell
+    runs on Ray: `cluster.ray: false`, as CPU cells do)."""
 
-    def __init__(self, out: Path, say: Callable[[str], None], env: dict[str, str] | None = None):
-        self.out, self.say = out, say
+    def __init__(self, out: Path, say: Callable[[str], None], env: dict[str, str] | None = None, *, ray: bool = True):
+        self.out, self.say, self.ray = out, say, ray
         self.env = {**os.environ, **(env or {})}
 
     def __enter__(self) -> LocalLauncher:
+        if not self.ray:
+            return self
         import logging
 
         import ray
@@ -120,6 +124,8 @@ class LocalLauncher:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not self.ray:
+            return
         import ray
 
         ray.shutdown()

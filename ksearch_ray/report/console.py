@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import io
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ksearch_ray.events import (
+    NO_CODE,
+    Baseline,
+    Best,
+    Candidate,
+    Confirm,
+    Evaluation,
+    Event,
+    Resume,
+    RunEnd,
+    Seed,
+    SeedFailed,
+    Stopped,
+    Tuned,
+)
+from ksearch_ray.measure import Noise, format_noise, with_noise
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.report.listing import TaskEntry
-from ksearch_ray.search.measure import format_noise, with_noise
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
 if TYPE_CHECKING:
@@ -149,7 +164,7 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     lines.append(f"candidates: {outcomes}")
     if summary.llm_calls:
         lines.append(f"LLM: {summary.llm_calls} calls, {summary.llm_tokens} tokens, ${summary.llm_cost_usd:.2f}")
-    noise = summary.noise
+    noise = Noise(value=summary.noise, pairs=summary.noise_pairs) if summary.noise is not None else None
     seed = summary.seed
     seed_text = f"; seed {with_noise(seed['speedup'], noise)}" if seed else ""
     best = summary.best
@@ -160,7 +175,7 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
                      f"round {best.get('round')}, solution {best.get('solution_id')}{seed_text}")
     else:
         lines.append(f"best: none yet{seed_text}")
-    lines.append(f"measurement {format_noise(noise)} (repeated measurements of one kernel disagree by this much)")
+    lines.append(f"measurement {format_noise(noise)}")
     if summary.lost:
         lines.append(f"evaluations lost to evaluator failures: {len(summary.lost)} ({'; '.join(summary.lost)})")
     for confirm in summary.confirmed:
@@ -200,9 +215,9 @@ def print_run(console: Console, run: Run) -> None:
         say(console, f"(this run keeps no world model: method {run.method})")
     best = run.best
     if best:
-        solution = run.solution(str(best.get("solution_id")))
+        solution = run.solution(best.solution_id)
         if solution is None:
-            say(console, f"\nthe best solution {best.get('solution_id')} is missing from {run.root / 'solutions'}")
+            say(console, f"\nthe best solution {best.solution_id} is missing from {run.root / 'solutions'}")
             return
         say(console, f"\nbest kernel: solution {solution.id} by {solution.author}")
         for name, text in solution.sources.items():
@@ -213,7 +228,7 @@ def print_run(console: Console, run: Run) -> None:
 
 
 def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:
-    from ksearch_ray.report.tables import NO_CODE, Origin
+    from ksearch_ray.report.tables import Origin
     frame = run.evaluations
     rows = [r for r in frame.iter_rows(named=True) if r["origin"] == Origin.CANDIDATE]
     if failed_only:
@@ -250,48 +265,49 @@ def live_view(run: Run, *, now: float | None = None) -> RenderableType:
     return Group(*parts)
 
 
-def event_line(ev: dict[str, Any], elapsed_s: float) -> str | None:
+def event_line(ev: Event, elapsed_s: float) -> str | None:
     """One plain line for an event worth a line in a followed log (pipes, job logs); None otherwise."""
-    from ksearch_ray.report.tables import NO_CODE
-    kind = ev.get("kind")
     at = f"[{duration(elapsed_s)}]"
-    where = " ".join(str(ev[k]) for k in ("cycle", "node") if ev.get(k))
-    if kind == "evaluation":
-        result = ev.get("result") or {}
-        status = result.get("status", "?")
-        line = f"{at} round {ev.get('round', '?')} {where} {status}"
-        if ev.get("speedup") is not None:
-            line += f" {format_speedup(ev['speedup'])}"
-        if status != Status.PASSED.value and result.get("message"):
-            line += f": {result['message'].splitlines()[0]}"
+    if isinstance(ev, Evaluation | Candidate | Tuned):
+        where = " ".join(x for x in (ev.cycle, ev.node, ev.lane) if x)
+        head = f"{at} round {ev.round} {where}".rstrip()
+    if isinstance(ev, Evaluation):
+        line = f"{head} {ev.result.status.value}"
+        if ev.speedup is not None:
+            line += f" {format_speedup(ev.speedup)}"
+        if not ev.result.passed and ev.result.message:
+            line += f": {ev.result.message.splitlines()[0]}"
         return line
-    if kind == "candidate" and not ev.get("solution_id"):
-        error = (ev.get("error") or "no code came back").splitlines()[0]
-        return f"{at} round {ev.get('round', '?')} {where} {NO_CODE}: {error}"
-    if kind == "tuned":
-        if ev.get("solution_id") == ev.get("original"):
-            return f"{at} round {ev.get('round', '?')} {where} tuning: nothing faster in {ev.get('variants')} variant(s)"
-        values = ", ".join(f"{k}={v!r}" for k, v in (ev.get("values") or {}).items())
-        return (f"{at} round {ev.get('round', '?')} {where} tuned {values}: {format_speedup(ev.get('speedup_before'))}"
-                f" -> {format_speedup(ev.get('speedup'))} ({ev.get('variants')} variant(s))")
-    if kind == "best":
-        return f"{at} new best: {format_speedup(ev.get('speedup'))} over the baseline (node {ev.get('node')}, round {ev.get('round')})"
-    if kind == "baseline":
-        result = ev.get("result") or {}
-        on = f" on evaluator {ev['evaluator']}" if ev.get("evaluator") is not None else ""
-        return f"{at} baseline{on} {result.get('status', '?')}, score {_fmt(result.get('score'))}"
-    if kind == "seed" and ev.get("solution_id"):
-        return f"{at} seed {(ev.get('result') or {}).get('status', '?')}, {format_speedup(ev.get('speedup'))} over the baseline"
-    if kind == "seed_failed":
-        return f"{at} seed {(ev.get('result') or {}).get('status', '?')}: the starting solution does not pass"
-    if kind == "confirm":
-        return f"{at} re-timed against the baseline: {ev.get('verdict')}"
-    if kind == "resume":
+    if isinstance(ev, Candidate) and not ev.solution_id:
+        error = (ev.error or "no code came back").splitlines()[0]
+        said = f" (the reply began: {' '.join(ev.reply_start.split())[:100]!r})" if ev.reply_start else ""
+        return f"{head} {NO_CODE}: {error}{said}"
+    if isinstance(ev, Tuned):
+        if ev.solution_id == ev.original:
+            return f"{head} tuning: nothing faster in {ev.variants} variant(s)"
+        values = ", ".join(f"{k}={v!r}" for k, v in ev.values.items())
+        return (f"{head} tuned {values}: {format_speedup(ev.speedup_before)} -> {format_speedup(ev.speedup)} "
+                f"({ev.variants} variant(s))")
+    if isinstance(ev, Best):
+        what = "new best" if ev.why == "new best" else f"best ({ev.why})"
+        return f"{at} {what}: {format_speedup(ev.speedup)} over the baseline (node {ev.node}, round {ev.round})"
+    if isinstance(ev, Baseline):
+        return f"{at} baseline on evaluator {ev.evaluator} {ev.result.status.value}, score {_fmt(ev.result.score)}"
+    if isinstance(ev, Seed):
+        if not ev.solution_id:
+            return f"{at} starting from the specification (no seed kernel)"
+        status = ev.result.status.value if ev.result else "?"
+        return f"{at} seed {status}, {format_speedup(ev.speedup)} over the baseline"
+    if isinstance(ev, SeedFailed):
+        return f"{at} seed {ev.result.status.value}: the starting solution does not pass"
+    if isinstance(ev, Confirm):
+        return f"{at} re-timed against the baseline: {ev.verdict}"
+    if isinstance(ev, Resume):
         return f"{at} resumed"
-    if kind == "stopped":
-        return f"{at} session stopped: {ev.get('reason')}"
-    if kind == "run_end":
-        return f"{at} run ended: {ev.get('reason')}"
+    if isinstance(ev, Stopped):
+        return f"{at} session stopped: {ev.reason}"
+    if isinstance(ev, RunEnd):
+        return f"{at} run ended: {ev.reason}"
     return None
 
 

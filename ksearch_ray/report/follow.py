@@ -9,17 +9,16 @@ and end, like a log. It stops when the run ends (a `run_end` after the last `res
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
+from ksearch_ray.events import Event, EventError, RunView, parse_event
 from ksearch_ray.report.console import event_line, live_view, say
 from ksearch_ray.report.tables import Run, read_manifest
-from ksearch_ray.search.store import RunDirError
+from ksearch_ray.store import RunDirError, RunStore
 
 POLL_S = 0.5
 REDRAW_S = 1.0
@@ -34,7 +33,7 @@ class EventTail:
         self.partial = b""  # a line still being written: no newline yet
         self.lines_read = 0
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def read_new(self) -> list[Event]:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -56,9 +55,9 @@ class EventTail:
         for line in lines:
             self.lines_read += 1
             try:
-                events.append(json.loads(line))
-            except ValueError:
-                raise RunDirError(f"{self.path}: line {self.lines_read} is not JSON") from None
+                events.append(parse_event(line))
+            except (EventError, ValueError) as exc:
+                raise RunDirError(f"{self.path}: line {self.lines_read} is not an event of this version ({exc})") from None
         return events
 
 
@@ -66,8 +65,10 @@ def follow(run_dir: Path, console: Console, *, poll_s: float = POLL_S) -> None:
     """Until the run ends; Ctrl-C (KeyboardInterrupt) is the caller's to report."""
     root = Path(run_dir)
     manifest = read_manifest(root)
+    RunStore(root).check_schema()
     tail = EventTail(root / "events.jsonl")
-    run = Run(root, manifest, tail.read_new())
+    store = RunStore(root)
+    run = Run(root, manifest, RunView(solution_exists=store.has_solution)).extend(tail.read_new())
     if console.is_terminal:
         _follow_live(run, tail, console, poll_s)
     else:
@@ -81,7 +82,7 @@ def _follow_live(run: Run, tail: EventTail, console: Console, poll_s: float) -> 
             time.sleep(poll_s)
             new = tail.read_new()
             if new:
-                run = Run(run.root, run.manifest, run.events + new)
+                run = run.extend(new)
             if new or time.monotonic() - drawn >= REDRAW_S:  # the age of the last event keeps ticking
                 live.update(live_view(run), refresh=True)
                 drawn = time.monotonic()
@@ -95,7 +96,7 @@ def _follow_lines(run: Run, tail: EventTail, console: Console, poll_s: float) ->
         time.sleep(poll_s)
         new = tail.read_new()
         if new:
-            run = Run(run.root, run.manifest, run.events + new)
+            run = run.extend(new)
             _print_events(run, new, console)
 
 
@@ -104,9 +105,9 @@ def _header(run: Run) -> list[str]:
     return [f"following {run.root} · {run.run_id} · task {cfg.get('task')} · method {run.method} · {run.policy}"]
 
 
-def _print_events(run: Run, events: list[dict[str, Any]], console: Console) -> None:
-    elapsed = dict(zip(run.timeline["seq"].to_list(), run.timeline["elapsed_s"].to_list(), strict=True))
+def _print_events(run: Run, events: list[Event], console: Console) -> None:
+    elapsed = {row.seq: row.active_s for row in run.view.timeline}
     for ev in events:
-        line = event_line(ev, elapsed.get(ev.get("seq"), 0.0))
+        line = event_line(ev, elapsed.get(ev.seq, 0.0))
         if line is not None:
             say(console, line)

@@ -16,10 +16,10 @@ from typing import Any
 import polars as pl
 
 import ksearch_ray
+from ksearch_ray.measure import format_noise, with_noise
 from ksearch_ray.models import Status
 from ksearch_ray.report import svg
-from ksearch_ray.report.tables import NO_CODE, Origin, Run
-from ksearch_ray.search.measure import format_noise, with_noise
+from ksearch_ray.report.tables import NO_CODE, Origin, Run, flat_config
 from ksearch_ray.worldmodel.render import format_speedup
 from ksearch_ray.worldmodel.tree import (
     ROOT_ID,
@@ -54,7 +54,7 @@ def render(run: Run, *, now: float | None = None) -> str:
     subtitle = " · ".join(h(x) for x in (
         f"task {cfg.get('task', '?')}", f"method {run.method}", run.policy, run.hardware, _date(run.manifest.get("created")),
     ) if x)
-    last_seq = run.events[-1]["seq"] if run.events else 0
+    last_seq = run.events[-1].seq if run.events else 0
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
@@ -95,12 +95,13 @@ def _outcome(run: Run, now: float) -> str:
     rows = [("state", state), ("best", _best_text(run))]
     noise = run.noise()
     rows.append(("noise", h(f"{format_noise(noise)}: how far repeated measurements of one unchanged kernel disagree"
-                            + (f" on {run.best['gpu']}" if run.best and run.best.get("gpu") else "")
+                            + (f" on {run.best.gpu}" if run.best and run.best.gpu else "")
                             + "; a smaller difference between two speedups is not evidence of anything")))
     for gpu, confirm in sorted(run.confirms.items()):
         where = f" on {gpu}" if gpu else ""
-        rows.append((f"re-timed{h(where)}", h(f"{len(confirm.get('repeats') or [])}x, interleaved with the baseline: "
-                                               f"{confirm.get('verdict')}")))
+        cut = f" (stopped early: {confirm.cut_short})" if confirm.cut_short else ""
+        rows.append((f"re-timed{h(where)}", h(f"{len(confirm.repeats)}x, interleaved with the baseline: "
+                                               f"{confirm.verdict}{cut}")))
     counts = run.status_counts()
     count_text = " ".join(
         f'<span class="pill {_status_class(s)}">{h(s)} {n}</span>' for s, n in counts.items()
@@ -110,14 +111,14 @@ def _outcome(run: Run, now: float) -> str:
         unpriced = "" if bool(calls["cost_known"].any()) else " (the model has no known price: cost shows $0)"
         llm_text = f"{calls.height} calls, {run.llm_tokens:,} tokens, ${run.llm_cost_usd:.2f}{unpriced}"
     else:
-        llm_text = "no LLM calls" + (" (offline policy)" if not cfg.get("model") else " yet")
+        llm_text = "no LLM calls" + (" (offline policy)" if not run.model else " yet")
     rows += [
-        ("rounds", f"{run.rounds_used} of {h(cfg.get('rounds', '?'))} (code generations)"),
+        ("rounds", f"{run.rounds_used} of {h(run.rounds_budget or '?')} (code generations)"),
         ("candidate outcomes", count_text),
         ("LLM", h(llm_text)),
         ("running time", h(_duration(run.wall_s)) + (f", over {run.resumes + 1} sessions" if run.resumes else "")),
     ]
-    if cfg.get("device") == "cpu":
+    if (cfg.get("evaluation") or {}).get("device") == "cpu":
         rows.append(("timings", "CPU path: host wall-clock times in Triton's interpreter, not GPU latencies; "
                                 "they rank variants on this machine only"))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
@@ -126,14 +127,14 @@ def _outcome(run: Run, now: float) -> str:
 
 def _best_text(run: Run) -> str:
     best, seed, noise = run.best, run.seed, run.noise()
-    seed_text = f"; the seed it started from: {h(with_noise(seed.get('speedup'), noise))}" if seed else ""
+    seed_text = f"; the seed it started from: {h(with_noise(seed.speedup, noise))}" if seed else ""
     if best is None:
         return "no passing candidate yet" + seed_text
-    speed = f"<b>{h(with_noise(best.get('speedup'), noise))}</b> over the baseline"
-    if seed and best.get("solution_id") == seed.get("solution_id"):
-        return f"the seed, {speed}: nothing faster has been found"
-    where = f" on {best['gpu']}" if best.get("gpu") else ""
-    return f"{speed}{h(where)} (node {h(best.get('node'))}, round {h(best.get('round'))}){seed_text}"
+    speed = f"<b>{h(with_noise(best.speedup, noise))}</b> over the baseline"
+    if seed and best.solution_id == seed.solution_id:
+        return f"the seed, {speed}: nothing faster has been found" + (f" ({h(best.why)})" if best.why.startswith("back") else "")
+    where = f" on {best.gpu}" if best.gpu else ""
+    return f"{speed}{h(where)} (node {h(best.node)}, round {h(best.round)}){seed_text}"
 
 
 def _progress(run: Run) -> str:
@@ -281,7 +282,7 @@ def _workloads(run: Run) -> str:
 def _ledger(run: Run) -> str:
     ledger = run.ledger()
     if not ledger.height:
-        return _empty("No LLM calls" + (": the offline policy plays planner and coder." if not run.config.get("model") else " yet."))
+        return _empty("No LLM calls" + (": the offline policy plays planner and coder." if not run.model else " yet."))
     columns = ["calls", "cached", "failed", "prompt_tokens", "completion_tokens", "cost_usd"]
     rows = []
     for role in ledger["role"].unique(maintain_order=True).to_list():
@@ -310,21 +311,28 @@ def _code(run: Run) -> str:
     best = run.best
     if best is None:
         return _empty("No best solution yet.")
-    solution = run.solution(str(best.get("solution_id")))
+    solution = run.solution(best.solution_id)
     if solution is None:
-        return _empty(f"Solution {best.get('solution_id')} is not in the run directory.")
+        return _empty(f"Solution {best.solution_id} is not in the run directory.")
     plain = run.root / "best"
     where = (f"<p>Also written as plain files in <code>{h(str(plain.resolve()))}</code>.</p>" if plain.is_dir() else "")
     files = "".join(f"<h3>{h(name)}</h3><pre class=\"code\"><code>{h(text)}</code></pre>" for name, text in solution.sources.items())
-    return (f"<p>{h(with_noise(best.get('speedup'), run.noise()))} over the baseline. Solution <code>{h(solution.id)}</code> "
+    return (f"<p>{h(with_noise(best.speedup, run.noise()))} over the baseline. Solution <code>{h(solution.id)}</code> "
             f"({h(solution.language)}, entry <code>{h(solution.entry_file)}::{h(solution.entry_point)}</code>), "
             f"written by {h(solution.author)}.</p>"
             + (f"<p>{h(solution.description)}</p>" if solution.description else "") + where + files)
 
 
 def _settings(run: Run) -> str:
-    cfg = run.config
-    rows = "".join(f"<tr><th>{h(k)}</th><td>{h(_value(v))}</td></tr>" for k, v in cfg.items())
+    settings = flat_config(run.config)
+    seed = run.seed
+    # What the defaults resolved to in this run, beside the settings as given.
+    if settings.get("search.from_solution") is None:
+        settings["search.from_solution"] = (f"(none given: started from {seed.result.solution_name})" if seed and seed.result
+                                            else "(none: started from the specification)")
+    if settings.get("evaluation.workloads") is None and run.workload_set:
+        settings["evaluation.workloads"] = f"(the task's default: {run.workload_set})"
+    rows = "".join(f"<tr><th>{h(k)}</th><td>{h(_value(v))}</td></tr>" for k, v in settings.items())
     versions = run.manifest.get("versions") or {}
     extra = [("task bundle", run.manifest.get("task_root")), ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
              ("Ray resources", _value((run.manifest.get("ray") or {}).get("resources"))), ("run directory", str(run.root.resolve()))]

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ksearch_ray.report.tables import Origin, Run
+from ksearch_ray.report.tables import Run
 
 
 class LedgerRow(BaseModel):
@@ -40,17 +40,20 @@ class RunSummary(BaseModel):
     evaluations: int = Field(description="Candidate evaluations (the baseline and the seed not counted).")
     outcomes: dict[str, int] = Field(description="Candidate rounds per status; NO_CODE: no code came back to evaluate.")
     best: dict[str, Any] | None = Field(
-        description="solution_id, speedup over the baseline, node, round and gpu of the best so far (the seed until beaten)."
+        description="solution_id, speedup over the baseline, node, round, gpu and why of the best so far (the seed until "
+        "beaten), as last measured beside the baseline."
     )
     noise: float | None = Field(
-        description="Relative spread of repeated measurements of one kernel on the best's GPU type: "
-        "a smaller speedup difference is not evidence of anything."
+        description="The relative difference nine in ten pairs of repeated measurements of one kernel stay within, on "
+        "the best's GPU type in the last session: a smaller speedup difference is not evidence of anything."
     )
+    noise_pairs: int = Field(default=0, description="Pairs of repeated measurements the noise is estimated from.")
     confirmed: list[dict[str, Any]] = Field(
         description="Per GPU type, the final re-timing of the best against the baseline, interleaved: "
-        "gpu, solution_id, best_speedup (median, low, high), over_seed, verdict."
+        "gpu, solution_id, best_speedup (median, low, high), over_seed, verdict, beats_seed, cut_short."
     )
-    seed: dict[str, Any] | None = Field(description="solution_id and speedup of the solution the run started from.")
+    seed: dict[str, Any] | None = Field(description="solution_id, speedup and name of the solution the run started from.")
+    start: str | None = Field(default=None, description="seed (the run starts from a seed kernel) or spec (from the specification).")
     baseline: dict[str, Any] | None = Field(description="solution_id, name, score and score_kind of the task's baseline.")
     llm_calls: int
     llm_cost_usd: float
@@ -63,44 +66,32 @@ class RunSummary(BaseModel):
     world_model: dict[str, Any] | None = Field(description="The world-model tree (JSON); null for methods that keep none.")
 
 
-def lost_evaluations(events: list[dict[str, Any]]) -> list[str]:
-    """One phrase per evaluation an evaluator (or its node) took down with it, from `evaluator_lost` events."""
-    evaluated: dict[str, float] = {}
-    for e in events:
-        if e.get("kind") in ("evaluation", "tune", "baseline", "seed", "seed_repeat", "confirm") and e.get("solution_id"):
-            evaluated[e["solution_id"]] = e["t"]
-    return [
-        f"{e['solution_id']} on evaluator {e['evaluator']}, "
-        + ("evaluated again" if evaluated.get(e["solution_id"], 0) > e["t"] else "not evaluated since")
-        for e in events if e.get("kind") == "evaluator_lost"
-    ]
-
-
 def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
-    cfg = run.config
     calls = run.llm_calls
     base = run.baseline
     seed = run.seed
     best = run.best
+    noise = run.noise()
     tree = run.tree if with_tree else None
     return RunSummary(
-        run_id=run.run_id, run_dir=str(run.root.resolve()), task=cfg.get("task"), method=run.method, policy=run.policy,
-        hardware=run.hardware, finished=run.finished, stopped=run.stopped, rounds_used=run.rounds_used, rounds_budget=cfg.get("rounds"),
-        resumes=run.resumes, wall_s=run.wall_s,
-        evaluations=run.evaluations.filter(
-            (run.evaluations["origin"] == Origin.CANDIDATE) & run.evaluations["solution_id"].is_not_null()
-        ).height,
+        run_id=run.run_id, run_dir=str(run.root.resolve()), task=run.config.get("task"), method=run.method,
+        policy=run.policy, hardware=run.hardware, finished=run.finished, stopped=run.stopped, rounds_used=run.rounds_used,
+        rounds_budget=run.rounds_budget, resumes=run.resumes, wall_s=run.wall_s,
+        evaluations=run.view.evaluations,
         outcomes=run.status_counts(),
-        best={k: best[k] for k in ("solution_id", "speedup", "node", "round", "gpu") if k in best} if best else None,
-        noise=run.noise(),
-        confirmed=[{k: ev.get(k) for k in ("gpu", "solution_id", "best_speedup", "over_seed", "verdict")}
-                   for ev in run.confirms.values()],
-        seed={"solution_id": seed["solution_id"], "speedup": seed.get("speedup")} if seed else None,
+        best=best.model_dump(mode="json", include={"solution_id", "speedup", "node", "round", "gpu", "why"}) if best else None,
+        noise=noise.value if noise else None,
+        noise_pairs=noise.pairs if noise else 0,
+        confirmed=[c.model_dump(mode="json", include={"gpu", "solution_id", "best_speedup", "over_seed", "verdict",
+                                                      "beats_seed", "cut_short"}) for c in run.confirms.values()],
+        seed={"solution_id": seed.solution_id, "speedup": seed.speedup, "name": seed.result.solution_name if seed.result else None}
+        if seed else None,
+        start=run.view.start,
         baseline={"solution_id": base.solution_id, "name": base.solution_name, "score": base.score,
                   "score_kind": base.score_kind} if base else None,
         llm_calls=calls.height, llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
         ledger=[LedgerRow.model_validate(row) for row in run.ledger().iter_rows(named=True)],
         cycles_open=[{"cycle": c, "node": n} for c, n in run.cycles_in_flight()],
-        lost=lost_evaluations(run.events),
+        lost=run.view.lost_phrases(),
         world_model=tree.model_dump(mode="json") if tree else None,
     )

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ksearch_ray.models import Solution
 
 _LINE = re.compile(
     r"^(?P<name>[A-Z_][A-Z0-9_]*)\s*=\s*(?P<value>[^#\n]+?)\s*#\s*tunable:\s*(?P<choices>\[.*\])[ \t]*$", re.MULTILINE
@@ -90,3 +94,21 @@ def rewrite_tunables(source: str, values: dict[str, Any]) -> str:
         return f"{m['decl']}{m['name']} = {values[m['name']]!r};  // tunable: {m['choices']}"
 
     return _CXX_LINE.sub(replace_cxx, _LINE.sub(replace, source))
+
+
+def declared_tunables(solution: Solution) -> dict[str, Tunable]:
+    """Tunables across all source files, in file-name then line order; the first declaration wins."""
+    out: dict[str, Tunable] = {}
+    for _, text in sorted(solution.sources.items()):
+        for name, tunable in read_tunables(text).items():
+            out.setdefault(name, tunable)
+    return out
+
+
+def with_values(solution: Solution, values: Mapping[str, Any]) -> dict[str, str]:
+    """The solution's sources with every named tunable set, in each file that declares it."""
+    out = {}
+    for name, text in solution.sources.items():
+        mine = {k: v for k, v in values.items() if k in read_tunables(text)}
+        out[name] = rewrite_tunables(text, mine) if mine else text
+    return out

@@ -1,0 +1,689 @@
+"""A run's story: the typed events of its log, and the one reducer that reads them.
+
+Every line of `events.jsonl` is one of the models below (a union keyed on `kind`). The driver writes
+them through `Search.record`, which appends the event and applies it to the run's `RunView` with
+`RunView.apply`; `ksearch resume`, `show`, `show --follow`, `report`, the experiment tables and the
+evolve method's database all build the same `RunView` by applying the same events in order. So a
+live run and any reader of its directory can never disagree on the rounds spent, the evaluations,
+the best, the outcome or the running time.
+
+Definitions that every reader shares, here and nowhere else:
+
+* **rounds** are `candidate` events (a code generation that returned code or a reason why not);
+* **the best** is the last `best` event of each GPU type; a `best` is written only for a kernel that
+  was measured beside this session's baseline and, for a candidate, confirmed by an independent
+  re-timing and faster than the best so far by more than the measured noise; the run's best is the
+  fastest of its GPU types' bests;
+* **finished** is the reason of a `run_end` with no `resume` after it; **stopped** is the reason of a
+  `stopped` with no `resume` after it;
+* **active time** is the wall time of the log with the gaps before each `resume` left out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ksearch_ray.measure import Noise, Spread, noise_of
+from ksearch_ray.models import EvalResult, Status
+from ksearch_ray.policies.contract import Attempt, CodeKind
+from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.worldmodel.state import WorldModelState
+from ksearch_ray.worldmodel.tree import Tree
+
+SCHEMA = 2
+"""Version of the event schema, written into every run's manifest. Schema 1 (untyped events) is not read."""
+
+
+class EventError(ValueError):
+    """An event log that does not follow the schema; the message is one line."""
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(default=0, description="Position in the log, from 1; set when appended.")
+    t: float = Field(default=0.0, description="Unix time it was appended.")
+
+
+class _Where(_Event):
+    """Which attempt an event speaks of: a round, in a K-Search cycle or in a lane of evolve/refine."""
+
+    round: int
+    cycle: str | None = None
+    node: str | None = None
+    method: str | None = None
+    lane: str | None = None
+
+
+# --- the world model --------------------------------------------------------------------------------
+
+
+class WmInit(_Event):
+    kind: Literal["wm_init"] = "wm_init"
+    tree: Tree
+
+
+class WmCall(_Event):
+    """One named change of the world model, with its arguments (the clock included)."""
+
+    kind: Literal["wm"] = "wm"
+    call: str
+    args: dict[str, Any]
+    cycle: str | None = None
+    plan_kind: str | None = Field(default=None, description="The planner call whose ops these are.")
+    focus: str | None = None
+    source: tuple[str, int] | None = Field(default=None, description="(request hash, sample) of the cached reply.")
+    version: int | None = Field(default=None, description="Tree version the planner's batch was written against.")
+    notes: list[str] = Field(default_factory=list)
+
+
+# --- sessions ----------------------------------------------------------------------------------------
+
+
+class Resume(_Event):
+    kind: Literal["resume"] = "resume"
+    open_cycles: list[str] = Field(default_factory=list)
+    budget: dict[str, Any] = Field(default_factory=dict, description="Budget settings this session changes.")
+
+
+class IsolationWarning(_Event):
+    kind: Literal["isolation_warning"] = "isolation_warning"
+    evaluator: int
+    warning: str
+
+
+class Baseline(_Event):
+    """The task's baseline, measured on one evaluator this session."""
+
+    kind: Literal["baseline"] = "baseline"
+    solution_id: str
+    evaluator: int
+    gpu: str
+    result: EvalResult
+
+
+class Seed(_Event):
+    """The solution the run starts from, measured beside the baseline (or none: from the specification)."""
+
+    kind: Literal["seed"] = "seed"
+    solution_id: str | None = None
+    result: EvalResult | None = None
+    speedup: float | None = None
+    evaluator: int | None = None
+    gpu: str | None = None
+    start: Literal["seed", "spec"] = "seed"
+
+
+class SeedFailed(_Event):
+    kind: Literal["seed_failed"] = "seed_failed"
+    solution_id: str
+    result: EvalResult
+
+
+class Remeasure(_Event):
+    """A known kernel measured again beside this session's baseline: the seed's repeats for the
+    noise, and, in every later session, the best so far, so that this session's candidates are
+    compared with numbers measured side by side."""
+
+    kind: Literal["remeasure"] = "remeasure"
+    role: Literal["seed", "best"]
+    solution_id: str
+    evaluator: int
+    gpu: str
+    result: EvalResult
+    speedup: float | None = None
+
+
+class Stopped(_Event):
+    kind: Literal["stopped"] = "stopped"
+    reason: str
+
+
+class RunEnd(_Event):
+    kind: Literal["run_end"] = "run_end"
+    reason: str
+    rounds: int
+    best: dict[str, Any] | None = None
+    session_wall_s: float = 0.0
+    wm_s: float = 0.0
+    evaluator_busy_s: dict[str, float] = Field(default_factory=dict)
+
+
+# --- LLM calls and plans -------------------------------------------------------------------------------
+
+
+class LlmCallEvent(_Event):
+    kind: Literal["llm_call"] = "llm_call"
+    role: str
+    cycle: str | None = None
+    call: LLMCall
+
+
+class PlanFailed(_Event):
+    kind: Literal["plan_failed"] = "plan_failed"
+    plan_kind: str
+    cycle: str | None = None
+    error: str
+    notes: list[str] = Field(default_factory=list)
+
+
+class PlanEmpty(_Event):
+    kind: Literal["plan_empty"] = "plan_empty"
+    plan_kind: str
+    cycle: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+# --- cycles, candidates, evaluations ------------------------------------------------------------------
+
+
+class CycleStart(_Event):
+    kind: Literal["cycle_start"] = "cycle_start"
+    cycle: str
+    node: str
+
+
+class CycleStop(_Event):
+    """Why a cycle's attempts stopped: stagnation, cannot beat the parent, budget."""
+
+    kind: Literal["cycle_stop"] = "cycle_stop"
+    cycle: str
+    reason: str
+
+
+class CycleStep(_Event):
+    """An end-of-cycle step done (recorded, attached, marked, released, planned): never repeated."""
+
+    kind: Literal["cycle_step"] = "cycle_step"
+    cycle: str
+    step: str
+
+
+class CycleEnd(_Event):
+    kind: Literal["cycle_end"] = "cycle_end"
+    cycle: str
+    node: str
+    passed: bool
+    attempts: int
+    budget_cut: bool = False
+    abandoned: str | None = None
+
+
+class Candidate(_Where):
+    """One round: the coder's answer, with code (a solution id) or the reason it has none."""
+
+    kind: Literal["candidate"] = "candidate"
+    attempt_kind: CodeKind
+    solution_id: str | None = None
+    error: str | None = None
+    reply_start: str = Field(default="", description="The start of a reply that held no code, as the model wrote it.")
+    island: int | None = None
+    parent: str | None = None
+    inspirations: list[str] = Field(default_factory=list)
+
+
+class Evaluation(_Where):
+    kind: Literal["evaluation"] = "evaluation"
+    evaluator: int
+    gpu: str | None = None
+    solution_id: str
+    result: EvalResult
+    speedup: float | None = None
+
+
+class Tune(_Where):
+    """A variant the tuner measured: an evaluation, not a round."""
+
+    kind: Literal["tune"] = "tune"
+    original: str
+    solution_id: str
+    values: dict[str, Any]
+    evaluator: int
+    gpu: str | None = None
+    result: EvalResult
+    speedup: float | None = None
+
+
+class Tuned(_Where):
+    """Which solution an attempt keeps after tuning (its own, when nothing was faster)."""
+
+    kind: Literal["tuned"] = "tuned"
+    original: str
+    solution_id: str
+    values: dict[str, Any]
+    variants: int
+    speedup_before: float | None = None
+    speedup: float | None = None
+    evaluator: int
+
+
+class Retime(_Event):
+    kind: Literal["retime"] = "retime"
+    solution_id: str
+    evaluator: int
+    agreed: bool
+    status: Status
+    message: str = ""
+    workloads: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Best(_Event):
+    kind: Literal["best"] = "best"
+    solution_id: str
+    speedup: float
+    node: str
+    round: int
+    gpu: str
+    why: str = Field(default="new best", description="new best, the seed, re-measured this session, or back to the seed.")
+
+
+class EvaluatorLost(_Event):
+    kind: Literal["evaluator_lost"] = "evaluator_lost"
+    evaluator: int
+    solution_id: str
+
+
+class EvolveMigrate(_Event):
+    kind: Literal["evolve_migrate"] = "evolve_migrate"
+    moves: list[dict[str, Any]]
+
+
+class ConfirmRow(BaseModel):
+    """One interleaved repeat of the final re-timing: scores and speedups of each kernel."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: dict[str, str] = Field(description="role (baseline, best, seed) -> solution id.")
+    scores: dict[str, float | None] = Field(default_factory=dict)
+    speedups: dict[str, float | None] = Field(default_factory=dict, description="role -> speedup over this repeat's baseline.")
+
+
+class Confirm(_Event):
+    kind: Literal["confirm"] = "confirm"
+    gpu: str
+    evaluator: int
+    solution_id: str
+    repeats: list[ConfirmRow]
+    verdict: str
+    best_speedup: Spread | None = None
+    over_seed: Spread | None = None
+    beats_seed: bool | None = Field(default=None, description="The best was faster than the seed in every repeat.")
+    cut_short: str | None = Field(default=None, description="Why it stopped before its repeats: decisive, or the budget.")
+
+
+Event = Annotated[
+    WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
+    | LlmCallEvent | PlanFailed | PlanEmpty | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
+    | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm,
+    Field(discriminator="kind"),
+]
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(line: str | bytes | dict[str, Any]) -> Event:
+    """One event from a log line (or its JSON object); EventError with one line if it is not one."""
+    try:
+        return _ADAPTER.validate_json(line) if isinstance(line, str | bytes) else _ADAPTER.validate_python(line)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EventError(f"{where}: {first['msg']}") from None
+
+
+def dump_event(event: Event) -> str:
+    return json.dumps(event.model_dump(mode="json", exclude_defaults=False), default=str)
+
+
+# ------------------------------------------------------------------------------------- the read model
+
+
+@dataclass
+class CycleRecord:
+    cycle_id: str
+    node_id: str
+    attempts: list[Attempt] = field(default_factory=list)
+    steps: set[str] = field(default_factory=set)
+    ended: bool = False
+    stop_reason: str | None = None
+
+
+@dataclass
+class EvalRow:
+    """One evaluation of the run (baseline, seed, candidates, tuner variants) or a round without code."""
+
+    seq: int
+    origin: str  # baseline, seed, seed repeat, best re-measured, candidate, tune
+    round: int | None
+    cycle: str | None
+    node: str | None
+    lane: str | None
+    gpu: str | None
+    evaluator: int | None
+    solution_id: str | None
+    attempt_kind: str | None
+    status: str  # a Status value, or NO_CODE
+    speedup: float | None
+    score: float | None
+    seconds: float | None
+    error: str
+    active_s: float
+    cost_usd: float
+    llm_tokens: int
+    session: int
+
+
+NO_CODE = "NO_CODE"
+"""The status of a round whose generation returned no code (nothing was evaluated)."""
+
+ERROR_LINES = 4
+
+
+def first_lines(text: str | None, n: int = ERROR_LINES) -> str:
+    lines = [line.rstrip() for line in (text or "").strip().splitlines() if line.strip()]
+    return "\n".join(lines[:n] + (["..."] if len(lines) > n else []))
+
+
+@dataclass
+class TimelineRow:
+    seq: int
+    t: float
+    kind: str
+    active_s: float
+    cost_usd: float
+
+
+@dataclass
+class BestRow:
+    """One improvement of the run's best (over every GPU type), as it happened."""
+
+    seq: int
+    round: int
+    speedup: float
+    solution_id: str
+    node: str
+    gpu: str
+    why: str
+    active_s: float
+    cost_usd: float
+
+
+@dataclass
+class RunView:
+    """Everything a run's events say, folded in order; `apply` is the only way it changes."""
+
+    solution_exists: Callable[[str], bool] = lambda _solution_id: True
+    events: list[Event] = field(default_factory=list)
+    wm: WorldModelState | None = None
+    session: int = 0
+    """Sessions so far, from 1: the first session, then one per `resume`."""
+    baseline: EvalResult | None = None
+    """The run's first baseline measurement."""
+    session_baselines: dict[int, EvalResult] = field(default_factory=dict)
+    """Evaluator -> its baseline measured in the current session."""
+    gpu_of: dict[int, str] = field(default_factory=dict)
+    seed: Seed | None = None
+    start: Literal["seed", "spec"] | None = None
+    rounds_used: int = 0
+    evaluations: int = 0
+    tune_evaluations: int = 0
+    cycles: dict[str, CycleRecord] = field(default_factory=dict)
+    attempts: dict[int, Attempt] = field(default_factory=dict)
+    """Attempts made outside K-Search cycles (evolve and refine), by round."""
+    candidates: dict[int, Candidate] = field(default_factory=dict)
+    best_by_gpu: dict[str, Best] = field(default_factory=dict)
+    confirms: dict[str, Confirm] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    stopped: str | None = None
+    finished: str | None = None
+    resumes: int = 0
+    results: dict[str, EvalResult] = field(default_factory=dict)
+    llm_calls: list[LlmCallEvent] = field(default_factory=list)
+    llm_failed_calls: int = 0
+    llm_cost_usd: float = 0.0
+    llm_tokens: int = 0
+    scores: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)
+    """(session, GPU name) -> solution id -> every passing score measured for it in that session."""
+    rows: list[EvalRow] = field(default_factory=list)
+    timeline: list[TimelineRow] = field(default_factory=list)
+    best_rows: list[BestRow] = field(default_factory=list)
+    lost: list[EvaluatorLost] = field(default_factory=list)
+    retimes: list[Retime] = field(default_factory=list)
+    run_ends: list[RunEnd] = field(default_factory=list)
+    active_s: float = 0.0
+    _offset: float = 0.0
+    _session_start: float | None = None
+    last_t: float | None = None
+
+    @classmethod
+    def of(cls, events: Iterable[Event], solution_exists: Callable[[str], bool] = lambda _s: True) -> RunView:
+        view = cls(solution_exists=solution_exists)
+        for event in events:
+            view.apply(event)
+        return view
+
+    # --- derived facts -----------------------------------------------------------------------------
+
+    @property
+    def tree(self) -> Tree | None:
+        return self.wm.tree if self.wm is not None else None
+
+    @property
+    def best(self) -> Best | None:
+        """The run's best: the fastest of its GPU types' current bests."""
+        return max(self.best_by_gpu.values(), key=lambda b: b.speedup, default=None)
+
+    @property
+    def over(self) -> bool:
+        """Nothing more will be written unless someone resumes the run."""
+        return self.finished is not None or self.stopped is not None
+
+    @property
+    def open_cycles(self) -> list[CycleRecord]:
+        return [c for c in self.cycles.values() if not c.ended]
+
+    def noise(self, gpu: str | None = None) -> Noise | None:
+        """How far repeated measurements of one unchanged kernel disagree on this GPU type in the
+        current session (measure.noise_of); default: the best's GPU type."""
+        if gpu is None:
+            gpu = self.best.gpu if self.best else next(iter(self.gpu_of.values()), "")
+        return noise_of(self.scores.get((self.session, gpu), {}))
+
+    def candidate_rows(self) -> list[EvalRow]:
+        return [r for r in self.rows if r.origin == "candidate"]
+
+    def status_counts(self) -> dict[str, int]:
+        """Candidate outcomes per status (NO_CODE included), in the order of the Status enum."""
+        counts: dict[str, int] = {}
+        for r in self.candidate_rows():
+            counts[r.status] = counts.get(r.status, 0) + 1
+        order = [s.value for s in Status] + [NO_CODE]
+        return {s: counts[s] for s in order if s in counts}
+
+    def best_measurement(self) -> tuple[EvalResult, EvalResult | None] | None:
+        """The best's latest measurement and the baseline measured beside it (same evaluator, session)."""
+        best = self.best
+        if best is None:
+            return None
+        for row in reversed(self.rows):
+            if row.solution_id == best.solution_id and row.status == Status.PASSED.value:
+                base = self._baseline_beside(row)
+                return self.results_at[row.seq], base
+        return None
+
+    def _baseline_beside(self, row: EvalRow) -> EvalResult | None:
+        for other in reversed(self.rows):
+            if other.seq < row.seq and other.origin == "baseline" and other.evaluator == row.evaluator \
+                    and other.session == row.session:
+                return self.results_at[other.seq]
+        return self.baseline
+
+    def cycles_in_flight(self) -> list[tuple[str, str]]:
+        if self.finished is not None:
+            return []
+        return sorted((c.cycle_id, c.node_id) for c in self.open_cycles)
+
+    def lost_phrases(self) -> list[str]:
+        """One phrase per evaluation an evaluator (or its node) took down with it."""
+        out = []
+        for lost in self.lost:
+            again = any(r.solution_id == lost.solution_id and r.seq > lost.seq for r in self.rows)
+            out.append(f"{lost.solution_id} on evaluator {lost.evaluator}, "
+                       + ("evaluated again" if again else "not evaluated since"))
+        return out
+
+    # --- the reducer ----------------------------------------------------------------------------------
+
+    results_at: dict[int, EvalResult] = field(default_factory=dict)
+    """seq -> the result an evaluation event carried (for the rows)."""
+
+    def apply(self, event: Event) -> None:  # noqa: C901  (one branch per kind, in one place on purpose)
+        self.events.append(event)
+        self._clock(event)
+        e = event
+        if isinstance(e, WmInit):
+            self.wm = WorldModelState(e.tree, self.solution_exists)
+        elif isinstance(e, WmCall):
+            if self.wm is None:
+                raise EventError(f"event {e.seq}: a world-model call before wm_init")
+            self.wm.call(e.call, e.args)
+        elif isinstance(e, Resume):
+            self.resumes += 1
+            self.session += 1
+            self.stopped = self.finished = None
+            self.session_baselines = {}
+            self.budget.update(e.budget)
+        elif isinstance(e, Baseline):
+            self.baseline = self.baseline or e.result
+            self.session_baselines[e.evaluator] = e.result
+            self.gpu_of[e.evaluator] = e.gpu
+            self._score(e.gpu, e.solution_id, e.result)
+            self._row(e, "baseline", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu)
+        elif isinstance(e, Seed):
+            self.seed, self.start = e, e.start
+            if e.solution_id and e.result is not None:
+                self.results[e.solution_id] = e.result
+                self._score(e.gpu or "", e.solution_id, e.result)
+                self._row(e, "seed", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup, round_=0)
+        elif isinstance(e, SeedFailed):
+            self._row(e, "seed", e.result, e.solution_id)
+        elif isinstance(e, Remeasure):
+            self._score(e.gpu, e.solution_id, e.result)
+            self._row(e, "seed repeat" if e.role == "seed" else "best re-measured", e.result, e.solution_id,
+                      evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup)
+        elif isinstance(e, LlmCallEvent):
+            self.llm_calls.append(e)
+            self.llm_failed_calls += e.call.error is not None
+            self.llm_cost_usd += e.call.cost_usd
+            self.llm_tokens += e.call.prompt_tokens + e.call.completion_tokens
+        elif isinstance(e, CycleStart):
+            self.cycles[e.cycle] = CycleRecord(e.cycle, e.node)
+        elif isinstance(e, Candidate):
+            self.rounds_used += 1
+            self.candidates[e.round] = e
+            new = Attempt(round=e.round, kind=e.attempt_kind, solution_id=e.solution_id, error=e.error)
+            if e.cycle is not None and e.cycle in self.cycles:
+                self.cycles[e.cycle].attempts.append(new)
+            else:
+                self.attempts[e.round] = new
+            if e.solution_id is None:
+                self._row(e, "candidate", None, None, round_=e.round, cycle=e.cycle, node=e.node, lane=e.lane,
+                          attempt_kind=e.attempt_kind, error=first_lines(e.error or "no code came back"))
+        elif isinstance(e, Evaluation):
+            self.evaluations += 1
+            self.results[e.solution_id] = e.result
+            self._score(e.gpu or "", e.solution_id, e.result)
+            measured = self.attempt(e)
+            if measured is not None:
+                measured.result, measured.speedup, measured.evaluator = e.result, e.speedup, e.evaluator
+            kind = self.candidates[e.round].attempt_kind if e.round in self.candidates else None
+            self._row(e, "candidate", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup,
+                      round_=e.round, cycle=e.cycle, node=e.node, lane=e.lane, attempt_kind=kind)
+        elif isinstance(e, Tune):
+            self.tune_evaluations += 1
+            self.results[e.solution_id] = e.result
+            self._score(e.gpu or "", e.solution_id, e.result)
+            self._row(e, "tune", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup,
+                      round_=e.round, cycle=e.cycle, node=e.node, lane=e.lane, attempt_kind="tune")
+        elif isinstance(e, Tuned):
+            tuned = self.attempt(e)
+            if tuned is not None and e.solution_id != e.original:
+                tuned.solution_id, tuned.result = e.solution_id, self.results[e.solution_id]
+                tuned.speedup, tuned.evaluator = e.speedup, e.evaluator
+        elif isinstance(e, CycleStop):
+            self.cycles[e.cycle].stop_reason = e.reason
+        elif isinstance(e, CycleStep):
+            self.cycles[e.cycle].steps.add(e.step)
+        elif isinstance(e, CycleEnd):
+            self.cycles[e.cycle].ended = True
+        elif isinstance(e, Best):
+            before = self.best
+            self.best_by_gpu[e.gpu] = e
+            now = self.best
+            if now is e and (before is None or before.solution_id != e.solution_id or before.speedup != e.speedup):
+                cost = self.timeline[-1].cost_usd
+                self.best_rows.append(BestRow(e.seq, e.round, e.speedup, e.solution_id, e.node, e.gpu, e.why,
+                                              self.active_s, cost))
+        elif isinstance(e, Retime):
+            self.retimes.append(e)
+        elif isinstance(e, Confirm):
+            self.confirms[e.gpu] = e
+            for row in e.repeats:
+                for role, solution_id in row.ids.items():
+                    score = row.scores.get(role)
+                    if score is not None:
+                        self.scores.setdefault((self.session, e.gpu), {}).setdefault(solution_id, []).append(score)
+        elif isinstance(e, EvaluatorLost):
+            self.lost.append(e)
+        elif isinstance(e, RunEnd):
+            self.finished = e.reason
+            self.run_ends.append(e)
+        elif isinstance(e, Stopped):
+            self.stopped = e.reason
+
+    def attempt(self, e: _Where) -> Attempt | None:
+        """The attempt an event speaks of."""
+        return self.attempt_at(e.round, e.cycle)
+
+    def attempt_at(self, round_: int, cycle: str | None) -> Attempt | None:
+        """The attempt of a round: in its cycle, or among the cycle-less attempts."""
+        record = self.cycles.get(cycle or "")
+        if record is not None:
+            return next((a for a in record.attempts if a.round == round_), None)
+        return self.attempts.get(round_)
+
+    def _clock(self, e: _Event) -> None:
+        if isinstance(e, Resume) and self._session_start is not None and self.last_t is not None:
+            self._offset = self.active_s
+            self._session_start = None
+        if self._session_start is None:
+            self._session_start = e.t
+        self.active_s = self._offset + (e.t - self._session_start)
+        self.last_t = e.t
+        cost = (self.timeline[-1].cost_usd if self.timeline else 0.0) + (e.call.cost_usd if isinstance(e, LlmCallEvent) else 0.0)
+        self.timeline.append(TimelineRow(e.seq, e.t, e.kind, self.active_s, cost))  # type: ignore[attr-defined]
+
+    def _score(self, gpu: str, solution_id: str, result: EvalResult) -> None:
+        if result.passed and result.score is not None:
+            self.scores.setdefault((self.session, gpu), {}).setdefault(solution_id, []).append(result.score)
+
+    def _row(self, e: _Event, origin: str, result: EvalResult | None, solution_id: str | None, *,
+             evaluator: int | None = None, gpu: str | None = None, speedup: float | None = None, round_: int | None = None,
+             cycle: str | None = None, node: str | None = None, lane: str | None = None, attempt_kind: str | None = None,
+             error: str = "") -> None:
+        if result is not None:
+            self.results_at[e.seq] = result
+            if not result.passed:
+                error = first_lines(f"{result.message}\n{result.log}")
+        self.rows.append(EvalRow(
+            seq=e.seq, origin=origin, round=round_, cycle=cycle, node=node, lane=lane, gpu=gpu, evaluator=evaluator,
+            solution_id=solution_id, attempt_kind=attempt_kind,
+            status=result.status.value if result is not None else NO_CODE,
+            speedup=speedup if result is not None and result.passed else None,
+            score=result.score if result is not None else None, seconds=result.seconds if result is not None else None,
+            error=error, active_s=self.active_s, cost_usd=self.llm_cost_usd, llm_tokens=self.llm_tokens, session=self.session,
+        ))

@@ -1,0 +1,116 @@
+"""How much to trust a speedup: the noise of repeated measurements, and the final re-timing.
+
+Every session of a run measures the task's baseline on every evaluator (on its own GPU), and the
+kernel the session starts from beside it, so a candidate's speedup is always against numbers
+measured where and when the candidate was measured.
+
+**The noise** of a GPU type in a session is the 90th percentile of the relative differences
+between two measurements of one unchanged kernel, over every pair of such measurements in the
+session (the baseline's and the seed's repeats, re-measured bests, tuner revisits, the final
+re-timing): nine pairs in ten agree within it. A percentile of pairs does not grow with the number
+of measurements (a range does) and one outlier among many pairs moves it little. It is shown
+beside every speedup (`1.23x (±4%)`), and a candidate becomes the new best only when it beats the
+best by more than it: a smaller difference is not evidence of anything.
+
+At the end the best kernel (and the seed it started from) are re-timed against the baseline,
+interleaved, on one evaluator per GPU type. The spread of those speedups is what a user should
+quote, and decides whether the search beat its seed at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+from pydantic import BaseModel, ConfigDict
+
+from ksearch_ray.worldmodel.render import format_speedup
+
+NOISE_PERCENTILE = 0.9
+
+
+class Noise(BaseModel):
+    """The relative difference that `percentile` of the pairs of repeated measurements stay within."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    pairs: int
+
+    def text(self) -> str:
+        return f"noise {percent(self.value)} (9 in 10 repeated measurements of one kernel agree within it; {self.pairs} pairs)"
+
+
+def pair_differences(scores: list[float]) -> list[float]:
+    """|a - b| / min(a, b) for every pair of positive measurements of one kernel."""
+    values = [s for s in scores if s and s > 0 and math.isfinite(s)]
+    return [abs(a - b) / min(a, b) for a, b in itertools.combinations(values, 2)]
+
+
+def noise_of(scores_by_solution: dict[str, list[float]]) -> Noise | None:
+    """The noise (above) of these measurements, kernel by kernel; None without a repeated kernel."""
+    diffs = sorted(d for scores in scores_by_solution.values() for d in pair_differences(scores))
+    if not diffs:
+        return None
+    rank = max(0, math.ceil(NOISE_PERCENTILE * len(diffs)) - 1)  # nearest-rank percentile
+    return Noise(value=diffs[rank], pairs=len(diffs))
+
+
+def relative_spread(scores: list[float]) -> float | None:
+    """(max - min) / median of repeated measurements of one kernel; None below two measurements."""
+    values = [s for s in scores if s and s > 0]
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def percent(value: float) -> str:
+    p = 100 * value
+    return f"±{p:.2g}%" if p < 10 else f"±{p:.0f}%"
+
+
+def format_noise(noise: Noise | None) -> str:
+    return "noise unknown (no kernel measured twice yet)" if noise is None else noise.text()
+
+
+def with_noise(speedup: float | None, noise: Noise | None) -> str:
+    """'1.23x (±4%)': a speedup and how far repeated measurements of one kernel disagree."""
+    text = format_speedup(speedup)
+    return text if speedup is None or noise is None else f"{text} ({percent(noise.value)})"
+
+
+def beyond_noise(value: float, than: float, noise: Noise | None) -> bool:
+    """`value` is larger than `than` by more than the noise (any larger value, when the noise is unknown)."""
+    return value > than * (1.0 + (noise.value if noise else 0.0))
+
+
+class Spread(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread | None:
+        return cls(median=statistics.median(values), low=min(values), high=max(values)) if values else None
+
+    def text(self) -> str:
+        if self.low == self.high:
+            return format_speedup(self.median)
+        return f"{format_speedup(self.median)} (range {format_speedup(self.low)}-{format_speedup(self.high)})"
+
+
+def confirm_verdict(best: Spread | None, over_seed: Spread | None, *, best_is_seed: bool) -> str:
+    """One sentence on what the re-timing shows."""
+    if best is None:
+        return "the best could not be re-timed"
+    if best_is_seed:
+        return "the search did not beat its seed: the best kernel is the seed"
+    if over_seed is None:
+        return f"re-timed: {best.text()} over the baseline"
+    if over_seed.low > 1.0:
+        return f"beats the seed in every repeat: {over_seed.text()} over the seed"
+    return (f"did not beat the seed in every repeat ({over_seed.text()} over the seed): "
+            "the run hands out the seed")

@@ -1,0 +1,126 @@
+"""What a search method may use of the run it runs in: a narrow context, not the run's insides.
+
+`run.engine.Search` implements it. A method spends rounds (`take_round`), asks the planner and the
+coder, edits the world model, has candidates evaluated and reads the run's state through the live
+read model (`view`, read only: it changes only by `record`). Everything a method learns is an
+event it records, so a resumed run rebuilds it by replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ksearch_ray.config import RunConfig
+    from ksearch_ray.events import Event, RunView
+    from ksearch_ray.measure import Noise
+    from ksearch_ray.models import EvalResult, Solution
+    from ksearch_ray.policies.contract import Attempt, CodeRequest, PlanReply, PlanRequest
+    from ksearch_ray.taskspec.task import Task
+    from ksearch_ray.worldmodel.tree import Tree
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which part of a method an attempt belongs to: a K-Search cycle on a node, or a lane."""
+
+    cycle: str | None = None
+    node: str | None = None
+    method: str | None = None
+    lane: str | None = None
+    tags: dict[str, Any] = field(default_factory=dict, hash=False)
+    """What else the method logs with its candidates (evolve: island, parent, inspirations)."""
+
+    @property
+    def key(self) -> str:
+        """The name of this part in progress views and in LLM call records."""
+        return self.cycle or self.lane or self.method or "search"
+
+    def fields(self) -> dict[str, Any]:
+        return {"cycle": self.cycle, "node": self.node, "method": self.method, "lane": self.lane}
+
+
+class SearchContext(Protocol):
+    config: RunConfig
+    task: Task
+    view: RunView
+    """The run's read model, kept current by `record`; read only."""
+
+    def record(self, event: Event) -> Event:
+        """Append an event to the run's log and apply it to `view` (and the method's own state)."""
+        ...
+
+    def say(self, text: str) -> None:
+        """One line for the user (live view, logs)."""
+        ...
+
+    def working(self, key: str, text: str | None) -> None:
+        """What a cycle or lane is doing now, for the live view (None: it is done)."""
+        ...
+
+    def set_phase(self, text: str) -> None: ...
+
+    def now(self) -> float:
+        """The run's clock (the world model's leases use it)."""
+        ...
+
+    def budget_left(self) -> str | None:
+        """None while the budget lasts, else why it ran out."""
+        ...
+
+    async def take_round(self) -> int | None:
+        """A round to spend (its number), or None when the budget is spent."""
+        ...
+
+    def tree(self) -> Tree: ...
+
+    async def wm(self, call: str, *, tag: dict[str, Any] | None = None, **args: Any) -> Any:
+        """One change of the world model (applied, mirrored and logged)."""
+        ...
+
+    def plan_request(self, kind: str, **fields: Any) -> PlanRequest: ...
+
+    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, dict[str, Any] | None]:
+        """Ask the planner and apply its ops; the reply and the apply report (None when nothing applied)."""
+        ...
+
+    def code_request(self, kind: str, **fields: Any) -> CodeRequest: ...
+
+    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt:
+        """Ask the coder for the round's candidate and record it (a `candidate` event)."""
+        ...
+
+    async def evaluate(self, attempt: Attempt, where: Where) -> None:
+        """Evaluate an attempt's code, record it, tune it (--autotune) and note a new best."""
+        ...
+
+    async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
+        """A verdict from whichever evaluator is free, which one, and the speedup; nothing recorded."""
+        ...
+
+    def gpu_name(self, evaluator: int) -> str | None: ...
+
+    def solution(self, solution_id: str) -> Solution: ...
+
+    def save_solution(self, solution: Solution) -> str: ...
+
+    def seeds(self) -> dict[str, Solution]: ...
+
+    def noise(self, evaluator: int | None = None) -> Noise | None: ...
+
+    def baseline_for(self, evaluator: int | None) -> EvalResult | None: ...
+
+
+class Method(Protocol):
+    """A search method: what it does with the rounds of a run (K-Search, evolve, refine)."""
+
+    name: str
+
+    def observe(self, event: Event) -> None:
+        """Every event of the run, in log order: on replay when a session starts, then live."""
+        ...
+
+    async def run(self, ctx: SearchContext) -> str:
+        """Search until the budget or the ideas run out; returns why it stopped."""
+        ...

@@ -1,0 +1,217 @@
+"""One K-Search action cycle, in plain Python: implement one action, then teach the planner.
+
+Attempt 1 writes code from the parent's solution plus the action (or from the specification when
+the parent has none); later attempts debug (nothing passed yet) or improve (something passed),
+always from the best passing attempt, else the last attempt with code. The cycle stops after
+`stagnation_window` attempts in a row that do not improve on the cycle's best, or when, once an
+attempt has passed, `parent_patience` attempts in a row leave the cycle's best no faster than the
+parent's solution ("cannot beat the parent"), or when the budget runs out.
+
+Then, each step at most once (a resumed cycle skips the steps already logged): the system records
+the action's observed outcome; a passing cycle attaches its best solution and the planner refines
+the tree with the evidence; a failed one is marked too hard and the planner says why and splits
+it where it can; a cycle cut short by the budget is neither: the action goes back to the frontier
+with its partial outcome recorded.
+"""
+
+from __future__ import annotations
+
+from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
+from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
+from ksearch_ray.models import Solution
+from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeKind
+from ksearch_ray.worldmodel.tree import ActionNode, Outcome
+
+
+def stagnation(attempts: list[Attempt]) -> int:
+    """Attempts since the cycle's best last improved (every attempt, if nothing passed)."""
+    best, streak = None, 0
+    for a in attempts:
+        if a.passed and a.speedup is not None and (best is None or a.speedup > best):
+            best, streak = a.speedup, 0
+        else:
+            streak += 1
+    return streak
+
+
+def behind_parent(attempts: list[Attempt], parent_speedup: float | None) -> int:
+    """Attempts in a row, after the first pass, that left the cycle's best no faster than the parent."""
+    if parent_speedup is None:
+        return 0
+    best, streak, passed = None, 0, False
+    for a in attempts:
+        if a.passed and a.speedup is not None:
+            passed = True
+            best = max(best or a.speedup, a.speedup)
+        if passed:
+            streak = 0 if best is not None and best > parent_speedup else streak + 1
+    return streak
+
+
+def next_kind(attempts: list[Attempt], has_base: bool) -> CodeKind:
+    if not attempts:
+        return "generate_from_base" if has_base else "generate_from_spec"
+    return "improve" if any(a.passed for a in attempts) else "debug"
+
+
+def current_attempt(attempts: list[Attempt]) -> Attempt | None:
+    """What attempt N+1 works from: the best passing attempt, else the last one with code."""
+    passing = [a for a in attempts if a.passed]
+    if passing:
+        return max(passing, key=lambda a: a.speedup or 0.0)
+    with_code = [a for a in attempts if a.solution_id]
+    return with_code[-1] if with_code else None
+
+
+class ActionCycle:
+    def __init__(self, ctx: SearchContext, record: CycleRecord):
+        self.ctx = ctx
+        self.rec = record
+        self.where = Where(cycle=record.cycle_id, node=record.node_id)
+        self.budget_cut = record.stop_reason == "budget"  # as logged, when a resumed cycle skips its attempts
+
+    @property
+    def config(self):  # type: ignore[no-untyped-def]
+        return self.ctx.config.search.ksearch
+
+    async def run(self) -> None:
+        ctx, rec = self.ctx, self.rec
+        node = ctx.tree().nodes[rec.node_id]
+        ctx.working(rec.cycle_id, node.title)
+        try:
+            if not rec.steps:
+                await self._attempts(node)
+            await self._finish(node)
+        finally:
+            ctx.working(rec.cycle_id, None)
+
+    # --- attempts -----------------------------------------------------------------------------
+
+    def _parent(self, node: ActionNode) -> tuple[Solution | None, float | None]:
+        parent = self.ctx.tree().get(node.parent)
+        ref = parent.solution if parent is not None else None
+        if ref is None:
+            return None, None
+        return self.ctx.solution(ref.solution_id), ref.evaluation.speedup
+
+    def _should_stop(self, parent_speedup: float | None) -> str | None:
+        attempts = self.rec.attempts
+        if stagnation(attempts) >= self.config.stagnation_window:
+            return "stagnation"
+        if behind_parent(attempts, parent_speedup) >= self.config.parent_patience:
+            return "cannot beat the parent"
+        return None
+
+    async def _attempts(self, node: ActionNode) -> None:
+        base, base_speedup = self._parent(node)
+        while (why := self._should_stop(base_speedup)) is None:
+            attempts = self.rec.attempts
+            pending = attempts[-1] if attempts and attempts[-1].solution_id and attempts[-1].result is None else None
+            if pending is None:
+                round_ = await self.ctx.take_round()
+                if round_ is None:
+                    self.budget_cut = True
+                    self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
+                    return
+                pending = await self._generate(node, base, base_speedup, round_)
+            if pending.solution_id is not None:
+                await self.ctx.evaluate(pending, self.where)
+            await self.ctx.wm("renew", ids=[node.id], holder=self.rec.cycle_id, now=self.ctx.now(),
+                              ttl=self.config.lease_ttl_s)
+        self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=why))
+
+    async def _generate(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int) -> Attempt:
+        ctx, rec = self.ctx, self.rec
+        kind = next_kind(rec.attempts, base is not None)
+        current = current_attempt(rec.attempts)
+        sols = {a.solution_id: ctx.solution(a.solution_id) for a in rec.attempts if a.solution_id}
+        base_result = ctx.view.results.get(base.id) if base else None
+        current_result = current.result if current else None
+        baseline = ctx.baseline_for(current.evaluator if current else None)
+        request = ctx.code_request(
+            kind, node_id=node.id, base=base, base_speedup=base_speedup,
+            base_times=workload_times(base_result, None, ctx.baseline_for(None)),
+            current=sols.get(current.solution_id) if current and current.solution_id else None,
+            current_result=current_result, current_speedup=current.speedup if current else None,
+            current_times=workload_times(current_result, base_result, baseline),
+            history=list(rec.attempts), solutions=sols,
+        )
+        return await ctx.generate(request, round_, self.where)
+
+    # --- the end of the cycle -----------------------------------------------------------------
+
+    def evidence(self, node: ActionNode) -> list[AttemptEvidence]:
+        ctx = self.ctx
+        base, base_speedup = self._parent(node)
+        parent_result = ctx.view.results.get(base.id) if base else None
+        out = []
+        for a in self.rec.attempts:
+            change = ctx.solution(a.solution_id).description if a.solution_id else ""
+            out.append(attempt_evidence(a, change, parent_result, ctx.baseline_for(a.evaluator), base_speedup))
+        return out
+
+    def outcome(self, node: ActionNode, evidence: list[AttemptEvidence]) -> Outcome:
+        previous = node.outcome or Outcome()
+        statuses = dict(previous.statuses)
+        for e in evidence:
+            statuses[e.status] = statuses.get(e.status, 0) + 1
+        passing = [e for e in evidence if e.speedup is not None and e.status == "PASSED"]
+        best = max(passing, key=lambda e: e.speedup or 0.0, default=None)
+        keep_old = previous.best_speedup is not None and (best is None or (best.speedup or 0) <= previous.best_speedup)
+        digest = "; ".join(part for part in (previous.failures, failure_digest(evidence)) if part)
+        return Outcome(
+            attempts=previous.attempts + len(evidence), statuses=statuses,
+            best_speedup=previous.best_speedup if keep_old else (best.speedup if best else None),
+            over_parent=previous.over_parent if keep_old else (best.over_parent if best else None),
+            failures=digest[-600:], budget_cut=self.budget_cut, cycles=[*previous.cycles, self.rec.cycle_id],
+        )
+
+    async def _finish(self, node: ActionNode) -> None:
+        """Record, attach or mark, and ask the planner; each step once, so a resume repeats none."""
+        ctx, rec = self.ctx, self.rec
+        tag = {"cycle": rec.cycle_id}
+        best = current_attempt(rec.attempts)
+        passed = best is not None and best.passed
+        if not rec.attempts:
+            # The budget ran out before the first attempt: the action goes back to the frontier untouched.
+            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._end(passed=False)
+            return
+        evidence = self.evidence(node)
+        if "recorded" not in rec.steps:
+            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
+                                                 "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
+            self._step("recorded")
+        if passed and "attached" not in rec.steps:
+            assert best is not None and best.result is not None and best.solution_id is not None
+            await ctx.wm("apply", tag=tag, ops=[{
+                "op": "attach_solution", "node": rec.node_id, "solution_id": best.solution_id,
+                "evaluation": eval_summary(best.result, best.speedup).model_dump(mode="json"),
+            }])
+            self._step("attached")
+        elif not passed and self.budget_cut and "released" not in rec.steps:
+            # Cut short by the budget, not judged: back to the frontier, its outcome kept.
+            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._step("released")
+        elif not passed and not self.budget_cut and "marked" not in rec.steps:
+            await ctx.wm("apply", tag=tag, ops=[{
+                "op": "mark_too_hard", "node": rec.node_id,
+                "reason": f"no passing attempt in {len(rec.attempts)}: {failure_digest(evidence)[:300] or 'no code came back'}",
+            }])
+            self._step("marked")
+        judged = passed or not self.budget_cut
+        if judged and "planned" not in rec.steps and ctx.budget_left() != "cost":
+            kind = "refine" if passed else "too_hard"
+            request = ctx.plan_request(kind, node_id=rec.node_id, attempts=rec.attempts, evidence=evidence)
+            await ctx.plan(request, cycle=rec.cycle_id)
+            self._step("planned")
+        self._end(passed=passed)
+
+    def _step(self, step: str) -> None:
+        self.ctx.record(CycleStep(cycle=self.rec.cycle_id, step=step))
+
+    def _end(self, *, passed: bool) -> None:
+        self.ctx.record(CycleEnd(cycle=self.rec.cycle_id, node=self.rec.node_id, passed=passed,
+                                 attempts=len(self.rec.attempts), budget_cut=self.budget_cut))
+

@@ -1,0 +1,142 @@
+"""The K-Search method: W action cycles in parallel against one shared world model.
+
+Keeps `width` cycles running on the best frontier actions. When the frontier runs low it asks
+the planner to expand the node holding the best solution (the root only while nothing better
+exists). A planner reply that cannot be used never ends the run: the driver adds an action of its
+own, "improve the best solution further", under the best node, and says so. The run ends for lack
+of actions only when the planner, having seen evaluations, answers with an explicitly empty plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ksearch_ray.events import CycleEnd, CycleStart, Event
+from ksearch_ray.methods.context import SearchContext
+from ksearch_ray.methods.cycle import ActionCycle
+from ksearch_ray.methods.evidence import workload_times
+from ksearch_ray.policies.contract import WorkloadTime
+from ksearch_ray.worldmodel.select import difficulty_limit, frontier
+from ksearch_ray.worldmodel.tree import ROOT_ID, best_solution
+
+NO_MORE_ACTIONS = "the planner returned an empty plan after seeing {n} evaluations: it has no more actions to propose"
+
+
+class KSearch:
+    name = "ksearch"
+
+    def __init__(self) -> None:
+        self._starting: set[str] = set()  # cycle ids handed out whose lease is not taken yet
+
+    def observe(self, event: Event) -> None:
+        """Nothing of its own to rebuild: the cycles live in the run's read model."""
+
+    async def run(self, s: SearchContext) -> str:
+        if not s.tree().nodes:
+            s.set_phase("asking the planner for the first actions")
+            request = s.plan_request("initialize_tree", node_id=ROOT_ID, seed_times=self._seed_times(s))
+            reply, _ = await s.plan(request)
+            if not self._frontier(s):
+                await self._continue_from_best(s, reply.error or "the first plan held no action that could start")
+        running: dict[asyncio.Task[None], str] = {}
+        ks = s.config.search.ksearch
+        for record in s.view.open_cycles:  # cycles a killed driver left half-done
+            settled = bool(record.steps & {"attached", "marked", "released"})  # its lease ended with that step
+            held = s.tree().leases.get(record.node_id)
+            if not settled and (held is None or held.holder != record.cycle_id):
+                s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
+                                  attempts=len(record.attempts), abandoned="its lease was gone"))
+                continue
+            if not settled:  # the session that held it is gone: renew before it can expire under it
+                await s.wm("renew", ids=[record.node_id], holder=record.cycle_id, now=s.now(), ttl=ks.lease_ttl_s)
+            running[asyncio.create_task(ActionCycle(s, record).run())] = record.cycle_id
+        s.set_phase("searching")
+        while True:
+            await self._expire_leases(s)
+            if s.budget_left() and not running:
+                break
+            free = s.config.search.width - len(running)
+            if free > 0 and not s.budget_left():
+                self._start(s, free, running)
+                if not running:
+                    # Nothing runs and nothing can start: the planner must say what to do next.
+                    ended = await self._replenish(s)
+                    if ended:
+                        return ended
+                    if not self._start(s, free, running):
+                        return "no action could start (every open action is leased or blocked)"
+            if not running:
+                break
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                running.pop(task)
+                task.result()  # a bug in a cycle stops the run loudly
+            if len(self._frontier(s)) < s.config.search.width - len(running) and not s.budget_left():
+                ended = await self._replenish(s)
+                if ended and not running:
+                    return ended
+        return s.budget_left() or "done"
+
+    # --- starting cycles ---------------------------------------------------------------------------
+
+    def _frontier(self, s: SearchContext) -> list[str]:
+        return [n.id for n in frontier(s.tree())]
+
+    def _start(self, s: SearchContext, free: int, running: dict[asyncio.Task[None], str]) -> int:
+        """Start up to `free` cycles, one per frontier action (each leases its own, in turn)."""
+        count = min(free, len(self._frontier(s)))
+        for _ in range(count):
+            cycle_id = f"c{len(s.view.cycles) + len(self._starting) + 1}"
+            self._starting.add(cycle_id)
+            running[asyncio.create_task(self._lease_and_run(s, cycle_id))] = cycle_id
+        return count
+
+    async def _lease_and_run(self, s: SearchContext, cycle_id: str) -> None:
+        ks = s.config.search.ksearch
+        try:
+            ids = await s.wm(
+                "select_and_lease", k=1, holder=cycle_id, now=s.now(), ttl=ks.lease_ttl_s,
+                max_difficulty=ks.max_difficulty, relax_at=ks.relax_difficulty_at_speedup,
+            )
+            if not ids:
+                return
+            s.record(CycleStart(cycle=cycle_id, node=ids[0]))
+        finally:
+            self._starting.discard(cycle_id)
+        node = s.tree().nodes[ids[0]]
+        limit = difficulty_limit(s.tree(), max_difficulty=ks.max_difficulty,
+                                 relax_when_speedup_at_least=ks.relax_difficulty_at_speedup)
+        if node.difficulty > limit:
+            s.say(f"every open action is above the difficulty limit {limit}: taking {node.id} (difficulty {node.difficulty})")
+        await ActionCycle(s, s.view.cycles[cycle_id]).run()
+
+    async def _expire_leases(self, s: SearchContext) -> None:
+        now = s.now()
+        if any(lease.expires_at <= now for lease in s.tree().leases.values()):
+            expired = await s.wm("expire", now=now)
+            s.say(f"leases expired (their cycles stopped reporting): {', '.join(expired)}")
+
+    # --- more actions --------------------------------------------------------------------------------
+
+    async def _replenish(self, s: SearchContext) -> str | None:
+        """Ask the planner to expand the best node; returns why the run ends, if it must."""
+        best = best_solution(s.tree())
+        focus = best.id if best is not None else ROOT_ID
+        reply, _ = await s.plan(s.plan_request("propose_actions", node_id=focus))
+        if self._frontier(s):
+            return None
+        if not reply.error and not reply.ops and s.view.evaluations > 0:
+            return NO_MORE_ACTIONS.format(n=s.view.evaluations)
+        await self._continue_from_best(s, reply.error or "the planner's actions could not be used")
+        return None
+
+    async def _continue_from_best(self, s: SearchContext, why: str) -> None:
+        best = best_solution(s.tree())
+        parent = best.id if best is not None else ROOT_ID
+        await s.wm("apply", ops=[{"op": "insert_continuation", "parent": parent, "reason": why[:300]}])
+        s.say(f"no usable action from the planner ({why[:160]}); the coder will improve the best solution ({parent}) instead")
+
+    def _seed_times(self, s: SearchContext) -> list[WorkloadTime]:
+        seed = s.view.seed
+        result = s.view.results.get(seed.solution_id) if seed and seed.solution_id else None
+        return workload_times(result, None, s.baseline_for(None))

@@ -1,4 +1,0 @@
-"""The offline policy's parts: configs and the search space, the learned model, planning, coding.
-
-`ksearch_ray.offline.policy` puts them together as `OfflinePolicy`; its docstring describes the design.
-"""

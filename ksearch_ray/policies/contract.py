@@ -1,0 +1,138 @@
+"""The policy interface: who plans the world model and who writes the code.
+
+Two implementations share it: `LLMPolicy` (litellm, prompts in files) and `OfflinePolicy`
+(no model: it searches the tunables that seed kernels declare). Ray actors wrap a policy;
+the logic never lives in the actor classes. Requests carry everything a policy needs, so a
+policy holds no state that a resumed run could not rebuild from the tree and the run log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from ksearch_ray.models import EvalResult, Solution
+from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.worldmodel.tree import Tree
+
+PlanKind = Literal["initialize_tree", "propose_actions", "refine", "too_hard"]
+CodeKind = Literal["generate_from_spec", "generate_from_base", "debug", "improve", "evolve"]
+
+
+@dataclass
+class Attempt:
+    """One code generation inside an action cycle, and what became of it."""
+
+    round: int
+    kind: CodeKind
+    solution_id: str | None = None
+    error: str | None = None  # why no code came back (unparseable reply, LLM failure)
+    result: EvalResult | None = None
+    speedup: float | None = None
+    evaluator: int | None = None  # which evaluator measured it (speedups are against its baseline)
+
+    @property
+    def passed(self) -> bool:
+        return self.result is not None and self.result.passed
+
+
+@dataclass
+class WorkloadTime:
+    workload: str
+    ms: float
+    parent_ms: float | None
+    baseline_ms: float | None
+
+
+@dataclass
+class Inspiration:
+    """Another program of an evolutionary search's database, shown beside the parent (`evolve`)."""
+
+    solution: Solution
+    speedup: float | None  # over the baseline; None when it did not pass
+    status: str  # its evaluation's Status value
+    why: str  # why it was picked, in words: "the island's best", "a different kind of program"
+
+
+@dataclass
+class AttemptEvidence:
+    """One attempt of a finished cycle, as the planner is told about it."""
+
+    round: int
+    kind: CodeKind
+    status: str  # an evaluation Status value, or NO_CODE when the coder gave none
+    change: str  # the coder's own words on what it changed
+    error: str  # the decisive lines of the failure; '' when it passed
+    speedup: float | None  # over the baseline
+    over_parent: float | None
+    times: list[WorkloadTime] = field(default_factory=list)
+
+
+@dataclass
+class PlanRequest:
+    kind: PlanKind
+    task: TaskDefinition
+    tree: Tree
+    hardware: str
+    language: str
+    node_id: str | None = None  # the node to expand (propose_actions) or just implemented (refine, too_hard)
+    attempts: list[Attempt] = field(default_factory=list)  # the finished cycle's, for refine / too_hard
+    evidence: list[AttemptEvidence] = field(default_factory=list)  # the same attempts, as the planner reads them
+    solutions: dict[str, Solution] = field(default_factory=dict)  # attached solutions, by id
+    seeds: dict[str, Solution] = field(default_factory=dict)  # the task's seed kernels, by name
+    seed_times: list[WorkloadTime] = field(default_factory=list)  # the seed's measured times (initialize_tree)
+    max_actions: int = 6
+    noise: float | None = None  # relative spread of repeated measurements of one kernel
+    prompt_budget_tokens: int = 100_000
+
+
+@dataclass
+class PlanReply:
+    ops: list[dict] = field(default_factory=list)  # raw edit ops; apply_ops validates them
+    calls: list[LLMCall] = field(default_factory=list)
+    error: str | None = None  # nothing usable came back: why
+    notes: list[str] = field(default_factory=list)  # how the reply was read (aliases, re-asks), for the log
+    source: tuple[str, int] | None = None  # (request hash, sample) of the cached reply the ops were read from
+
+
+@dataclass
+class CodeRequest:
+    kind: CodeKind
+    task: TaskDefinition
+    tree: Tree
+    node_id: str
+    hardware: str
+    language: str
+    base: Solution | None = None  # the parent's solution (attempt 1) or None: write from the spec
+    base_speedup: float | None = None
+    base_times: list[WorkloadTime] = field(default_factory=list)  # the base solution's times
+    current: Solution | None = None  # the code to debug or improve (attempts 2..N)
+    current_result: EvalResult | None = None
+    current_speedup: float | None = None  # of exactly `current`, over the baseline
+    current_times: list[WorkloadTime] = field(default_factory=list)
+    history: list[Attempt] = field(default_factory=list)
+    solutions: dict[str, Solution] = field(default_factory=dict)  # every solution of this cycle, by id
+    seeds: dict[str, Solution] = field(default_factory=dict)
+    noise: float | None = None
+    prompt_budget_tokens: int = 100_000
+    action_text: str | None = None
+    """The instruction in words when it is not a node of the tree (the refine method's standing one)."""
+    inspirations: list[Inspiration] = field(default_factory=list)  # evolve: other programs beside the parent
+
+
+@dataclass
+class CodeReply:
+    solution: Solution | None = None
+    calls: list[LLMCall] = field(default_factory=list)
+    error: str | None = None  # one line: why there is no solution
+    reply_start: str = ""  # the start of a reply that held no code, as the model wrote it
+
+
+class Policy(Protocol):
+    name: str
+    """Shown in every output: 'offline policy (tunable search, no LLM)' or 'llm: <model>'."""
+
+    async def plan(self, request: PlanRequest) -> PlanReply: ...
+
+    async def code(self, request: CodeRequest) -> CodeReply: ...

@@ -1,0 +1,619 @@
+"""A search run in plain Python: the event log, budgets, baselines, the seed, the best, the end.
+
+`Search` is the context every search method runs in (`methods.context.SearchContext`) and the only
+writer of events.jsonl: `record(event)` appends an event and applies it to the run's read model
+(`events.RunView`), the same reducer every reader of the run directory uses. It reaches the world
+model, the planner, the coder and the evaluators through small interfaces (`run.backends`), so the
+same logic runs in this process (`run.local`) and on Ray (`distributed`).
+
+The world model is mirrored: every change goes through `wm()`, which applies the named call on the
+backend (the authority: the WorldModelActor on Ray), and records it; the read model applies the same
+call with the same pure functions, so reading the tree never crosses a process boundary and a
+resumed run rebuilds the exact tree by replay.
+
+Trusting a number (see `measure`): each session measures the baseline on every evaluator and the
+kernel it starts from (the seed, in the first session; the best so far, later) beside it, so every
+speedup of a session is against numbers measured in that session. A candidate becomes the best only
+when it beats the best by more than the measured noise and an independent re-timing agrees. At the
+end the best is re-timed against the baseline and the seed, interleaved, within the wall budget,
+stopping early once the verdict cannot change; a best that does not beat the seed in every repeat
+gives way to the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.scoring import speedup
+from ksearch_ray.events import (
+    Baseline,
+    Best,
+    Candidate,
+    Confirm,
+    ConfirmRow,
+    Evaluation,
+    Event,
+    IsolationWarning,
+    LlmCallEvent,
+    PlanEmpty,
+    PlanFailed,
+    Remeasure,
+    Resume,
+    Retime,
+    RunEnd,
+    RunView,
+    Seed,
+    SeedFailed,
+    WmCall,
+    WmInit,
+)
+from ksearch_ray.measure import Noise, Spread, beyond_noise, confirm_verdict, format_noise, with_noise
+from ksearch_ray.methods.context import Method, Where
+from ksearch_ray.methods.evidence import eval_summary, workload_times
+from ksearch_ray.methods.tuner import autotune
+from ksearch_ray.models import EvalResult, Solution
+from ksearch_ray.policies.contract import Attempt, CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policies.llm.types import fatal_error
+from ksearch_ray.run.backends import BUILDER, Backends
+from ksearch_ray.run.errors import SearchError
+from ksearch_ray.store import RunStore
+from ksearch_ray.taskspec.task import Task, solution_from_file
+from ksearch_ray.taskspec.tunables import read_tunables
+from ksearch_ray.worldmodel.state import WorldModelState
+from ksearch_ray.worldmodel.tree import ROOT_ID, Tree, new_tree
+
+log = logging.getLogger(__name__)
+
+REPLY_START_CHARS = 200
+"""How much of a reply without code is kept, so a user can see what the model said instead."""
+
+
+class Search:
+    def __init__(self, config: RunConfig, task: Task, store: RunStore, backends: Backends, method: Method, *,
+                 on_change: Callable[[Search], None] | None = None, on_line: Callable[[str], None] | None = None,
+                 budget_change: dict[str, Any] | None = None, clock: Callable[[], float] = time.time):
+        self.config = config
+        self.task = task
+        self.store = store
+        self.backends = backends
+        self.method = method
+        self.on_change = on_change or (lambda _s: None)
+        self.on_line = on_line or (lambda _text: None)
+        """Hears one line per notable event: phases, evaluations, new bests."""
+        self.budget_change = budget_change or {}
+        """Budget settings this session changes (`ksearch resume --rounds ...`), logged with `resume`."""
+        self.clock = clock
+        self.view = RunView(solution_exists=store.has_solution)
+        self.started = time.monotonic()
+        self.phase = "starting"
+        self.policy_name = ""
+        self.infos: list[EvaluatorInfo] = []
+        self.working_on: dict[str, str] = {}  # cycle or lane -> what it does, for the live view
+        self.llm_in_flight: dict[int, tuple[str, str, float]] = {}  # call token -> (role, kind, monotonic start)
+        self._llm_tokens = 0
+        self._outstanding: set[int] = set()  # rounds taken and not yet recorded as candidates
+        self._round_lock = asyncio.Lock()
+        self._seed_solutions: dict[str, Solution] | None = None
+        self._solutions: dict[str, Solution] = {}
+        self.wm_s = 0.0  # time spent on world-model calls (backend and mirror)
+        self.pool = backends.evaluators
+        self.world_model: Any = None
+        self.mirror: WorldModelState | None = None
+        self.evaluations_before = 0  # candidate evaluations of earlier sessions (the live view's rate is this session's)
+
+    # --- the log ---------------------------------------------------------------------------------
+
+    def record(self, event: Event) -> Event:
+        """Append to events.jsonl, then apply to the read model and the method: the one way state changes."""
+        self.store.append(event)
+        self.view.apply(event)
+        self.method.observe(event)
+        if isinstance(event, Candidate):
+            self._outstanding.discard(event.round)
+        self.on_change(self)
+        return event
+
+    def say(self, text: str) -> None:
+        self.on_line(text)
+
+    def working(self, key: str, text: str | None) -> None:
+        if text is None:
+            self.working_on.pop(key, None)
+        else:
+            self.working_on[key] = text
+        self.on_change(self)
+
+    def set_phase(self, text: str) -> None:
+        """What the run is doing now, for the live view and as a line in logs."""
+        self.phase = text
+        self.on_line(text)
+        self.on_change(self)
+
+    def now(self) -> float:
+        return self.clock()
+
+    @property
+    def hardware(self) -> str:
+        return self.infos[0].hardware if self.infos else ""
+
+    @property
+    def gpu_of(self) -> list[str]:
+        return [info.name for info in self.infos]
+
+    # --- set-up ------------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        for event in self.store.read_events():
+            self.view.apply(event)
+            self.method.observe(event)
+        self.evaluations_before = self.view.evaluations
+        self.set_phase("starting evaluators")
+        self.infos = await self.pool.describe_all()
+        self.policy_name = await self.backends.planner.name()
+        self.on_line(f"planner and coder: {self.policy_name}; evaluators: {len(self.infos)} on {self.hardware}")
+        tree = self.view.tree
+        if tree is None:
+            self.record(WmInit(tree=new_tree(self.task.name, self.task.definition.description)))
+        else:
+            self.record(Resume(open_cycles=[c.cycle_id for c in self.view.open_cycles], budget=self.budget_change))
+        for index, info in enumerate(self.infos):
+            for warning in info.isolation_warnings:
+                self.on_line(f"WARNING: evaluator {index}: {warning}")
+                self.record(IsolationWarning(evaluator=index, warning=warning))
+        assert self.view.tree is not None
+        self.mirror = WorldModelState(self.view.tree, self.store.has_solution)
+        self.world_model = self.backends.world_model(self.view.tree)
+
+    # --- the world model ------------------------------------------------------------------------------
+
+    async def wm(self, call: str, *, tag: dict[str, Any] | None = None, **args: Any) -> Any:
+        t0 = time.monotonic()
+        result = await self.world_model.call(call, args)
+        assert self.mirror is not None
+        mirrored = self.mirror.call(call, args)
+        if mirrored != result:  # both applied the same pure function to the same tree
+            raise SearchError(f"the world-model replica disagrees with its actor after {call}; the run log is the truth")
+        self.wm_s += time.monotonic() - t0
+        self.record(WmCall(call=call, args=args, **(tag or {})))
+        return result
+
+    def tree(self) -> Tree:
+        assert self.view.tree is not None
+        return self.view.tree
+
+    # --- LLM calls -----------------------------------------------------------------------------------
+
+    async def _policy_call(self, role: str, kind: str, request: Any, cycle: str | None) -> Any:
+        """A planner or coder call: visible in the live view while it waits, logged when it returns."""
+        backend = self.backends.planner if role == "planner" else self.backends.coder
+        self._llm_tokens += 1
+        token = self._llm_tokens
+        self.llm_in_flight[token] = (role, kind, time.monotonic())
+        self.on_change(self)
+        try:
+            reply = await (backend.plan(request) if role == "planner" else backend.code(request))
+        finally:
+            self.llm_in_flight.pop(token, None)
+        for call in reply.calls:
+            self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
+        fatal = next((call for call in reply.calls if fatal_error(call)), None)
+        if fatal is not None:
+            # A rejected key, an unknown model: every further call would fail the same way, so stop
+            # now instead of spending the budget on failures.
+            raise SearchError(f"the {role}'s LLM call failed and retrying cannot fix it: {fatal.error}")
+        return reply
+
+    def plan_request(self, kind: str, **fields: Any) -> PlanRequest:
+        tree = self.tree()
+        attempts = fields.get("attempts") or []
+        return PlanRequest(
+            kind=kind, task=self.task.definition, tree=tree, hardware=self.hardware,  # type: ignore[arg-type]
+            language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.seeds(),
+            max_actions=max(self.config.search.width, 4), noise=self._noise_value(),
+            prompt_budget_tokens=self._prompt_budget(), **fields,
+        )
+
+    def code_request(self, kind: str, **fields: Any) -> CodeRequest:
+        return CodeRequest(
+            kind=kind, task=self.task.definition, tree=self.tree(), hardware=self.hardware,  # type: ignore[arg-type]
+            language=self.config.search.language, seeds=self.seeds(), noise=self._noise_value(),
+            prompt_budget_tokens=self._prompt_budget(), **fields,
+        )
+
+    def _prompt_budget(self) -> int:
+        return self.config.llm.prompt_budget_tokens or 100_000
+
+    def _noise_value(self) -> float | None:
+        noise = self.noise()
+        return noise.value if noise else None
+
+    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, dict[str, Any] | None]:
+        reply: PlanReply = await self._policy_call("planner", request.kind, request, cycle)
+        for note in reply.notes:
+            self.on_line(f"planner ({request.kind}): {note}")
+        if reply.error:
+            self.record(PlanFailed(plan_kind=request.kind, cycle=cycle, error=reply.error, notes=reply.notes))
+            self.on_line(f"planner ({request.kind}): no usable reply: {reply.error}")
+            return reply, None
+        if not reply.ops:
+            self.record(PlanEmpty(plan_kind=request.kind, cycle=cycle, notes=reply.notes))
+            return reply, None
+        tag = {"cycle": cycle, "plan_kind": request.kind, "focus": request.node_id, "source": reply.source,
+               "notes": reply.notes, "version": request.tree.version}
+        report = await self.wm("apply", ops=reply.ops, system=False, tag=tag)
+        rejected = [r for r in report["results"] if not r["ok"]]
+        if rejected:
+            self.on_line(f"planner ({request.kind}): {len(rejected)} of {len(reply.ops)} ops rejected: "
+                         + "; ".join(f"{r['op']}: {r['reason']}" for r in rejected[:3]))
+        return reply, report
+
+    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt:
+        """Ask the coder for round `round_`'s code and record the candidate (with code, or why none)."""
+        reply: CodeReply = await self._policy_call("coder", request.kind, request, where.key)
+        error = reply.error if reply.solution is None else None
+        solution_id = None
+        if reply.solution is not None:
+            solution_id = self.store.save_solution(reply.solution)
+            self._solutions[solution_id] = reply.solution
+        elif error is None:
+            error = "the coder returned no code"
+        self.record(Candidate(round=round_, attempt_kind=request.kind, solution_id=solution_id, error=error,
+                              reply_start=(reply.reply_start or "")[:REPLY_START_CHARS], **where.fields(), **where.tags))
+        attempt = self.view.attempt_at(round_, where.cycle)
+        assert attempt is not None
+        if solution_id is None:
+            said = f" (the reply began: {' '.join(reply.reply_start.split())[:120]!r})" if reply.reply_start else ""
+            self.on_line(f"round {round_} ({where.key}, {request.kind}): no code: {(error or '')[:160]}{said}")
+        return attempt
+
+    # --- solutions ------------------------------------------------------------------------------------
+
+    def solution(self, solution_id: str) -> Solution:
+        if solution_id not in self._solutions:
+            self._solutions[solution_id] = self.store.load_solution(solution_id)
+        return self._solutions[solution_id]
+
+    def save_solution(self, solution: Solution) -> str:
+        self._solutions[solution.id] = solution
+        return self.store.save_solution(solution)
+
+    def _tree_solutions(self, tree: Tree, attempts: list[Any]) -> dict[str, Solution]:
+        ids = {n.solution.solution_id for n in tree.nodes.values() if n.solution}
+        if tree.root.solution:
+            ids.add(tree.root.solution.solution_id)
+        ids |= {a.solution_id for a in attempts if a.solution_id}
+        return {i: self.solution(i) for i in ids if self.store.has_solution(i)}
+
+    def seeds(self) -> dict[str, Solution]:
+        """The task's seed kernels (those declaring tunables) and its baseline; read once."""
+        if self._seed_solutions is None:
+            self._seed_solutions = {}
+            for name in self.task.solution_names():
+                sol = self.task.solution(name)
+                if any(read_tunables(text) for text in sol.sources.values()) or name == self.task.definition.baseline:
+                    self._seed_solutions[name] = sol
+        return self._seed_solutions
+
+    # --- evaluation -------------------------------------------------------------------------------------
+
+    @property
+    def workload_set(self) -> str:
+        return self.config.evaluation.workloads or self.task.definition.default_workloads
+
+    async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
+        """A verdict from whichever evaluator is free, which one it was, and the speedup (None unless it passed)."""
+        result, evaluator = await self.pool.evaluate(solution, self.workload_set)
+        return result, evaluator, self.speedup_of(result, evaluator) if result.passed else None
+
+    async def evaluate(self, attempt: Attempt, where: Where) -> None:
+        """The one place a candidate is evaluated and recorded: measure, record, tune, note a new best."""
+        assert attempt.solution_id is not None
+        result, evaluator, value = await self.measure(self.solution(attempt.solution_id))
+        self.record(Evaluation(round=attempt.round, evaluator=evaluator, gpu=self.gpu_name(evaluator),
+                               solution_id=attempt.solution_id, result=result, speedup=value, **where.fields()))
+        shown = with_noise(value, self.noise(evaluator)) if result.passed else result.message[:160]
+        self.on_line(f"round {attempt.round} ({where.key}, {attempt.kind}): {result.status.value} {shown}")
+        await autotune(self, attempt, where)
+        if attempt.solution_id is not None and attempt.evaluator is not None:
+            await self.note_best(attempt.solution_id, attempt.speedup, where.node or where.method or "", attempt.round,
+                                 attempt.evaluator)
+
+    def speedup_of(self, result: EvalResult, evaluator: int) -> float | None:
+        """Against the baseline measured this session on the same evaluator (so the same GPU)."""
+        if evaluator == BUILDER:  # a compile error from a CPU build task: no GPU measured it
+            return None
+        base = self.view.session_baselines.get(evaluator)
+        return speedup(self.task.definition, base, result) if base is not None else None
+
+    def gpu_name(self, evaluator: int) -> str | None:
+        return None if evaluator == BUILDER else self.gpu_of[evaluator]
+
+    def noise(self, evaluator: int | None = None) -> Noise | None:
+        """How far repeated measurements of one kernel disagree this session, on this evaluator's GPU type."""
+        if not self.infos:
+            return None
+        gpu = self.gpu_name(evaluator if evaluator is not None and evaluator != BUILDER else 0)
+        return self.view.noise(gpu)
+
+    def baseline_for(self, evaluator: int | None) -> EvalResult | None:
+        baselines = self.view.session_baselines
+        return baselines.get(evaluator if evaluator is not None else 0) or baselines.get(0)
+
+    # --- the best -----------------------------------------------------------------------------------------
+
+    async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
+        """A candidate becomes the best only beyond the noise and once an independent re-timing agrees."""
+        gpu = self.gpu_name(evaluator)
+        if value is None or gpu is None:
+            return
+        current = self.view.best_by_gpu.get(gpu)
+        if current is not None:
+            if value <= current.speedup:
+                return
+            noise = self.noise(evaluator)
+            if not beyond_noise(value, current.speedup, noise):
+                self.on_line(f"round {round_}: {with_noise(value, noise)} is within the noise of the best "
+                             f"({current.speedup:.3g}x): a candidate, not a new best")
+                return
+        if self.config.search.retime_best and not await self._confirmed_by_retiming(solution_id, evaluator):
+            return
+        self._set_best(Best(solution_id=solution_id, speedup=value, node=node, round=round_, gpu=gpu))
+        self.on_line(f"new best: {with_noise(value, self.noise(evaluator))} over the baseline ({node}, round {round_})")
+        result = self.view.results.get(solution_id)
+        if result is not None and self.view.best is not None and self.view.best.solution_id == solution_id:
+            times = workload_times(result, None, self.baseline_for(evaluator))
+            await self.wm("apply", ops=[{
+                "op": "set_best", "solution_id": solution_id, "speedup": value,
+                "time_ms": {t.workload: t.ms for t in times},
+                "baseline_ms": {t.workload: t.baseline_ms for t in times if t.baseline_ms is not None},
+            }])
+
+    def _set_best(self, best: Best) -> None:
+        """Record a best and, when it is the run's best, write best.json and best/."""
+        self.record(best)
+        run_best = self.view.best
+        if run_best is None or run_best.solution_id != best.solution_id or run_best.gpu != best.gpu:
+            return  # a better kernel on another GPU type stays the run's best
+        solution = self.solution(best.solution_id)
+        payload = {**best.model_dump(mode="json", exclude={"kind"}), "policy": self.policy_name,
+                   "solution": solution.model_dump(mode="json")}
+        self.store.write_best(payload, solution)
+
+    async def _confirmed_by_retiming(self, solution_id: str, evaluator: int) -> bool:
+        """A new best is believed only once a second, independent measurement in a fresh sandbox
+        agrees with the first (evaluation/retime.py): a kernel that fooled one clock must fool two."""
+        primary = self.view.results.get(solution_id)
+        if primary is None:
+            return True
+        check = await self.pool.retime_on(evaluator, self.solution(solution_id), primary)
+        self.record(Retime(solution_id=solution_id, evaluator=evaluator, agreed=check.agreed, status=check.status,
+                           message=check.message, workloads=[w.model_dump(mode="json") for w in check.workloads]))
+        if not check.agreed:
+            self.on_line(f"not recorded as a best: the independent re-timing disagrees ({check.message[:200]})")
+        return check.agreed
+
+    # --- budgets ------------------------------------------------------------------------------------------
+
+    def wall_s(self) -> float:
+        """Active running time of the whole run: the log's, plus the time since its last event."""
+        last = self.view.last_t
+        return self.view.active_s + (max(0.0, time.time() - last) if last is not None else 0.0)
+
+    def budget_left(self) -> str | None:
+        """None while the budget lasts, else why it ran out. Spend is counted from the event log."""
+        b, v = self.config.budget, self.view
+        if v.rounds_used + len(self._outstanding) >= b.rounds:
+            return "rounds"
+        if b.max_cost_usd is not None and v.llm_cost_usd >= b.max_cost_usd:
+            return "cost"
+        if b.max_llm_tokens is not None and v.llm_tokens >= b.max_llm_tokens:
+            return "tokens"
+        if b.max_wall_s is not None and self.wall_s() >= b.max_wall_s:
+            return "wall clock"
+        return None
+
+    async def take_round(self) -> int | None:
+        async with self._round_lock:
+            if self.budget_left():
+                return None
+            number = 1
+            while number in self.view.candidates or number in self._outstanding:
+                number += 1
+            self._outstanding.add(number)
+            return number
+
+    def give_back_round(self, round_: int) -> None:
+        """A round taken and not spent (the call failed for the provider's reasons): it goes back to the budget."""
+        self._outstanding.discard(round_)
+
+    # --- the run --------------------------------------------------------------------------------------------
+
+    async def run(self) -> RunView:
+        try:
+            await self.setup()
+            await self._measure_baselines()  # also a check, on resume, that the sandbox still works
+            if self.view.seed is None:
+                await self._seed()
+            elif self.view.session > 0:
+                await self._remeasure_best()
+            spent = self.budget_left()
+            if spent:
+                self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
+            reason = await self.method.run(self)
+            await self._confirm()
+            best = self.view.best
+            self.record(RunEnd(
+                reason=reason, rounds=self.view.rounds_used, best=best.model_dump(mode="json") if best else None,
+                session_wall_s=time.monotonic() - self.started, wm_s=self.wm_s,
+                evaluator_busy_s={str(k): v for k, v in sorted(self.pool.busy_s.items())},
+            ))
+            return self.view
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give back what the backends hold (Ray actors, GPUs, sandboxes), however the session ends: a
+        driver that lives on (a notebook, a test suite, an experiment) must not keep a finished run's GPUs."""
+        for backend in (self.world_model, self.backends.planner, self.backends.coder, self.pool):
+            if backend is not None:
+                backend.release()
+
+    async def _measure_baselines(self) -> None:
+        """Every evaluator measures the baseline on its own GPU, each session; more than once the
+        first time, so the run knows its measurement noise from the start."""
+        solution = self.task.baseline()
+        self.store.save_solution(solution)
+        repeats = self.config.search.noise_repeats if self.view.session == 0 else 1
+        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s)" + (f", {repeats}x each" if repeats > 1 else ""))
+
+        async def on(index: int) -> None:
+            for _ in range(repeats):
+                result = await self.pool.evaluate_on(index, solution, self.workload_set)
+                if not result.passed:
+                    raise SearchError(f"the task's baseline does not pass on evaluator {index} ({self.gpu_of[index]}): "
+                                      f"{result.status.value}: {result.message}")
+                self.record(Baseline(solution_id=solution.id, evaluator=index, gpu=self.gpu_of[index], result=result))
+
+        await asyncio.gather(*(on(i) for i in range(self.pool.size)))
+        base = self.view.session_baselines[0]
+        self.on_line(f"baseline: {base.score:.4g} ({base.score_kind})" if base.score is not None else "baseline passed")
+
+    def _start_solution(self) -> Solution | None:
+        """What the run starts from: --from-solution, else (unless it starts from the specification) the
+        task's seed in the language searched."""
+        name = self.config.search.from_solution
+        if name is None:
+            if self.config.search.start == "spec":
+                return None
+            seeds = [n for n in self.seeds() if n != self.task.definition.baseline]
+            seeds.sort(key=lambda n: self.seeds()[n].language != self.config.search.language)
+            if not seeds:
+                return None
+            name = seeds[0]
+        if name in self.task.solution_names():
+            return self.task.solution(name)
+        return solution_from_file(Path(name), self.task)
+
+    async def _seed(self) -> None:
+        """Evaluate the starting solution beside the baseline, attach it to the root, make it the first best."""
+        solution = self._start_solution()
+        if solution is None:
+            self.record(Seed(solution_id=None, start="spec"))
+            self.on_line("starting from the specification: no seed kernel (the first kernel is written from the task)")
+            return
+        self.store.save_solution(solution)
+        self.set_phase(f"evaluating the seed {solution.name}")
+        result, evaluator, value = await self.measure(solution)
+        if not result.passed:
+            self.record(SeedFailed(solution_id=solution.id, result=result))
+            raise SearchError(f"the starting solution {solution.name} does not pass: {result.status.value}: {result.message}")
+        gpu = self.gpu_of[evaluator]
+        self.record(Seed(solution_id=solution.id, result=result, speedup=value, evaluator=evaluator, gpu=gpu))
+        for _ in range(self.config.search.noise_repeats - 1):  # the same kernel again: how much do its timings wander?
+            again = await self.pool.evaluate_on(evaluator, solution, self.workload_set)
+            self.record(Remeasure(role="seed", solution_id=solution.id, evaluator=evaluator, gpu=gpu, result=again,
+                                  speedup=self.speedup_of(again, evaluator) if again.passed else None))
+        self.on_line(f"starting from the seed {solution.name}: {with_noise(value, self.noise(evaluator))} over the baseline; "
+                     f"{format_noise(self.noise(evaluator))}")
+        await self.wm("apply", ops=[{
+            "op": "attach_solution", "node": "root", "solution_id": solution.id,
+            "evaluation": eval_summary(result, value).model_dump(mode="json"),
+        }])
+        if value is not None:  # the seed is the first best: a run that never beats it hands out the seed
+            self._set_best(Best(solution_id=solution.id, speedup=value, node=ROOT_ID, round=0, gpu=gpu, why="the seed"))
+
+    async def _remeasure_best(self) -> None:
+        """A resumed session measures each GPU type's best beside its new baseline: its candidates must
+        beat that number, not one measured in another session against another baseline."""
+        for gpu, best in sorted(self.view.best_by_gpu.items()):
+            if gpu not in self.gpu_of:
+                continue
+            index = self.gpu_of.index(gpu)
+            self.set_phase(f"re-measuring the best ({best.solution_id}) beside this session's baseline on {gpu}")
+            result = await self.pool.evaluate_on(index, self.solution(best.solution_id), self.workload_set)
+            value = self.speedup_of(result, index) if result.passed else None
+            self.record(Remeasure(role="best", solution_id=best.solution_id, evaluator=index, gpu=gpu, result=result,
+                                  speedup=value))
+            if value is None:
+                raise SearchError(f"the best so far ({best.solution_id}) no longer passes: {result.status.value}: {result.message}")
+            self._set_best(best.model_copy(update={"speedup": value, "why": "re-measured this session"}))
+            self.on_line(f"the best so far, re-measured beside this session's baseline: {with_noise(value, self.noise(index))}")
+
+    # --- the end: re-timing the best -----------------------------------------------------------------------
+
+    async def _confirm(self) -> None:
+        """Re-time the best against the baseline (and the seed, when the best is not the seed),
+        interleaved, on one evaluator of each GPU type: the numbers a user should quote. It stays within
+        the wall budget and stops once the verdict cannot change; a best that does not beat the seed in
+        every repeat gives way to the seed."""
+        repeats = self.config.search.confirm_repeats
+        if not self.view.best_by_gpu or repeats <= 0:
+            return
+        baseline = self.task.baseline()
+        seed_id = self.view.seed.solution_id if self.view.seed else None
+        for gpu, best in sorted(self.view.best_by_gpu.items()):
+            if gpu not in self.gpu_of:
+                continue  # measured in an earlier session on a GPU this session does not have
+            index = self.gpu_of.index(gpu)
+            self.set_phase(f"re-timing the best against the baseline (up to {repeats}x, interleaved, on {gpu})")
+            kernels = {"best": self.solution(best.solution_id)}
+            if seed_id and seed_id != best.solution_id:
+                kernels["seed"] = self.solution(seed_id)
+            rows: list[ConfirmRow] = []
+            failure = cut = None
+            round_s = 0.0
+            for repeat in range(repeats):
+                left = self._wall_left()
+                if left is not None and repeat > 0 and round_s > left:
+                    cut = f"the wall budget: {repeat} of {repeats} repeats fit"
+                    break
+                t0 = time.monotonic()
+                row = await self._confirm_round(index, baseline, kernels)
+                round_s = max(round_s, time.monotonic() - t0)
+                rows.append(row)
+                failure = failure or next((f"the {role} kernel failed when re-timed" for role in kernels
+                                           if row.scores.get(role) is None), None)
+                if failure or self._decided(rows, repeats):
+                    cut = None if failure or repeat + 1 == repeats else "decisive"
+                    break
+            best_spread = Spread.of([s for r in rows if (s := r.speedups.get("best"))])
+            over_seed = Spread.of([b / s for r in rows if (b := r.speedups.get("best")) and (s := r.speedups.get("seed"))])
+            beats = None if "seed" not in kernels or failure else over_seed is not None and over_seed.low > 1.0
+            verdict = failure or confirm_verdict(best_spread, over_seed, best_is_seed=best.solution_id == seed_id)
+            self.record(Confirm(gpu=gpu, evaluator=index, solution_id=best.solution_id, repeats=rows, verdict=verdict,
+                                best_speedup=best_spread, over_seed=over_seed, beats_seed=beats, cut_short=cut))
+            self.on_line(f"re-timed on {gpu}: {verdict}" + (f" (stopped early: {cut})" if cut else ""))
+            seed_best = self.view.seed
+            if (beats is False or failure) and seed_best is not None and seed_best.solution_id and seed_id != best.solution_id:
+                seed_speedup = Spread.of([s for r in rows if (s := r.speedups.get("seed"))])
+                if seed_speedup is not None:
+                    self._set_best(Best(solution_id=seed_best.solution_id, speedup=seed_speedup.median, node=ROOT_ID,
+                                        round=0, gpu=gpu, why="back to the seed: the re-timing did not confirm the best"))
+
+    async def _confirm_round(self, index: int, baseline: Solution, kernels: dict[str, Solution]) -> ConfirmRow:
+        base = await self.pool.evaluate_on(index, baseline, self.workload_set)
+        row = ConfirmRow(ids={"baseline": baseline.id, **{role: s.id for role, s in kernels.items()}},
+                         scores={"baseline": base.score if base.passed else None})
+        for role, solution in kernels.items():
+            result = await self.pool.evaluate_on(index, solution, self.workload_set)
+            row.scores[role] = result.score if result.passed else None
+            row.speedups[role] = speedup(self.task.definition, base, result) if result.passed and base.passed else None
+        return row
+
+    @staticmethod
+    def _decided(rows: list[ConfirmRow], repeats: int) -> bool:
+        """The verdict (does the best beat the seed in every repeat?) cannot change any more: a repeat
+        where it did not is final; otherwise it needs every repeat."""
+        ratios = [(r.speedups.get("best") or 0) / s for r in rows if (s := r.speedups.get("seed"))]
+        return any(x <= 1.0 for x in ratios)
+
+    def _wall_left(self) -> float | None:
+        b = self.config.budget.max_wall_s
+        return None if b is None else b - self.wall_s()

@@ -1,0 +1,156 @@
+"""A run in one process, without Ray: `ksearch run --no-ray`, and the tests of the algorithm.
+
+The same `Search` as on Ray, with backends that live here: the world model's state machine (with
+the snapshots the WorldModelActor writes), the planner and coder policies, and a pool of evaluators,
+each an `Evaluator` (and so its own sandbox) driven from a worker thread so that evaluations run side
+by side while the search goes on. Candidate code still runs only in the evaluators' sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ksearch_ray.config import ConfigError, RunConfig
+from ksearch_ray.evaluation.describe import EvaluatorInfo, describe
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.retime import RetimeResult
+from ksearch_ray.methods.registry import method_for
+from ksearch_ray.models import EvalResult, Solution
+from ksearch_ray.policies import make_policy
+from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
+from ksearch_ray.run.backends import Backends
+from ksearch_ray.run.engine import Search
+from ksearch_ray.run.evaluators import build_evaluator
+from ksearch_ray.store import RunStore
+from ksearch_ray.taskspec.task import Task
+from ksearch_ray.worldmodel.state import WorldModelState
+from ksearch_ray.worldmodel.tree import Tree
+
+
+class LocalWorldModel:
+    """The world model's state machine in this process; snapshots every version, as the actor does."""
+
+    def __init__(self, store: RunStore, tree: Tree):
+        self.store = store
+        self.state = WorldModelState(tree, store.has_solution)
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        self.store.write_snapshot(self.state.tree.version, self.state.tree.model_dump_json(indent=1))
+
+    async def call(self, name: str, args: dict[str, Any]) -> Any:
+        before = self.state.tree.version
+        result = self.state.call(name, args)
+        if self.state.tree.version != before:
+            self._snapshot()
+        return result
+
+    def release(self) -> None:
+        """Nothing held."""
+
+
+class LocalPolicy:
+    """A planner or coder in this process."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    async def name(self) -> str:
+        return self.policy.name
+
+    async def plan(self, request: PlanRequest) -> PlanReply:
+        return await self.policy.plan(request)
+
+    async def code(self, request: CodeRequest) -> CodeReply:
+        return await self.policy.code(request)
+
+    def release(self) -> None:
+        """Nothing held."""
+
+
+class LocalEvaluatorPool:
+    """Evaluators of this machine, one measurement at a time each, driven from worker threads."""
+
+    def __init__(self, config: RunConfig, task: Task, make: Callable[[int], Evaluator] | None = None):
+        device = config.evaluation.device or "cpu"
+        size = config.evaluation.evaluators or 1
+        if device == "cuda" and size > 1:
+            raise ConfigError("without Ray a run has one evaluator on the GPU (--evaluators 1); "
+                              "run on Ray for one evaluator per GPU")
+        self.config, self.task, self.device, self.size = config, task, device, size
+        self._make = make or (lambda _index: build_evaluator(config.evaluation, device))
+        self.evaluators: list[Evaluator] = []
+        self.done = 0
+        self.busy_s: dict[int, float] = {}
+        self.in_flight: dict[int, tuple[str, float]] = {}
+        self.idle: asyncio.Queue[int] = asyncio.Queue()
+        self._locks = [asyncio.Lock() for _ in range(size)]
+
+    async def describe_all(self) -> list[EvaluatorInfo]:
+        if not self.evaluators:
+            self.evaluators = [self._make(i) for i in range(self.size)]
+            for i in range(self.size):
+                self.idle.put_nowait(i)
+        return list(await asyncio.gather(*(asyncio.to_thread(describe, ev) for ev in self.evaluators)))
+
+    async def _on(self, index: int, solution: Solution, label: str, work: Callable[[Evaluator], Any]) -> Any:
+        async with self._locks[index]:
+            self.in_flight[index] = (label, time.monotonic())
+            t0 = time.monotonic()
+            try:
+                return await asyncio.to_thread(work, self.evaluators[index])
+            finally:
+                self.in_flight.pop(index, None)
+                self.busy_s[index] = self.busy_s.get(index, 0.0) + time.monotonic() - t0
+
+    def _evaluate(self, solution: Solution, workload_set: str) -> Callable[[Evaluator], EvalResult]:
+        mode = self.config.evaluation.mode
+        return lambda ev: ev.evaluate(self.task, solution, workload_set=workload_set, mode=mode)
+
+    async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
+        index = await self.idle.get()
+        try:
+            result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
+        finally:
+            self.idle.put_nowait(index)
+        self.done += 1
+        return result, index
+
+    async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
+        result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
+        self.done += 1
+        return result
+
+    async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult:
+        result: RetimeResult = await self._on(index, solution, f"{solution.name} (re-timing)",
+                                              lambda ev: ev.retime(self.task, solution, primary))
+        return result
+
+    def release(self) -> None:
+        for evaluator in self.evaluators:
+            with contextlib.suppress(OSError):
+                evaluator.close()
+        self.evaluators = []
+
+
+def local_backends(config: RunConfig, task: Task, store: RunStore, *, planner: Any = None, coder: Any = None,
+                   evaluators: Any = None) -> Backends:
+    """Backends in this process; tests may give their own planner, coder or evaluator pool."""
+    cache = Path(store.cache_dir)
+    return Backends(
+        world_model=lambda tree: LocalWorldModel(store, tree),
+        planner=planner or LocalPolicy(make_policy(config.llm, cache)),
+        coder=coder or LocalPolicy(make_policy(config.llm, cache)),
+        evaluators=evaluators or LocalEvaluatorPool(config, task),
+    )
+
+
+def local_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -> Search:
+    """A search whose world model, planner, coder and evaluators are all in this process."""
+    backends = local_backends(config, task, store)
+    return Search(config, task, store, backends, method_for(config, store.load_solution), **options)

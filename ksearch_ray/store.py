@@ -1,0 +1,222 @@
+"""The run directory: the single source of truth for a run.
+
+    runs/<run-id>/
+      manifest.json        config, versions, devices, created
+      events.jsonl         append-only; every LLM call, candidate, evaluation, world-model call
+      solutions/<id>.json  code by content hash (failures included)
+      world_model/         v<version>.json snapshots and latest.json
+      llm_cache/           replayable LLM responses (content-hash keyed)
+      best.json            the best passing solution so far, rewritten as it improves
+      best/                the same solution's source files, as plain files
+      lock                 held by the one process that writes the run (pid, host, since)
+
+Events (`ksearch_ray.events`: typed, one schema) are written by one process (the driver), one JSON
+line each, flushed and fsynced; a line cut short by SIGKILL is dropped when the log is reopened. Resume folds the events. One
+writer at a time: opening a run for writing takes an exclusive lock on `lock` (flock, released
+by the kernel when the process dies, so a killed run never stays locked), and a second writer is
+told who holds it. Readers (`show`, `report`) take no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ksearch_ray.events import SCHEMA, Event, EventError, dump_event, parse_event
+from ksearch_ray.models import Solution
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be used; the message is one line."""
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def versions() -> dict[str, str]:
+    """The versions a run was made with (read from the installed metadata: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import ksearch_ray
+
+    out = {"ksearch_ray": ksearch_ray.__version__, "python": platform.python_version()}
+    for package in ("torch", "triton", "ray", "litellm"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of a run directory; RunDirError with one line if there is none or it is unreadable."""
+    path = root / "manifest.json"
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"{root} is a file, not a run directory")
+    if not path.is_file():
+        raise RunDirError(f"{root} is not a run directory (no manifest.json)")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError:
+        raise RunDirError(f"{path}: not valid JSON") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path}: expected a JSON object")
+    return manifest
+
+
+class RunStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.events_path = self.root / "events.jsonl"
+        self.solutions_dir = self.root / "solutions"
+        self.snapshots_dir = self.root / "world_model"
+        self.cache_dir = self.root / "llm_cache"
+        self._seq = 0
+        self._fh: Any = None
+        self._lock_fh: Any = None
+
+    # --- creation / opening -----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, root: Path, manifest: dict[str, Any]) -> RunStore:
+        root = Path(root).resolve()
+        if root.exists() and not root.is_dir():
+            raise RunDirError(f"{root} exists and is not a directory; give --run-dir a new or empty directory")
+        if (root / "manifest.json").exists():
+            raise RunDirError(f"{root} already holds a run; use `ksearch resume {root}`")
+        manifest = {"schema": SCHEMA, **manifest}
+        for sub in ("solutions", "world_model", "llm_cache"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        store = cls(root)
+        store._lock()
+        _atomic_write(root / "manifest.json", json.dumps(manifest, indent=2, default=str))
+        store._open()
+        return store
+
+    @classmethod
+    def open(cls, root: Path) -> RunStore:
+        root = Path(root).resolve()
+        if not (root / "manifest.json").is_file():
+            raise RunDirError(f"{root} is not a run directory (no manifest.json)")
+        store = cls(root)
+        store.check_schema()
+        store._lock()
+        store._open()
+        return store
+
+    def check_schema(self) -> None:
+        """A run written by another version of the event schema is refused in one line."""
+        schema = read_manifest(self.root).get("schema", 1)
+        if schema != SCHEMA:
+            raise RunDirError(f"{self.root} was written with event schema {schema}; this ksearch-ray reads schema "
+                              f"{SCHEMA}: use the ksearch-ray version that made it")
+
+    def _lock(self) -> None:
+        """Become the run's only writer, or say who is."""
+        fh = open(self.root / "lock", "a+", encoding="utf-8")  # noqa: SIM115  (held for the run)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip()
+            fh.close()
+            try:
+                info = json.loads(holder)
+                who = (f"process {info['pid']} on {info['host']} since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info['since']))}")
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise RunDirError(f"{self.root} is in use by {who}; wait for it to end or stop it first") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+        fh.flush()
+        self._lock_fh = fh
+
+    def manifest(self) -> dict[str, Any]:
+        return read_manifest(self.root)
+
+    def _open(self) -> None:
+        events = self.read_events(repair=True)
+        self._seq = events[-1].seq if events else 0
+        self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115  (held for the run)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self._lock_fh is not None:
+            with contextlib.suppress(OSError):
+                self._lock_fh.truncate(0)
+            self._lock_fh.close()  # releases the flock
+            self._lock_fh = None
+
+    # --- events -------------------------------------------------------------------------------
+
+    def append(self, event: Event) -> Event:
+        """Number, stamp and write one event; it is on disk (fsynced) when this returns."""
+        self._seq += 1
+        event.seq, event.t = self._seq, time.time()
+        self._fh.write(dump_event(event) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        return event
+
+    def read_events(self, *, repair: bool = False) -> list[Event]:
+        """Every whole event of the log; with `repair`, a last line cut short by a kill is cut off."""
+        if not self.events_path.exists():
+            return []
+        raw = self.events_path.read_bytes()
+        events: list[Event] = []
+        good_bytes = 0
+        for number, line in enumerate(raw.splitlines(keepends=True), start=1):
+            if not line.endswith(b"\n"):  # only the last line can be: a kill mid-write
+                break
+            try:
+                events.append(parse_event(line))
+            except (EventError, ValueError) as exc:
+                raise RunDirError(f"{self.events_path}: line {number} is not an event of this version ({exc})") from None
+            good_bytes += len(line)
+        if repair and good_bytes < len(raw):
+            with open(self.events_path, "r+b") as f:
+                f.truncate(good_bytes)
+        return events
+
+    # --- solutions, snapshots, best -------------------------------------------------------------
+
+    def save_solution(self, solution: Solution) -> str:
+        path = self.solutions_dir / f"{solution.id}.json"
+        if not path.exists():
+            _atomic_write(path, solution.model_dump_json(indent=1))
+        return solution.id
+
+    def has_solution(self, solution_id: str) -> bool:
+        return (self.solutions_dir / f"{solution_id}.json").is_file()
+
+    def load_solution(self, solution_id: str) -> Solution:
+        return Solution.model_validate_json((self.solutions_dir / f"{solution_id}.json").read_text())
+
+    def write_snapshot(self, version: int, tree_json: str) -> None:
+        _atomic_write(self.snapshots_dir / f"v{version:05d}.json", tree_json)
+        _atomic_write(self.snapshots_dir / "latest.json", tree_json)
+
+    def write_best(self, payload: dict[str, Any], solution: Solution) -> None:
+        """best.json (the record), and the solution's sources as plain files in best/."""
+        best = self.root / "best"
+        best.mkdir(exist_ok=True)
+        for old in best.iterdir():
+            if old.name not in solution.sources:
+                old.unlink()
+        for name, text in solution.sources.items():
+            _atomic_write(best / name, text)
+        _atomic_write(self.root / "best.json", json.dumps(payload, indent=2, default=str))

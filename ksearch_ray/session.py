@@ -148,9 +148,9 @@ class _Backend:
     def stop(self) -> None:
         """A Ray this session started ends with it (a caller that lives on must not inherit it)."""
         if self.started_ray:
-            import ray
+            from ksearch_ray.distributed.jobs import stop_ray
 
-            ray.shutdown()
+            stop_ray()
 
     def device(self, config: RunConfig) -> str:
         if config.evaluation.device:

@@ -74,9 +74,9 @@ def test_search_survives_losing_a_gpu_node_and_counts_nothing_twice(cluster, tmp
     c, nodes, tmp = cluster
     work = tmp_path / "work"
     work.mkdir()
-    (work / "cluster-run.yaml").write_text(
-        "evaluator_gpus: true\nbuild_resource: ksearch_build\nbuild_cpus: 1\nstagnation_window: 2\n"
-        "noise_repeats: 1\nconfirm_repeats: 1\n"  # lean; the re-timing at the end runs after the node is gone
+    (work / "cluster-run.yaml").write_text(  # lean; the re-timing at the end runs after the node is gone
+        "evaluation: {evaluator_gpus: true}\ncluster: {build_resource: ksearch_build, build_cpus: 1}\n"
+        "search: {noise_repeats: 1, confirm_repeats: 1, ksearch: {stagnation_window: 2}}\n"
     )
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from local_backends import settings
 
-from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.pool import BUILDER, EvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
@@ -95,16 +95,19 @@ def test_cuda_sources_without_a_gpu_target_are_a_compile_error(builder: Builder)
 
 
 def _pool(tmp_path: Path, **overrides: object) -> EvaluatorPool:
-    config = RunConfig(task="toy_axpy_cpp", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
-                       scratch_dir=str(tmp_path / "scratch"), **overrides)  # type: ignore[arg-type]
-    return EvaluatorPool(config, f"t{time.time_ns()}", str(tmp_path / "sandbox"))
+    config = settings(task="toy_axpy_cpp", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
+                      scratch_dir=str(tmp_path / "scratch"), **overrides)
+    return EvaluatorPool(config, f"t{time.time_ns()}")
 
 
 @pytest.mark.slow
 def test_a_compile_error_is_a_verdict_without_an_evaluator(ray_session, tmp_path: Path) -> None:
     async def go() -> tuple:
         pool = _pool(tmp_path)
-        return (*await pool.evaluate(BROKEN, "benchmarks"), pool)
+        try:
+            return (*await pool.evaluate(BROKEN, "benchmarks"), pool)
+        finally:
+            pool.release()
 
     result, index, pool = asyncio.run(go())
     assert result.status is Status.COMPILE_ERROR and index == BUILDER
@@ -120,15 +123,18 @@ def test_a_build_runs_while_its_candidate_waits_for_the_evaluator(ray_session, t
 
     async def go() -> tuple:
         pool = _pool(tmp_path)
-        first = asyncio.create_task(pool.evaluate(slow, "benchmarks"))
-        while not pool.in_flight:
-            await asyncio.sleep(0.01)
-        second = asyncio.create_task(pool.evaluate(SEED, "benchmarks"))
-        while not first.done():
-            if pool.builds and not pool.building:
-                seen["built while the evaluator was busy"] = True
-            await asyncio.sleep(0.01)
-        return await first, await second, pool
+        try:
+            first = asyncio.create_task(pool.evaluate(slow, "benchmarks"))
+            while not pool.in_flight:
+                await asyncio.sleep(0.01)
+            second = asyncio.create_task(pool.evaluate(SEED, "benchmarks"))
+            while not first.done():
+                if pool.builds and not pool.building:
+                    seen["built while the evaluator was busy"] = True
+                await asyncio.sleep(0.01)
+            return await first, await second, pool
+        finally:
+            pool.release()
 
     (slow_result, _), (result, index), pool = asyncio.run(go())
     assert slow_result.passed and result.passed and index == 0
@@ -140,7 +146,10 @@ def test_a_build_runs_while_its_candidate_waits_for_the_evaluator(ray_session, t
 def test_with_the_build_pool_off_the_evaluator_compiles(ray_session, tmp_path: Path) -> None:
     async def go() -> tuple:
         pool = _pool(tmp_path, build_pool=False)
-        return (*await pool.evaluate(SEED, "benchmarks"), pool)
+        try:
+            return (*await pool.evaluate(SEED, "benchmarks"), pool)
+        finally:
+            pool.release()
 
     result, index, pool = asyncio.run(go())
     assert result.passed and index == 0 and pool.builds == 0

@@ -203,7 +203,7 @@ def test_concurrency_is_bounded_by_the_semaphore() -> None:
 
     with FakeLLMServer(always(Completion("ok", delay_s=0.2))) as server:
         started = time.monotonic()
-        asyncio.run(five_at_once(LiteLLMClient(config_for(server, max_concurrency=2))))
+        asyncio.run(five_at_once(LiteLLMClient(config_for(server, concurrency=2))))
         elapsed = time.monotonic() - started
     assert len(server.chat_requests) == 5
     assert elapsed >= 0.55  # three waves of 0.2 s, not one

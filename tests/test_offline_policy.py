@@ -264,8 +264,8 @@ class Search:
 
 
 def test_name_says_offline_policy_and_not_an_llm() -> None:
-    assert OfflinePolicy.name == "offline-policy (tunable search, no LLM)"
-    assert "offline-policy" in OfflinePolicy().name
+    assert OfflinePolicy.name == "offline policy (tunable search, no LLM)"
+    assert "offline policy" in OfflinePolicy().name
 
 
 def test_initialize_inserts_single_tunable_steps_and_a_seed_switch_that_all_apply() -> None:

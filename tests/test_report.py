@@ -1,9 +1,9 @@
 """What a user can look at: `ksearch report`, `ksearch show` (and --follow, --json), `ksearch tasks`.
 
 Two real runs feed the tests: an offline search started with `ksearch run` while
-`ksearch show --follow` watches it from another process, and an LLM search against the scripted
-loopback server whose replies include failing kernels and hostile markup in titles and code.
-The HTML report is opened in a real headless Chromium.
+`ksearch show --follow` watches it from another process, and an LLM search (in this process) against
+the scripted loopback server whose replies include failing kernels and hostile markup in titles and
+code. The HTML report is opened in a real headless Chromium.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_runner import ksearch as cli
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, RecordedRequest
 
 from ksearch_ray.models import Status
@@ -38,11 +39,8 @@ HOSTILE = '<img src=x onerror="console.error(1)">'
 """Markup a model might write anywhere; the report must show it as text, never as HTML."""
 
 
-def ksearch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", **(env or {})}
-    environ.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "ksearch_ray", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=timeout)
+def ksearch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):  # type: ignore[no-untyped-def]
+    return cli(cwd, *args, env=env)
 
 
 def ksearch_popen(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -102,7 +100,7 @@ def watched(tmp_path_factory) -> WatchedRun:
     cwd = tmp_path_factory.mktemp("user")
     run_dir = cwd / "runs" / "toy"
     run = ksearch_popen("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--rounds", "4",
-                        "--width", "1", "--run-dir", "runs/toy", "--no-progress", cwd=cwd)
+                        "--width", "1", "--run-dir", "runs/toy", "--no-progress", "--no-ray", cwd=cwd)
     deadline = time.monotonic() + 300
     while not (run_dir / "manifest.json").exists():
         assert run.poll() is None, run.communicate()
@@ -129,7 +127,7 @@ def test_follow_prints_each_evaluation_of_a_live_run_and_stops_when_it_ends(watc
     for ev in evaluations:
         status = ev["result"]["status"]
         assert any(f"round {ev['round']} " in line and status in line for line in lines), (ev["round"], lines)
-    bests = [e for e in events if e["kind"] == "best"]
+    bests = [e for e in events if e["kind"] == "best" and e["why"] == "new best"]
     assert sum("new best" in line for line in lines) == len(bests)
     assert lines[-1].endswith("run ended: rounds")
 
@@ -205,7 +203,8 @@ def test_report_of_a_run_that_has_only_just_started_says_what_is_missing(tmp_pat
 
     run_dir = tmp_path / "fresh"
     run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "fresh", "created": time.time(), "config": {"task": "toy_axpy", "rounds": 5}}))
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "fresh", "schema": 2, "created": time.time(),
+                                                       "config": {"task": "toy_axpy", "budget": {"rounds": 5}}}))
     html = render(Run.load(run_dir))
     for said in ("not finished", "Nothing has been measured yet.", "The world model has not been created yet.",
                  "No evaluations yet.", "The baseline has not been measured yet.", "No LLM calls", "No best solution yet."):
@@ -253,18 +252,19 @@ class Script:
 
 
 @pytest.fixture(scope="module")
-def llm_run(ray_session, tmp_path_factory) -> Path:
-    from ksearch_ray.config import RunConfig
+def llm_run(tmp_path_factory) -> Path:
+    from local_backends import settings
+
     from ksearch_ray.session import start
 
     script = Script([Completion(CODE, 200, 30), Completion(SYNTAX, 200, 30), Completion(PROSE, 200, 20),
                      Completion(WRONG, 200, 30), Completion(CRASH, 200, 30), Completion(CODE.replace("a * x", "x * a"), 200, 30)])
     run_dir = tmp_path_factory.mktemp("llm") / "run"
     with FakeLLMServer(script) as server:
-        config = RunConfig(
+        config = settings(
             task="toy_axpy", task_dirs=[str(DATA)], model="hosted_vllm/fake-coder", api_base=server.api_base, width=2,
-            rounds=6, stagnation_window=3, device="cpu", evaluator_gpus=True, llm_max_retries=1, llm_backoff_base_s=0.01,
-            llm_timeout_s=20, eval_idle_timeout_s=5, run_dir=str(run_dir), progress=False,
+            rounds=6, stagnation_window=3, device="cpu", ray=False, max_retries=1, backoff_base_s=0.01,
+            timeout_s=20, limits={"idle": 5}, run_dir=str(run_dir), progress=False,
         )
         start(config, progress=False)
     return run_dir
@@ -313,7 +313,7 @@ def test_report_is_one_self_contained_file_that_tells_the_story(llm_run, tmp_pat
     for section in ("Outcome", "Best so far", "World model", "Evaluations", "per workload", "LLM ledger", "Best kernel", "Settings"):
         assert section in html
     assert "<svg" in html and "fuse it &lt;img src=x" in html and HOSTILE not in html
-    measured = [e for e in events if e["kind"] in ("baseline", "seed_failed", "seed_repeat", "evaluation") or
+    measured = [e for e in events if e["kind"] in ("baseline", "seed_failed", "remeasure", "evaluation", "tune") or
                 e["kind"] == "seed" and e["solution_id"] or e["kind"] == "candidate" and not e["solution_id"]]
     assert html.count("<tr data-status=") == len(measured)
     assert "SyntaxError" in html or "invalid syntax" in html or "expected ':'" in html  # the first lines of the compile error
@@ -376,14 +376,14 @@ def test_report_works_on_a_run_in_progress_and_on_a_method_without_a_world_model
     flat = tmp_path / "flat"
     shutil.copytree(llm_run, flat, ignore=shutil.ignore_patterns("sandbox"))
     manifest = json.loads((flat / "manifest.json").read_text())
-    manifest["config"]["method"] = "evolve"
+    manifest["config"]["search"]["method"] = "evolve"
     (flat / "manifest.json").write_text(json.dumps(manifest))
     _rewrite(flat, lambda e: not e["kind"].startswith(("wm", "cycle")))
     lines = (flat / "events.jsonl").read_text().splitlines()
     stripped = [json.loads(line) for line in lines]
     for e in stripped:
-        for key in ("cycle", "node", "attempt_kind"):
-            e.pop(key, None)
+        if e["kind"] in ("candidate", "evaluation", "tune", "tuned"):
+            e.update(cycle=None, node=None, method="evolve", lane="e1")
     (flat / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in stripped))
     made = ksearch("report", "flat", cwd=tmp_path)
     assert made.returncode == 0, made.stderr

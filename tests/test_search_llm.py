@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, RecordedRequest
+from local_backends import settings
 
-from ksearch_ray.config import RunConfig
 from ksearch_ray.models import Status
 from ksearch_ray.session import start
 from ksearch_ray.store import RunStore
@@ -83,28 +83,29 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
         Completion(GOOD_FUSED, prompt_tokens=200, completion_tokens=30, delay_s=1.5),
     ])
     with FakeLLMServer(script) as server:
-        config = RunConfig(
+        config = settings(
             task="toy_axpy", task_dirs=[str(DATA)], model="hosted_vllm/fake-coder", api_base=server.api_base,
             width=2, rounds=9, stagnation_window=3, device="cpu", evaluator_gpus=True,
-            llm_max_retries=2, llm_backoff_base_s=0.01, llm_timeout_s=20, eval_idle_timeout_s=3,
+            max_retries=2, backoff_base_s=0.01, timeout_s=20, limits={"idle": 3},
             run_dir=str(tmp_path / "run"), progress=False,
         )
-        run_dir, state = start(config, progress=False)
+        search = start(config, progress=False)
+        run_dir, state = search.store.root, search.view
         http_requests = len(server.chat_requests)
 
     assert state.finished == "rounds"
     assert state.rounds_used == 9
     events = RunStore(run_dir).read_events()
-    evaluations = [e for e in events if e["kind"] == "evaluation"]
-    statuses = {Status(e["result"]["status"]) for e in evaluations}
+    evaluations = [e for e in events if e.kind == "evaluation"]
+    statuses = {Status(e.result.status) for e in evaluations}
     assert {Status.PASSED, Status.COMPILE_ERROR, Status.INCORRECT_NUMERICAL, Status.CRASHED, Status.TIMEOUT} <= statuses
-    candidates = [e for e in events if e["kind"] == "candidate"]
+    candidates = [e for e in events if e.kind == "candidate"]
     assert len(candidates) == 9
-    errors = [c["error"] for c in candidates if c["error"]]
+    errors = [c.error for c in candidates if c.error]
     assert any("unparseable coder reply" in e for e in errors)  # the prose reply
     assert any("LLM call failed" in e for e in errors)  # the malformed body, then the exhausted script
     # Each candidate's round number is counted once.
-    assert sorted(c["round"] for c in candidates) == list(range(1, 10))
+    assert sorted(c.round for c in candidates) == list(range(1, 10))
 
     # The tree: the invalid planner op was rejected, the rest applied; every done node holds a
     # passing solution and every too-hard node says why.
@@ -119,12 +120,12 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
 
     # The ledger adds up: every HTTP request is an attempt of some logged call, and the tokens
     # logged are exactly those the server reported for the replies that came back.
-    calls = [e["call"] for e in events if e["kind"] == "llm_call"]
-    assert sum(c["attempts"] for c in calls) == http_requests
-    coder_ok = [c for c in calls if c["error"] is None and c["kind"] not in ("initialize_tree", "propose_actions", "refine", "too_hard")]
-    assert sum(c["prompt_tokens"] for c in coder_ok) == 200 * len(coder_ok)
-    assert state.llm_calls == len(calls)
-    assert all(c["cost_usd"] == 0.0 and not c["cost_known"] for c in calls)  # a local model has no price
+    calls = [e.call for e in events if e.kind == "llm_call"]
+    assert sum(c.attempts for c in calls) == http_requests
+    coder_ok = [c for c in calls if c.error is None and c.kind not in ("initialize_tree", "propose_actions", "refine", "too_hard")]
+    assert sum(c.prompt_tokens for c in coder_ok) == 200 * len(coder_ok)
+    assert len(state.llm_calls) == len(calls)
+    assert all(c.cost_usd == 0.0 and not c.cost_known for c in calls)  # a local model has no price
     best = json.loads((run_dir / "best.json").read_text()) if state.best else None
     if best:
         assert best["policy"] == "llm: hosted_vllm/fake-coder"

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 from local_backends import settings
 
-from ksearch_ray.events import Baseline, Best, Candidate, Confirm, Evaluation, EvaluatorLost, Remeasure, Resume, RunView
+from ksearch_ray.events import (
+    Baseline,
+    Best,
+    Candidate,
+    Evaluation,
+    EvaluatorLost,
+    Remeasure,
+    Resume,
+    RunView,
+)
 from ksearch_ray.session import start
 from ksearch_ray.store import RunStore
 

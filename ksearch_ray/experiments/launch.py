@@ -23,15 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from ksearch_ray.analysis.records import read_run
 from ksearch_ray.experiments.grid import Cell
-
-RAY_START_ATTEMPTS = 3
-"""Ray gives its node 30 seconds to start; a loaded machine can take longer now and then."""
 
 
 class GridError(Exception):
@@ -102,33 +98,23 @@ class LocalLauncher:
     def __enter__(self) -> LocalLauncher:
         if not self.ray:
             return self
-        import logging
-
-        import ray
+        from ksearch_ray.distributed.jobs import start_local_ray
+        from ksearch_ray.run.errors import SearchError
 
         self.env.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ["RAY_AUTH_MODE"] = self.env["RAY_AUTH_MODE"]
         env_vars = {k: v for k, v in self.env.items() if k in ("PYTHONPATH", "RAY_AUTH_MODE")}
-        for attempt in range(1, RAY_START_ATTEMPTS + 1):
-            try:
-                # address="local": a Ray of our own, never one another program left running on this machine.
-                ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
-                         runtime_env={"env_vars": env_vars})
-                break
-            except Exception as exc:  # noqa: BLE001  (Ray raises a bare Exception when its node starts too slowly)
-                ray.shutdown()
-                self.say(f"Ray did not start ({str(exc)[:120]}); attempt {attempt} of {RAY_START_ATTEMPTS}")
-                if attempt == RAY_START_ATTEMPTS:
-                    raise GridError(f"Ray did not start on this machine: {str(exc)[:200]}") from None
-        self.env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        try:
+            self.env["RAY_ADDRESS"] = start_local_ray(env_vars, self.say)
+        except SearchError as exc:
+            raise GridError(str(exc)) from None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.ray:
-            return
-        import ray
+        if self.ray:
+            from ksearch_ray.distributed.jobs import stop_ray
 
-        ray.shutdown()
+            stop_ray()
 
     def run(self, cells: Sequence[Cell]) -> list[Outcome]:
         outcomes = []
@@ -158,25 +144,21 @@ class LocalLauncher:
 class JobLauncher:
     """Cells as Ray jobs on a cluster, through the job submission client, `parallel` at a time."""
 
-    FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-
     def __init__(self, address: str, out: Path, say: Callable[[str], None], *, parallel: int = 1,
                  working_dir: Path | None = None, poll_s: float = 5.0):
-        from ray.job_submission import JobSubmissionClient
+        from ksearch_ray.distributed.jobs import JobClient
 
-        self.client = JobSubmissionClient(address)
+        self.client = JobClient(address, {"working_dir": str(working_dir)} if working_dir else None)
         self.out, self.say, self.parallel, self.poll_s = out, say, max(parallel, 1), poll_s
-        self.runtime_env: dict[str, Any] = {"working_dir": str(working_dir)} if working_dir else {}
 
     def submit(self, command: Sequence[str], *, gpus: float = 0) -> str:
-        return str(self.client.submit_job(entrypoint=shlex.join(command), runtime_env=self.runtime_env or None,
-                                          entrypoint_num_gpus=gpus or None))
+        return self.client.submit(command, gpus=gpus)
 
     def wait(self, job_id: str) -> tuple[int, str]:
         """(0 when the job succeeded else 1, its logs)."""
-        while (status := str(self.client.get_job_status(job_id)).split(".")[-1]) not in self.FINAL:
+        while (status := self.client.status(job_id)) not in self.client.FINAL:
             time.sleep(self.poll_s)
-        return (0 if status == "SUCCEEDED" else 1), self.client.get_job_logs(job_id)
+        return (0 if status == "SUCCEEDED" else 1), self.client.logs(job_id)
 
     def run(self, cells: Sequence[Cell]) -> list[Outcome]:
         outcomes: list[Outcome] = []
@@ -196,8 +178,8 @@ class JobLauncher:
                 self.say(f"{cell.name}: submitted as Ray job {job}")
                 running[job] = (cell, state, run_dir.parent / f"{run_dir.name}.log", time.monotonic())
             for job in list(running):
-                status = str(self.client.get_job_status(job)).split(".")[-1]
-                if status not in self.FINAL:
+                status = self.client.status(job)
+                if status not in self.client.FINAL:
                     continue
                 cell, state, log, t0 = running.pop(job)
                 code, logs = self.wait(job)

@@ -1,0 +1,96 @@
+"""The layers as docs/architecture.md draws them, checked on every import in the code (lazy ones too):
+data flows one way, no two modules import each other, and Ray is imported at its one edge only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("ksearch_ray", "ksearch_ray.models"),
+    ("ksearch_ray.taskspec", "ksearch_ray.worldmodel"),
+    ("ksearch_ray.evaluation",),
+    ("ksearch_ray.config",),
+    ("ksearch_ray.policies",),
+    ("ksearch_ray.measure", "ksearch_ray.events", "ksearch_ray.store"),
+    ("ksearch_ray.methods",),
+    ("ksearch_ray.run", "ksearch_ray.report", "ksearch_ray.analysis"),
+    ("ksearch_ray.actors",),
+    ("ksearch_ray.distributed",),
+    ("ksearch_ray.session", "ksearch_ray.experiments"),
+    ("ksearch_ray.cli", "ksearch_ray.__main__"),
+]
+"""Bottom to top: a module may import its own package and anything in a lower layer, nothing above."""
+
+RAY_EDGE = ("ksearch_ray.distributed", "ksearch_ray.actors")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / "ksearch_ray").rglob("*.py")) + sorted((ROOT / "actors").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[0] == "actors":  # installed as ksearch_ray.actors
+            parts = ["ksearch_ray", *parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def group(module: str) -> str:
+    """The package a module belongs to, as the layers name them."""
+    known = [name for layer in LAYERS for name in layer]
+    return max((name for name in known if module == name or module.startswith(name + ".")), key=len)
+
+
+def layer(module: str) -> int:
+    name = group(module)
+    return next(i for i, names in enumerate(LAYERS) if name in names)
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: {i for i in imports(p) if i in mods and i != m} for m, p in mods.items()}
+
+
+def test_every_package_has_a_layer():
+    for module in modules():
+        assert layer(module) >= 0, module
+
+
+def test_no_module_imports_one_from_a_layer_above_it():
+    upward = [f"{a} -> {b}" for a, targets in graph().items() for b in targets
+              if group(a) != group(b) and layer(b) > layer(a)]
+    assert not upward, upward
+
+
+def test_no_two_modules_import_each_other():
+    g = graph()
+    pairs = sorted({tuple(sorted((a, b))) for a, targets in g.items() for b in targets if a in g.get(b, set())})
+    assert not pairs, pairs
+
+
+def test_ray_is_imported_only_at_its_edge():
+    mods = modules()
+    importers = sorted(m for m, path in mods.items() if any(i == "ray" or i.startswith("ray.") for i in imports(path)))
+    assert importers and all(m.startswith(RAY_EDGE) for m in importers), importers
+
+
+def test_the_layers_checked_here_are_the_layers_the_architecture_page_draws():
+    text = (ROOT / "docs/architecture.md").read_text()
+    for names in LAYERS[1:]:
+        line = " ".join(name.removeprefix("ksearch_ray.") for name in names)
+        assert line in text, f"docs/architecture.md does not draw the layer: {line}"

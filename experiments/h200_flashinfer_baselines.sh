@@ -11,8 +11,8 @@ BUNDLES=${BUNDLES:-.gpubundle}
 mkdir -p /tmp/site
 for b in site flashinfer cutlass-headers; do tar xJf "$BUNDLES/$b.tar.xz" -C /tmp/site & done; wait
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-# One JIT cache for the warm-up and every sandboxed worker. Outside the checkout, which the sandbox
-# hides; inside it is mounted read-only, and each worker mirrors it into a workspace of its own.
+# One JIT cache for the warm-up and every sandboxed worker (outside the carried copy, which the next
+# call replaces). The sandbox mounts it read-only; each worker mirrors it into a workspace of its own.
 export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { date -u; nvidia-smi -L; cat GITREV 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true; which ninja nvcc; ninja --version

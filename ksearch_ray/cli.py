@@ -370,18 +370,28 @@ def export(
     source: Annotated[Path, typer.Argument(help="A run directory (exports its best solution) or a solution file/directory.")],
     task_name: Annotated[str | None, typer.Option("--task", help="Task (default: the run's).")] = None,
     out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of standard output.")] = None,
+    traces: Annotated[Path | None, typer.Option("--traces", help="Write the run's evaluations as a FlashInfer-Bench "
+                                                "dataset (definition, workloads, solutions, traces) in this new directory.")] = None,
     target_hardware: Annotated[str, typer.Option(help="FlashInfer-Bench target_hardware, e.g. H100 or H200.")] = "H100",
     task_dir: TaskDirs = None,
     dataset: Datasets = None,
 ) -> None:
-    """Write a solution as FlashInfer-Bench solution JSON, ready to submit there."""
+    """Write a solution as FlashInfer-Bench solution JSON, or a run's evaluations as FlashInfer-Bench traces."""
     from ksearch_ray.models import Solution
     from ksearch_ray.taskspec.flashinfer_format import solution_to_json
 
+    is_run = (source / "manifest.json").is_file()
     try:
-        if source.is_dir() and not (source / "manifest.json").is_file() and not (source / "solution.json").is_file():
+        if source.is_dir() and not is_run and not (source / "solution.json").is_file():
             fail(f"{source}: neither a run directory (no manifest.json) nor a solution directory (no solution.json)")
-        if (source / "manifest.json").is_file():
+        if traces is not None:
+            if not is_run:
+                fail(f"--traces exports a run's evaluations: {source} is not a run directory (no manifest.json)")
+            if out_file is not None:
+                fail("--traces and --out write different things: give one")
+            _export_traces(source, traces, task_name, target_hardware, task_dirs(task_dir, dataset))
+            return
+        if is_run:
             best_file = source / "best.json"
             if not best_file.is_file():
                 fail(f"{source}: the run has no best solution yet")
@@ -401,6 +411,44 @@ def export(
         err.print(f"wrote {out_file}")
     else:
         print(text)
+
+
+def _export_traces(run_dir: Path, target: Path, task_name: str | None, target_hardware: str, extra: list[str]) -> None:
+    from ksearch_ray.taskspec.flashinfer_traces import Environment, write_dataset
+
+    manifest, evaluated = _run_evaluations(run_dir)
+    root = manifest.get("task_root")  # the bundle the run used, where it is still there; else the task by name
+    task = find_task(task_name or (root if root and (Path(root) / "task.json").is_file() else manifest["config"]["task"]), extra)
+    hardware = next((ev.result.device_name for ev in evaluated if ev.result.device_name), "unknown")
+    libs = {k: str(v) for k, v in (manifest.get("versions") or {}).items()}
+    counts = write_dataset(target, [task], evaluated=[(task, ev) for ev in evaluated],
+                           environment=Environment(hardware=hardware, libs=libs), target_hardware=target_hardware)
+    err.print(f"wrote {target}: {counts['solutions']} solutions, {counts['traces']} traces "
+              f"({len(evaluated)} evaluations of {task.name})", highlight=False)
+
+
+def _run_evaluations(run_dir: Path):  # type: ignore[no-untyped-def]
+    """The run's manifest and its recorded evaluations (seed, baseline and search evaluations), each
+    with its solution. The one reader of the event log behind `export --traces`."""
+    from ksearch_ray.models import EvalResult
+    from ksearch_ray.search.store import RunDirError, RunStore
+    from ksearch_ray.taskspec.flashinfer_traces import Evaluated
+
+    store = RunStore(run_dir)
+    try:
+        events = store.read_events()
+    except RunDirError as exc:
+        fail(str(exc))
+    evaluated = []
+    for event in events:
+        if event.get("kind") not in ("evaluation", "seed", "baseline") or not event.get("result"):
+            continue
+        solution_id = event.get("solution_id")
+        if not solution_id or not store.has_solution(solution_id):
+            continue  # nothing to name the trace after (the run kept no code for it)
+        evaluated.append(Evaluated(kind=event["kind"], solution=store.load_solution(solution_id),
+                                   result=EvalResult.model_validate(event["result"]), time=float(event.get("t", 0.0))))
+    return store.manifest(), evaluated
 
 
 @app.command()

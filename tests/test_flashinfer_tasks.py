@@ -620,7 +620,10 @@ def test_solution_json_round_trip_keeps_the_id(name, solution, tmp_path):
     path = tmp_path / "solution.json"
     path.write_text(json.dumps(exported))
     back = solution_from_json(path, task)
-    assert back.id == original.id and back.name == original.name and back.language == original.language
+    assert back.id == original.id and back.language == original.language
+    # Names are unique in a FlashInfer-Bench dataset: the definition and the content id are part of them.
+    assert exported["name"] == f"{name}_{original.name}_{original.id[:8]}" == back.name
+    assert solution_to_json(back, task, target_hardware="NVIDIA_H200")["name"] == exported["name"]
 
 
 def test_destination_passing_solution_runs_through_an_adapter(dataset, evaluator):
@@ -647,7 +650,9 @@ def test_destination_passing_solution_runs_through_an_adapter(dataset, evaluator
         ({"definition": "something_else"}, "not for task"),
         ({"sources": [{"path": "src/main.py", "content": "x = 1\n"}]}, "not a plain file name"),
         ({"spec": {"language": "cuda", "target_hardware": ["h200"], "entry_point": "main.cpp::run",
-                   "destination_passing_style": False, "binding": "tvm-ffi"}}, "binding tvm-ffi"),
+                   "destination_passing_style": False, "binding": "tvm-ffi"}}, "the tvm-ffi binding is not supported"),
+        ({"spec": {"language": "cuda", "target_hardware": ["h200"], "entry_point": "main.cpp::run",
+                   "destination_passing_style": False}}, "tvm-ffi binding .what FlashInfer-Bench reads when spec.binding is absent"),
         ({"spec": {"language": "tilelang", "target_hardware": ["h200"], "entry_point": "main.py::run"}}, "not supported"),
         ({"spec": {"language": "python", "target_hardware": ["h200"], "entry_point": "main.py"}}, "file::function"),
     ],

@@ -1,6 +1,7 @@
-"""FlashInfer-Bench data in and out: definitions + workloads as task bundles, solution JSON both ways.
+"""FlashInfer-Bench's formats in and out: definitions, workloads, solutions (and, in
+flashinfer_traces.py, evaluations as traces).
 
-A FlashInfer-Bench dataset (definitions/<op_type>/<name>.json with workloads/<op_type>/<name>.jsonl,
+Reading. A FlashInfer-Bench dataset (definitions/<op_type>/<name>.json with workloads/<op_type>/<name>.jsonl,
 or any other layout, flat included) becomes one generated task bundle per definition, written to
 a cache directory keyed by the content it was made from:
 
@@ -14,12 +15,21 @@ a cache directory keyed by the content it was made from:
 
 Solutions: FlashInfer-Bench's JSON (name, definition, author, spec{language, target_hardware,
 entry_point "file::function", dependencies, destination_passing_style, binding}, sources[{path,
-content}], description) maps onto a Solution; a destination-passing Python solution gets a small
-generated adapter that allocates the outputs, since ksearch-ray calls value-returning entries.
+content}], description) maps onto a Solution, read as the package reads it: destination-passing
+unless it says otherwise, and a C++/CUDA solution without `binding` is a tvm-ffi one. ksearch-ray
+calls value-returning entries, so a destination-passing solution (Python, Triton, or C++/CUDA with
+the torch binding) gets a small generated adapter that allocates the outputs and calls it; tvm-ffi
+solutions are refused in one line (ksearch-ray builds C++/CUDA as torch extensions).
+
+Writing. `solution_to_json` gives what the package accepts, checked against its rules here (and by
+the package itself where it is installed): names unique within a dataset (the content id is part
+of the name), no empty author or file. Bundled definitions are FlashInfer-Bench definitions,
+reference and tags included; workload files are FlashInfer-Bench workload traces.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -28,38 +38,108 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ksearch_ray.models import Language, Solution
-from ksearch_ray.taskspec.flashinfer_inputs import unsupported_reason
-from ksearch_ray.taskspec.task import Task, TaskError, Workload, bundled_tasks_dir
+from ksearch_ray.taskspec.spec import TaskDefinition, TaskError, Workload, bundled_tasks_dir
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # part of every generated bundle's cache key: bump when the layout changes
+FORMAT_VERSION = 2  # part of every generated bundle's cache key: bump when the layout changes
 DEFAULT_TOLERANCE = {"rule": "flashinfer", "atol": 1e-2, "rtol": 1e-2}
 ADAPTER_FILE = "_ksearch_dps_adapter.py"
-_ADAPTER_TARGET = re.compile(r'^_TARGET_FILE = "(?P<file>[^"]+)"\n_TARGET = "(?P<fn>[^"]+)"$', re.MULTILINE)
+_ADAPTER_TARGET = re.compile(
+    r'^_TARGET_FILE = "(?P<file>[^"]+)"\n_TARGET = "(?P<fn>[^"]+)"\n_TARGET_LANGUAGE = "(?P<lang>[^"]+)"$', re.MULTILINE
+)
+FIB_LANGUAGES = ("python", "triton", "cpp", "cuda", "tilelang")  # the package's SupportedLanguages
+FIB_STATUSES = ("PASSED", "INCORRECT_SHAPE", "INCORRECT_NUMERICAL", "INCORRECT_DTYPE", "RUNTIME_ERROR",
+                "COMPILE_ERROR", "TIMEOUT")  # the package's EvaluationStatus
 
 
-# --- definitions and workloads -----------------------------------------------------------------
+class TaskLike(Protocol):
+    """What the conversions need of a task: its name and task.json's records (a Task is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def definition(self) -> TaskDefinition: ...
+
+
+# --- definitions --------------------------------------------------------------------------------
 
 
 def is_definition(data: Any) -> bool:
     return isinstance(data, dict) and {"name", "axes", "inputs", "outputs"} <= set(data)
 
 
-def workload_from_fib(record: Mapping[str, Any]) -> Workload:
-    """A FlashInfer-Bench workload (a JSONL line, or its "workload" object) as a ksearch Workload:
-    name = uuid, axes = the workload's axes, params = {"inputs": its input descriptors}."""
+def definition_problems(data: Mapping[str, Any]) -> list[str]:
+    """Why FlashInfer-Bench's Definition model would refuse `data` (empty when it would not):
+    its field rules and validators, restated so that nothing is written that the package refuses."""
+    problems = [f"{key} is missing or empty" for key in ("name", "op_type", "reference") if not data.get(key)]
+    for key in ("axes", "inputs", "outputs"):
+        if not isinstance(data.get(key), dict):
+            problems.append(f"{key} is not an object")
+    if problems:
+        return problems
+    try:
+        tree = ast.parse(data["reference"])
+        if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body):
+            problems.append("reference defines no top-level run()")
+    except SyntaxError as exc:
+        problems.append(f"reference is not valid Python ({exc.msg})")
+    if set(data["inputs"]) & set(data["outputs"]):
+        problems.append("an input and an output share a name")
+    for name, spec in {**data["inputs"], **data["outputs"]}.items():
+        for axis in spec.get("shape") or []:
+            if axis not in data["axes"]:
+                problems.append(f"{name} names undefined axis {axis}")
+    for constraint in data.get("constraints", []):
+        try:
+            ast.parse(constraint, mode="eval")
+        except SyntaxError:
+            problems.append(f"constraint {constraint!r} is not a Python expression")
+    return problems
+
+
+def bundle_definition(task_root: Path) -> dict[str, Any]:
+    """The FlashInfer-Bench definition of a bundle: its definition.json, which must be a valid one."""
+    path = Path(task_root) / "definition.json"
+    if not path.is_file():
+        raise TaskError(f"{task_root} has no definition.json: it is not a FlashInfer-Bench definition")
+    definition = json.loads(path.read_text())
+    problems = definition_problems(definition)
+    if problems:
+        raise TaskError(f"{path}: not a valid FlashInfer-Bench definition: {'; '.join(problems)}")
+    return definition
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+
+def workload_from_trace(record: Mapping[str, Any]) -> Workload:
+    """A FlashInfer-Bench workload (a workload-trace line, or its "workload" object) as a ksearch
+    Workload: name = uuid, axes = the workload's axes, params = {"inputs": its input descriptors}."""
     body = record.get("workload", record)
+    if not isinstance(body, Mapping) or not body.get("uuid"):
+        raise TaskError("not a FlashInfer-Bench workload (no workload.uuid)")
     try:
         return Workload(name=body["uuid"], axes=body.get("axes", {}), params={"inputs": body.get("inputs", {})})
-    except (KeyError, ValidationError) as exc:
-        raise TaskError(f"not a FlashInfer-Bench workload: {exc}") from None
+    except ValidationError as exc:
+        raise TaskError(f"not a FlashInfer-Bench workload: {exc.errors()[0]['msg']}") from None
+
+
+def workload_to_trace(definition: str, workload: Workload) -> dict[str, Any]:
+    """A workload as a FlashInfer-Bench workload trace (solution and evaluation null)."""
+    extra = set(workload.params) - {"inputs"}
+    if extra:
+        raise TaskError(f"workload {workload.name} has generator parameters FlashInfer-Bench cannot hold: {sorted(extra)}")
+    return {"definition": definition, "solution": None,
+            "workload": {"uuid": workload.name, "axes": dict(workload.axes), "inputs": workload.params.get("inputs", {})},
+            "evaluation": None}
 
 
 def read_fib_workloads(path: Path) -> dict[str, list[Workload]]:
@@ -74,9 +154,15 @@ def read_fib_workloads(path: Path) -> dict[str, list[Workload]]:
             raise TaskError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
         if not isinstance(record, dict) or "definition" not in record or "workload" not in record:
             continue
-        workload = workload_from_fib(record)
+        try:
+            workload = workload_from_trace(record)
+        except TaskError as exc:
+            raise TaskError(f"{path}:{lineno}: {exc}") from None
         found.setdefault(record["definition"], {}).setdefault(workload.name, workload)
     return {name: list(by_uuid.values()) for name, by_uuid in found.items()}
+
+
+# --- datasets as generated bundles --------------------------------------------------------------
 
 
 def task_json(
@@ -189,6 +275,8 @@ def _tree_text(root: Path) -> str:
 
 def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache_dir: Path) -> Path:
     """Write (or reuse) the generated bundle of one definition; returns its directory."""
+    from ksearch_ray.taskspec.flashinfer_inputs import unsupported_reason  # torch: only when bundles are made
+
     name = definition["name"]
     reason = unsupported_reason(definition)
     if reason is not None:
@@ -197,7 +285,7 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
     has_reference = bool(definition.get("reference"))
     if not has_reference and twin is None:
         raise TaskError(f"{name}: the definition has no reference and no bundled task has its name")
-    lines = "\n".join(w.model_dump_json() for w in workloads) + "\n"
+    lines = "\n".join(json.dumps(workload_to_trace(name, w)) for w in workloads) + "\n"
     definition_text = json.dumps(definition, indent=1)
     target = cache_dir / f"{name}-{_digest(definition_text, lines, _tree_text(twin) if twin else '')}"
     if (target / "task.json").is_file():
@@ -292,7 +380,7 @@ class _FibSpec(BaseModel):
     entry_point: str
     dependencies: list[str] = Field(default_factory=list)
     destination_passing_style: bool = True  # FlashInfer-Bench's default
-    binding: str | None = None
+    binding: str | None = None  # FlashInfer-Bench reads None as tvm-ffi for C++/CUDA
 
 
 class _FibSolution(BaseModel):
@@ -304,7 +392,7 @@ class _FibSolution(BaseModel):
     description: str | None = None
 
 
-def solution_from_json(path: Path, task: Task) -> Solution:
+def solution_from_json(path: Path, task: TaskLike) -> Solution:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -312,7 +400,8 @@ def solution_from_json(path: Path, task: Task) -> Solution:
     return solution_from_dict(data, task, origin=str(path))
 
 
-def solution_from_dict(data: Mapping[str, Any], task: Task, *, origin: str = "solution") -> Solution:
+def solution_from_dict(data: Mapping[str, Any], task: TaskLike, *, origin: str = "solution") -> Solution:
+    """A FlashInfer-Bench solution as a Solution, read as the package reads it."""
     try:
         fib = _FibSolution.model_validate(data)
     except ValidationError as exc:
@@ -320,12 +409,15 @@ def solution_from_dict(data: Mapping[str, Any], task: Task, *, origin: str = "so
         raise TaskError(f"{origin}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     if fib.definition != task.name:
         raise TaskError(f"{origin}: solution for definition {fib.definition}, not for task {task.name}")
-    languages: dict[str, Language] = {"python": "python", "triton": "triton", "cuda": "cuda", "cpp": "cuda"}
-    language = languages.get(fib.spec.language)
-    if language is None:
-        raise TaskError(f"{origin}: language {fib.spec.language} is not supported (python, triton, cuda, cpp)")
-    if language == "cuda" and fib.spec.binding not in (None, "torch"):
-        raise TaskError(f"{origin}: binding {fib.spec.binding} is not supported; CUDA builds as a torch extension")
+    lang = fib.spec.language
+    if lang not in ("python", "triton", "cuda", "cpp"):
+        raise TaskError(f"{origin}: language {lang} is not supported (python, triton, cuda, cpp)")
+    native = lang in ("cuda", "cpp")
+    if native and fib.spec.binding != "torch":
+        implied = " (what FlashInfer-Bench reads when spec.binding is absent)" if fib.spec.binding is None else ""
+        raise TaskError(
+            f"{origin}: the {fib.spec.binding or 'tvm-ffi'} binding{implied} is not supported: ksearch-ray builds "
+            "C++/CUDA as a torch extension; give the solution \"binding\": \"torch\" and a PYBIND11_MODULE")
     entry_file, sep, entry_point = fib.spec.entry_point.partition("::")
     if not sep or not entry_file or not entry_point or "::" in entry_point:
         raise TaskError(f"{origin}: entry_point {fib.spec.entry_point!r} is not 'file::function'")
@@ -338,51 +430,104 @@ def solution_from_dict(data: Mapping[str, Any], task: Task, *, origin: str = "so
         sources[src.path] = src.content
     if entry_file not in sources:
         raise TaskError(f"{origin}: entry file {entry_file} is not among the sources")
+    language: Language = "cuda" if native else lang  # type: ignore[assignment]
     if fib.spec.destination_passing_style:
-        if language == "cuda":
-            raise TaskError(f"{origin}: destination-passing CUDA solutions are not supported; export it value-returning")
-        sources[ADAPTER_FILE] = dps_adapter(task, entry_file, entry_point)
+        if native and not entry_file.endswith((".cu", ".cpp", ".cc")):
+            raise TaskError(f"{origin}: entry file {entry_file} of a C++/CUDA solution is not a .cu, .cpp or .cc file")
+        sources[ADAPTER_FILE] = dps_adapter(task, entry_file, entry_point, language)
         entry_file, entry_point = ADAPTER_FILE, "run"
+        if native:
+            language = "python"  # the adapter is Python; it builds the extension as a CUDA candidate's is built
     return Solution(
         name=fib.name, task=task.name, language=language, entry_file=entry_file, entry_point=entry_point,
         sources=sources, author=fib.author, description=fib.description or "",
     )
 
 
-def solution_to_json(solution: Solution, task: Task, *, target_hardware: str | list[str]) -> dict[str, Any]:
-    """FlashInfer-Bench solution JSON; an imported destination-passing solution goes back as it came."""
+def export_name(solution: Solution, task: TaskLike) -> str:
+    """The solution's name in a FlashInfer-Bench dataset, where names must be unique across all
+    definitions: <definition>_<name>_<first 8 of the content id>, so that `reference` or
+    `triton_seed` of two definitions, or two versions of one, never collide. Idempotent."""
+    tag = solution.id[:8]
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", solution.name).strip("_") or "solution"
+    if base.endswith(f"_{tag}"):
+        return base
+    if not base.startswith(task.name):
+        base = f"{task.name}_{base}"
+    return f"{base}_{tag}"
+
+
+def solution_to_json(solution: Solution, task: TaskLike, *, target_hardware: str | list[str]) -> dict[str, Any]:
+    """FlashInfer-Bench solution JSON; an imported destination-passing solution goes back as it came.
+    Checked against the package's rules before it is returned: what it refuses is never written."""
     if solution.task != task.name:
         raise TaskError(f"solution {solution.name} belongs to task {solution.task}, not {task.name}")
     sources = dict(solution.sources)
+    language: str = solution.language
     entry_file, entry_point, dps = solution.entry_file, solution.entry_point, False
     target = _ADAPTER_TARGET.search(sources.get(ADAPTER_FILE, "")) if entry_file == ADAPTER_FILE else None
     if target is not None:
-        entry_file, entry_point, dps = target["file"], target["fn"], True
+        entry_file, entry_point, language, dps = target["file"], target["fn"], target["lang"], True
         del sources[ADAPTER_FILE]
     spec: dict[str, Any] = {
-        "language": solution.language,
+        "language": language,
         "target_hardware": [target_hardware] if isinstance(target_hardware, str) else list(target_hardware),
         "entry_point": f"{entry_file}::{entry_point}",
         "dependencies": [],
         "destination_passing_style": dps,
     }
-    if solution.language == "cuda":
+    if language == "cuda":
         spec["binding"] = "torch"
-    return {
-        "name": solution.name,
+    payload = {
+        "name": export_name(solution, task),
         "definition": task.name,
-        "author": solution.author,
+        "author": solution.author or "unknown",  # the package refuses an empty author
         "spec": spec,
-        "sources": [{"path": path, "content": text} for path, text in sorted(sources.items())],
+        # An empty file is the same program as a one-newline file; the package refuses empty content.
+        "sources": [{"path": path, "content": text or "\n"} for path, text in sorted(sources.items())],
         "description": solution.description,
     }
+    problems = solution_problems(payload)
+    if problems:
+        raise TaskError(f"solution {solution.name} cannot be written as FlashInfer-Bench JSON: {'; '.join(problems)}")
+    return payload
 
 
-_ADAPTER = '''"""Destination-passing adapter generated by ksearch-ray; do not edit.
+def solution_problems(data: Mapping[str, Any]) -> list[str]:
+    """Why FlashInfer-Bench's Solution model would refuse `data` (empty when it would not)."""
+    problems = [f"{key} is empty" for key in ("name", "definition", "author") if not data.get(key)]
+    spec = data.get("spec") or {}
+    if spec.get("language") not in FIB_LANGUAGES:
+        problems.append(f"language {spec.get('language')!r} is not one of {', '.join(FIB_LANGUAGES)}")
+    if not spec.get("target_hardware"):
+        problems.append("target_hardware is empty")
+    entry = str(spec.get("entry_point", ""))
+    if entry.count("::") != 1:
+        problems.append(f"entry_point {entry!r} is not 'file::function'")
+    if spec.get("binding") not in (None, "torch", "tvm-ffi"):
+        problems.append(f"binding {spec.get('binding')!r} is not torch or tvm-ffi")
+    paths = [str(src.get("path", "")) for src in data.get("sources", [])]
+    if not paths:
+        problems.append("there are no sources")
+    for src in data.get("sources", []):
+        path = str(src.get("path", ""))
+        if not path or PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
+            problems.append(f"source path {path!r} is empty, absolute or leaves the solution")
+        if not src.get("content"):
+            problems.append(f"source {path} is empty")
+    if len(set(paths)) != len(paths):
+        problems.append("two sources share a path")
+    if entry.count("::") == 1 and entry.split("::")[0] not in paths:
+        problems.append(f"entry file {entry.split('::')[0]} is not among the sources")
+    return problems
+
+
+_ADAPTER = """\"\"\"Destination-passing adapter generated by ksearch-ray; do not edit.
 
 ksearch-ray calls value-returning entry points; this one allocates the outputs from the
-definition's shapes, lets the FlashInfer-Bench solution write into them, and returns them.
-"""
+definition's shapes, lets the FlashInfer-Bench solution write into them, and returns them. A C++/CUDA
+target is built here, at import, with the builder and flags every CUDA candidate is built with.
+\"\"\"
 
 import importlib.util
 from pathlib import Path
@@ -391,15 +536,23 @@ import torch
 
 _TARGET_FILE = "{entry_file}"
 _TARGET = "{entry_point}"
+_TARGET_LANGUAGE = "{language}"
 _CONST_AXES = {const_axes!r}
 _INPUT_SHAPES = {input_shapes!r}
 _OUTPUTS = {outputs!r}
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("ksearch_dps_target", Path(__file__).with_name(_TARGET_FILE))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    here = Path(__file__).parent
+    if _TARGET_LANGUAGE == "cuda":
+        from ksearch_ray.evaluation.sandbox.build import arch_for, compile_extension
+
+        archs = [arch_for(*torch.cuda.get_device_capability())] if torch.cuda.is_available() else []
+        module = compile_extension(here, here.parent / "dps_build", __name__ + "_ext", archs)
+    else:
+        spec = importlib.util.spec_from_file_location(__name__ + "_target", here / _TARGET_FILE)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return getattr(module, _TARGET)
 
 
@@ -422,15 +575,16 @@ def run(*args):
     ]
     _impl(*args, *outs)
     return outs[0] if len(outs) == 1 else tuple(outs)
-'''
+"""
 
 
-def dps_adapter(task: Task, entry_file: str, entry_point: str) -> str:
+def dps_adapter(task: TaskLike, entry_file: str, entry_point: str, language: Language = "python") -> str:
     d = task.definition
     const_axes = {k: int(v["value"]) for k, v in d.axes.items() if isinstance(v, dict) and v.get("type") == "const"}
     return _ADAPTER.format(
         entry_file=entry_file,
         entry_point=entry_point,
+        language=language,
         const_axes=const_axes,
         input_shapes=[spec.shape for spec in d.inputs.values()],
         outputs=[(spec.shape or [], spec.dtype) for spec in d.outputs.values()],

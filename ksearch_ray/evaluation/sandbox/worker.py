@@ -338,23 +338,45 @@ def _redirect_output(workdir: Path) -> None:
 
 
 def _private_flashinfer_workspace(workdir: Path) -> None:
-    """FlashInfer opens a log file in its JIT cache when imported, and the shared cache is read-only
-    in the sandbox (warm it first: experiments/flashinfer_warmup.py). Give this worker a workspace of
-    its own whose cache entries link to the shared, read-only ones."""
+    """FlashInfer writes into its JIT cache even when every module is built, and the shared cache is
+    read-only in the sandbox (warm it first: experiments/flashinfer_warmup.py). At import it opens
+    <ver>/<arch>/flashinfer_jit.log; at a module's first use it locks cached_ops/tmp/<module>.lock,
+    rewrites generated sources and build.ninja where they differ, and runs ninja in the module's
+    directory. So this worker gets a workspace of its own: real directories down to cached_ops/ and
+    generated/ (its own log and lock files go there), each module in them a link to the shared one.
+    FlashInfer resolves links when it writes build.ninja, so the file it makes equals the shared one
+    and ninja, finding nothing to do, writes nothing; a module the warm-up did not build is built
+    here, in the worker's own directory (slow, but no failure)."""
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE")
     if not base or not os.path.isdir(base) or os.access(base, os.W_OK):
         return
-    shared = Path(base) / ".cache" / "flashinfer"
     mine = workdir / "flashinfer_workspace"
-    for arch_dir in shared.glob("*/*"):  # <version>/<arch>
-        if not arch_dir.is_dir():
-            continue
-        target = mine / ".cache" / "flashinfer" / arch_dir.relative_to(shared)
-        target.mkdir(parents=True, exist_ok=True)
-        for entry in arch_dir.iterdir():
-            if entry.suffix != ".log":
-                (target / entry.name).symlink_to(entry)
+    shared = Path(base) / ".cache" / "flashinfer"
+    own = mine / ".cache" / "flashinfer"
+    own.mkdir(parents=True)
+    if shared.is_dir():
+        _mirror_flashinfer_dir(shared, own)
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(mine)
+
+
+_FLASHINFER_OWN_DIRS = {"cached_ops", "generated"}  # made real in the mirror; their modules stay links
+
+
+def _mirror_flashinfer_dir(shared: Path, own: Path, depth: int = 0) -> None:
+    """`own` mirrors `shared`: directories down to cached_ops/ and generated/ are real (the version
+    and architecture levels; without a GPU FlashInfer leaves the architecture level out), the rest links."""
+    for entry in shared.iterdir():
+        target = own / entry.name
+        if entry.name in _FLASHINFER_OWN_DIRS and entry.is_dir():
+            target.mkdir()
+            for module in entry.iterdir():
+                if not (entry.name == "cached_ops" and module.name == "tmp"):  # locks: this worker's own
+                    (target / module.name).symlink_to(module)
+        elif entry.is_dir() and not entry.is_symlink() and depth < 2:  # <version>/, <version>/<arch>/
+            target.mkdir()
+            _mirror_flashinfer_dir(entry, target, depth + 1)
+        elif entry.suffix != ".log":  # logs: this worker's own
+            target.symlink_to(entry)
 
 
 def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:

@@ -372,7 +372,9 @@ def export(
     out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of standard output.")] = None,
     traces: Annotated[Path | None, typer.Option("--traces", help="Write the run's evaluations as a FlashInfer-Bench "
                                                 "dataset (definition, workloads, solutions, traces) in this new directory.")] = None,
-    target_hardware: Annotated[str, typer.Option(help="FlashInfer-Bench target_hardware, e.g. H100 or H200.")] = "H100",
+    target_hardware: Annotated[str | None, typer.Option(
+        help="FlashInfer-Bench target_hardware, e.g. H100 or H200 (default: the GPU a run measured on, CPU for a run on "
+        "the CPU path; H100 for a solution file).")] = None,
     task_dir: TaskDirs = None,
     dataset: Datasets = None,
 ) -> None:
@@ -389,7 +391,7 @@ def export(
                 fail(f"--traces exports a run's evaluations: {source} is not a run directory (no manifest.json)")
             if out_file is not None:
                 fail("--traces and --out write different things: give one")
-            _export_traces(source, traces, task_name, target_hardware, task_dirs(task_dir, dataset))
+            _export_traces(source, traces, task_name, target_hardware or _run_hardware(source), task_dirs(task_dir, dataset))
             return
         if is_run:
             best_file = source / "best.json"
@@ -397,12 +399,13 @@ def export(
                 fail(f"{source}: the run has no best solution yet")
             solution = Solution.model_validate(json.loads(best_file.read_text())["solution"])
             task = find_task(task_name or solution.task, task_dirs(task_dir, dataset))
+            target_hardware = target_hardware or _run_hardware(source)
         else:
             if task_name is None:
                 fail("--task is needed to export a solution file")
             task = find_task(task_name, task_dirs(task_dir, dataset))
             solution = _resolve_candidate(str(source), task)
-        payload = solution_to_json(solution, task, target_hardware=target_hardware)
+        payload = solution_to_json(solution, task, target_hardware=target_hardware or "H100")
     except TaskError as exc:
         fail(str(exc))
     text = json.dumps(payload, indent=2)
@@ -429,26 +432,41 @@ def _export_traces(run_dir: Path, target: Path, task_name: str | None, target_ha
 
 def _run_evaluations(run_dir: Path):  # type: ignore[no-untyped-def]
     """The run's manifest and its recorded evaluations (seed, baseline and search evaluations), each
-    with its solution. The one reader of the event log behind `export --traces`."""
-    from ksearch_ray.models import EvalResult
-    from ksearch_ray.search.store import RunDirError, RunStore
+    with its solution, from the run's typed events."""
+    from ksearch_ray.events import Baseline, Evaluation, Seed
+    from ksearch_ray.store import RunDirError, RunStore
     from ksearch_ray.taskspec.flashinfer_traces import Evaluated
 
     store = RunStore(run_dir)
     try:
+        store.check_schema()
         events = store.read_events()
     except RunDirError as exc:
         fail(str(exc))
     evaluated = []
     for event in events:
-        if event.get("kind") not in ("evaluation", "seed", "baseline") or not event.get("result"):
+        if not isinstance(event, Evaluation | Seed | Baseline) or event.result is None or not event.solution_id:
             continue
-        solution_id = event.get("solution_id")
-        if not solution_id or not store.has_solution(solution_id):
+        if not store.has_solution(event.solution_id):
             continue  # nothing to name the trace after (the run kept no code for it)
-        evaluated.append(Evaluated(kind=event["kind"], solution=store.load_solution(solution_id),
-                                   result=EvalResult.model_validate(event["result"]), time=float(event.get("t", 0.0))))
+        evaluated.append(Evaluated(kind=event.kind, solution=store.load_solution(event.solution_id), result=event.result,
+                                   time=event.t))
     return store.manifest(), evaluated
+
+
+def _run_hardware(run_dir: Path) -> str:
+    """What a run measured on, as FlashInfer-Bench names hardware: the GPU's model (H200), or CPU."""
+    from ksearch_ray.events import RunView
+    from ksearch_ray.store import RunDirError, RunStore
+
+    try:
+        view = RunView.of(RunStore(run_dir).read_events())
+    except RunDirError as exc:
+        fail(str(exc))
+    name = next((r.device_name for r in view.results_at.values() if r.device_name), "")
+    if not name or name.startswith("cpu"):
+        return "CPU"
+    return next((word for word in name.replace("NVIDIA", "").split() if any(c.isdigit() for c in word)), name)
 
 
 @app.command()

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One in-process Ray for the suite, with two fake GPUs so GPU-pinned evaluators schedule."""
+    """One in-process Ray for the tests that need one, with two fake GPUs so GPU-pinned evaluators schedule."""
     import ray
 
     if not ray.is_initialized():
@@ -35,3 +35,46 @@ def ray_session():
         ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _every_view_of_a_run_agrees(request):
+    """After each test, every run directory it left in its tmp_path is read three ways (`ksearch show
+    --json`, the experiment frames' run record, the HTML report): they must agree on the best, the
+    outcome and the time."""
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is None:
+        return
+    from ksearch_ray.store import RunDirError
+
+    for manifest in tmp.rglob("manifest.json"):
+        run_dir = manifest.parent
+        if not (run_dir / "events.jsonl").is_file():
+            continue
+        try:
+            _views_agree(run_dir)
+        except RunDirError:
+            continue  # a run directory the test broke on purpose
+
+
+def _views_agree(run_dir: Path) -> None:
+    from ksearch_ray.analysis.records import read_run
+    from ksearch_ray.report.html import render
+    from ksearch_ray.report.summary import summarize
+    from ksearch_ray.report.tables import Run
+
+    run = Run.load(run_dir)
+    shown = summarize(run, with_tree=False)
+    _, record = read_run(run_dir)
+    best = shown.best or {}
+    assert record["best_solution_id"] == best.get("solution_id"), run_dir
+    assert record["best_speedup"] == best.get("speedup"), run_dir
+    assert record["finished"] == shown.finished and record["complete"] == (shown.finished is not None), run_dir
+    assert record["wall_s"] == pytest.approx(shown.wall_s), run_dir
+    assert record["rounds"] == shown.rounds_used and record["evaluations"] == shown.evaluations, run_dir
+    html = render(run)
+    if shown.finished is not None:
+        assert f"finished: {shown.finished}" in html.replace("&#x27;", "'"), run_dir
+    if best:
+        assert f"Solution <code>{best['solution_id']}</code>" in html, run_dir

@@ -254,16 +254,19 @@ def test_export_traces_writes_a_run_as_a_dataset(tmp_path):
     from typer.testing import CliRunner
 
     from ksearch_ray.cli import app
-    from ksearch_ray.search.store import RunStore
+    from ksearch_ray.events import Baseline, Evaluation, Seed
+    from ksearch_ray.store import RunStore
 
     task = _task(GQA)
     ref, seed = task.solution("reference"), task.solution("triton_seed")
     store = RunStore.create(tmp_path / "run", {"config": {"task": GQA}, "task_root": str(task.root),
                                                "versions": {"torch": "2.11.0"}})
-    for kind, sol, ms in (("baseline", ref, 1.0), ("seed", seed, 0.5), ("evaluation", seed, 0.25)):
+    for sol in (ref, seed):
         store.save_solution(sol)
-        store.append(kind, solution_id=sol.id, result=_passed(task, sol, ms).model_dump(mode="json"))
-    store.append("evaluation", solution_id="0" * 16, result=_passed(task, seed, 9.0).model_dump(mode="json"))  # no code kept
+    store.append(Baseline(solution_id=ref.id, evaluator=0, gpu="NVIDIA H200", result=_passed(task, ref, 1.0)))
+    store.append(Seed(solution_id=seed.id, evaluator=0, gpu="NVIDIA H200", result=_passed(task, seed, 0.5)))
+    store.append(Evaluation(round=1, evaluator=0, solution_id=seed.id, result=_passed(task, seed, 0.25)))
+    store.append(Evaluation(round=2, evaluator=0, solution_id="0" * 16, result=_passed(task, seed, 9.0)))  # no code kept
     store.close()
     result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--traces", str(tmp_path / "ds")])
     assert result.exit_code == 0, result.output

@@ -312,6 +312,7 @@ class Importer:
         if self.device != "cuda":
             raise HandoverError("a device hand-over to an evaluator without a GPU")
         if self._driver is None:
+            torch.zeros(1, device="cuda")  # torch's context, current on this thread, is the one the driver calls use
             self._driver = _Driver(torch.cuda.current_device())
         drv = self._driver
         if fds:

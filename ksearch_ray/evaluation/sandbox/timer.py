@@ -53,15 +53,26 @@ class Replay:
 
     @classmethod
     def capture(cls, w: Worker, inputs: dict[str, Any]) -> Replay | None:
-        """The call on `inputs` as a graph; None when it cannot be captured (it is then called instead)."""
+        """The call on `inputs` as a graph; None when it cannot be captured (it is then called instead).
+
+        Captured on a side stream, as torch.cuda.graph does, but without its garbage collection and
+        cache emptying on every capture (tens of milliseconds, and a workload may be recaptured)."""
         graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        outputs: Any = None
         try:
-            with torch.cuda.graph(graph):
-                outputs = w.task.call(w.entry, inputs)
+            with torch.cuda.stream(stream):
+                graph.capture_begin()
+                try:
+                    outputs = w.task.call(w.entry, inputs)
+                finally:
+                    graph.capture_end()
         except Exception:  # a call that syncs, allocates on the host or plans per call: timed as calls
             with contextlib.suppress(RuntimeError):
                 w.sync()
             return None
+        torch.cuda.current_stream().wait_stream(stream)
         w.integrity_check("capturing the call as a CUDA graph")  # the candidate's Python ran
         return cls(graph, inputs, outputs)
 

@@ -73,7 +73,8 @@ def evaluate_once(ev: Any, task: Any, solution: Any, workload_set: str, timers: 
     row: dict[str, Any] = {
         "status": str(result.status.value), "message": result.message[:300], "seconds": round(t1 - t0, 4),
         "score": result.score,
-        "workloads": {w.workload: {"mean_ms": w.timing.mean_ms, "count": w.timing.count,
+        "workloads": {w.workload: {"mean_ms": w.timing.mean_ms, "median_ms": w.timing.median_ms,
+                                   "min_ms": w.timing.min_ms, "std_ms": w.timing.std_ms, "count": w.timing.count,
                                    "method": getattr(w.timing, "method", "calls")}
                       for w in result.workloads if w.timing},
     }

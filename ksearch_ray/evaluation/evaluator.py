@@ -46,7 +46,7 @@ from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
-from ksearch_ray.taskspec.task import Task, TaskError
+from ksearch_ray.taskspec.task import Task, TaskError, Workload
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
@@ -298,6 +298,7 @@ class Evaluator:
             check=[WorkItem(index=i, workload=w, seed=s)
                    for i, (w, s) in enumerate(zip(run.workloads, run.check_seeds, strict=True))],
             device_handover=self.device_handover,
+            handover_bytes=output_bytes(run.task, run.workloads),
         )
 
     def _drive(self, session: Session, timed: bool, stage: Stage) -> float:
@@ -367,6 +368,24 @@ class Evaluator:
                 r.status, r.message = failure.status, failure.message
                 return
         run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
+
+
+def output_bytes(task: Task, workloads: list[Workload]) -> int | None:
+    """The largest total output size of any of `workloads`, from the task's output shapes; None if unknown."""
+    from ksearch_ray.evaluation.sandbox.handover import DTYPES
+
+    consts = {k: v["value"] for k, v in task.definition.axes.items() if isinstance(v, dict) and "value" in v}
+    largest = 0
+    for workload in workloads:
+        sizes = {**consts, **workload.axes}
+        total = 0
+        for spec in task.definition.outputs.values():
+            dims = [d if isinstance(d, int) else sizes.get(d) for d in (spec.shape or [])]
+            if spec.dtype not in DTYPES or any(not isinstance(d, int) for d in dims):
+                return None
+            total += math.prod(d for d in dims if isinstance(d, int)) * torch.empty((), dtype=DTYPES[spec.dtype]).element_size()
+        largest = max(largest, total)
+    return largest
 
 
 def geomean(values: list[float]) -> float | None:

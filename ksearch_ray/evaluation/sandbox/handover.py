@@ -178,8 +178,9 @@ class _DeviceBuffer:
 class Exporter:
     """In the worker: puts checked outputs into a buffer and names them (`export`)."""
 
-    def __init__(self, device: str, *, device_handover: bool = True):
+    def __init__(self, device: str, *, device_handover: bool = True, expect_bytes: int | None = None):
         self.device = device
+        self.expect_bytes = expect_bytes or 0
         self.driver: _Driver | None = None
         self.problem: str | None = None  # why device memory is not used, when it is not
         self.buffer: _DeviceBuffer | None = None
@@ -208,7 +209,9 @@ class Exporter:
         drv = self.driver
         fds: list[int] = []
         if self.buffer is None or self.buffer.size < total:
-            size = max(drv.granularity, 1 << max(total - 1, 1).bit_length())
+            # Once at the size the evaluator expects; if outputs outgrow it, doubling keeps regrowth rare.
+            size = max(drv.granularity, total if self.buffer is None else 2 * self.buffer.size,
+                       self.expect_bytes if self.buffer is None else 0, total)
             size = -(-size // drv.granularity) * drv.granularity
             handle = ctypes.c_ulonglong(0)
             drv.check(drv.lib.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(drv.prop), 0), "create")

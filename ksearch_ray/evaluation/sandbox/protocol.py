@@ -71,6 +71,8 @@ class Job(_Message):
     prebuilt: Prebuilt | None = None
     check: list[WorkItem]
     device_handover: bool = Field(default=True, description="Hand outputs over in device memory where the driver allows.")
+    handover_bytes: int | None = Field(default=None, ge=0, description=(
+        "The largest outputs to expect (from the task's output shapes): the device buffer is made that size once."))
 
 
 class BuildJob(_Message):

@@ -74,6 +74,8 @@ class Replay:
             return None
         torch.cuda.current_stream().wait_stream(stream)
         w.integrity_check("capturing the call as a CUDA graph")  # the candidate's Python ran
+        graph.replay()  # untimed: the graph's first launch uploads it to the device
+        w.sync()
         return cls(graph, inputs, outputs)
 
     def refill(self, new: dict[str, Any]) -> bool:

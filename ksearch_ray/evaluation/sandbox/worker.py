@@ -81,7 +81,8 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         except RuntimeError as exc:
             print(f"sandbox fault: {exc}", file=sys.stderr, flush=True)
             return 98  # before "ready": the evaluator reports a sandbox fault, not a candidate failure
-        worker.exporter = Exporter(worker.device, device_handover=worker.job.device_handover)
+        worker.exporter = Exporter(worker.device, device_handover=worker.job.device_handover,
+                                   expect_bytes=worker.job.handover_bytes)
         worker.guard = integrity.Guard()
         if worker.cuda:
             worker.report_compiles()

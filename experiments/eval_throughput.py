@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tasks", default=",".join(SUITE))
     ap.add_argument("--cross-evaluator", action="store_true")
+    ap.add_argument("--cross-repeats", type=int, default=2)
+    ap.add_argument("--cross-skip", default="reference", help="Solutions not measured in the second evaluator.")
     ap.add_argument("--hangs", action="store_true")
     ap.add_argument("--only-hang", action="store_true", help="Only the Python hang (for the old code, run beside the rest).")
     args = ap.parse_args()
@@ -169,7 +171,9 @@ def main() -> None:
                     key = f"{name}/{sol_name}"
                     rows = []
                     for e, ev in enumerate(evaluators):
-                        for r in range(args.repeats):
+                        if e and sol_name in args.cross_skip.split(","):
+                            continue
+                        for r in range(args.repeats if e == 0 else args.cross_repeats):
                             row = evaluate_once(ev, task, solution, workload_set, timers)
                             row["evaluator"], row["repeat"] = e, r
                             rows.append(row)
@@ -177,7 +181,7 @@ def main() -> None:
                                   f"timed {row['timed_share']:.1%}, stages {row['stages']}", flush=True)
                     report["runs"][key] = rows
                     report["noise"][key] = {"within_evaluator": noise([r for r in rows if r["evaluator"] == 0])}
-                    if args.cross_evaluator:
+                    if any(r["evaluator"] for r in rows):
                         report["noise"][key]["across_evaluators"] = noise(rows)
                     save()
         finally:

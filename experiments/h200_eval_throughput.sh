@@ -34,7 +34,7 @@ fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   PYTHONPATH=/tmp/site:$NEW timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -x \
-    tests/test_sandbox_gpu.py tests/test_evaluator.py tests/test_sandbox_handover.py > "$OUT/pytest.txt" 2>&1
+    ${TEST_FILES:-tests/test_sandbox_gpu.py tests/test_evaluator.py tests/test_sandbox_handover.py} > "$OUT/pytest.txt" 2>&1
   tail -15 "$OUT/pytest.txt"
 fi
 

@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--cross-repeats", type=int, default=2)
     ap.add_argument("--cross-skip", default="reference", help="Solutions not measured in the second evaluator.")
     ap.add_argument("--hangs", action="store_true")
+    ap.add_argument("--only-solutions", default="", help="Comma-separated solution names to measure (default: all).")
     ap.add_argument("--only-hang", action="store_true", help="Only the Python hang (for the old code, run beside the rest).")
     args = ap.parse_args()
 
@@ -167,6 +168,8 @@ def main() -> None:
                 task = find_task(name)
                 workload_set, solutions = SUITE[name]
                 for sol_name in solutions:
+                    if args.only_solutions and sol_name not in args.only_solutions.split(","):
+                        continue
                     solution = task.solution(sol_name)
                     key = f"{name}/{sol_name}"
                     rows = []

@@ -5,7 +5,8 @@ mean is known well enough (sandbox/clock.py; the rule is the evaluator's TimingP
 the call is captured once as a CUDA graph where it can be (`Replay`): each timed call then copies
 that call's fresh inputs into the captured buffers, flushes the L2 and syncs, all outside the
 timed region, and replays the graph between the stopwatch's events, so no candidate Python, launch
-gap or host jitter is in the figure and the candidate cannot tell one timed call from another. A
+gap or host jitter is in the figure and the candidate cannot tell one timed call from another (the
+L2 flush is queued just ahead of the start event, so the graph's launch latency is hidden behind it). A
 call that cannot be captured (it syncs, or plans on the host) is called instead, as on the CPU.
 Whatever is timed, the output of the last timed call is handed over and judged against the
 reference for that call's inputs.
@@ -144,13 +145,20 @@ def _time_one(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
                 inputs = new
                 w.set_up(inputs)
             del new
-        if flush is not None:
-            flush()
-        w.sync()
-        watch.begin()
         if replay is not None:
+            # The flush is still running on the device when the start event and the graph launch are
+            # queued behind it, so the event starts the clock when the graph's work can start: the
+            # host's launch latency (microseconds, jittery) is not in the figure of a short kernel.
+            w.sync()
+            if flush is not None:
+                flush()
+            watch.begin()
             replay.graph.replay()
         else:
+            if flush is not None:
+                flush()
+            w.sync()
+            watch.begin()
             assert inputs is not None
             result = w.call(inputs)
         if watch.end() != 0:

@@ -82,6 +82,14 @@ class Timing(BaseModel):
     clock: Literal["cuda_events", "host_wall"] = Field(
         description="cuda_events on a GPU; host_wall on the CPU path, where numbers are not GPU latencies."
     )
+    method: Literal["graph_replay", "calls"] = Field(
+        default="calls",
+        description="graph_replay: every timed call was a replay of the call captured as a CUDA graph (no launch "
+        "gaps or host work counted); calls: the candidate's function was called for each timed call.",
+    )
+    rel_err: float | None = Field(
+        default=None, description="Standard error of the mean over the mean, as reached (the stop rule's target)."
+    )
 
 
 class WorkloadResult(BaseModel):
@@ -125,6 +133,22 @@ class EvalResult(BaseModel):
         default=0.0,
         description="Of `seconds`, the build stage: compiling (or importing) the candidate, or loading a library "
         "built ahead of time on a CPU worker (whose compile time is not counted here).",
+    )
+    stages: dict[str, float] = Field(
+        default_factory=dict,
+        description="Wall seconds of the evaluation by what the evaluator was waiting for: start (the sandbox "
+        "worker's start-up), build, correctness, judging (verdicts the worker did not overlap), warmup, timing, "
+        "teardown. They add up to `seconds`.",
+    )
+    stage_waits: dict[str, float] = Field(
+        default_factory=dict,
+        description="Longest wait for the worker's next message in each stage, in seconds: what scaled time limits "
+        "learn from a baseline (Evaluator.learn_stage_times).",
+    )
+    timed_seconds: float = Field(default=0.0, description="Sum of the timed calls' measured times, in seconds.")
+    timing_rule: str = Field(default="", description="How the calls were timed and when timing stopped.")
+    transport: str = Field(
+        default="", description="How outputs reached the judge: cuda_vmm (device memory) and/or memfd (sealed host memory)."
     )
 
     @property

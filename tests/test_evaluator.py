@@ -26,13 +26,15 @@ def toy() -> Task:
 
 
 @pytest.fixture(scope="module")
-def evaluator(tmp_path_factory: pytest.TempPathFactory):
+def evaluator(tmp_path_factory: pytest.TempPathFactory, toy: Task):
     ev = Evaluator(
         "cpu",
         tmp_path_factory.mktemp("sandbox"),
-        limits=Limits(setup=120, build_python=60, idle=4, total=120),
+        limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=120),
         timing=TimingPolicy(max_calls=10),
     )
+    # As every search does first: the baseline, whose waits scale this evaluator's limits for the task.
+    assert ev.evaluate(toy, toy.baseline()).passed
     yield ev
     ev.close()
 
@@ -46,7 +48,13 @@ def test_good_candidate_passes_with_timings_and_a_score(evaluator, toy):
     assert result.status is Status.PASSED, result.message
     assert [w.workload for w in result.workloads] == ["n1000", "n4096"]
     assert all(w.timing and w.timing.count >= 3 and w.timing.clock == "host_wall" for w in result.workloads)
+    assert all(w.timing and w.timing.method == "calls" for w in result.workloads)  # no graphs on the CPU
     assert result.score is not None and result.score > 0
+    # Where the time went, stage by stage, adding up to the whole; and how the calls were timed.
+    assert {"start", "build", "correctness", "judging", "warmup", "timing", "teardown"} <= set(result.stages)
+    assert abs(sum(result.stages.values()) - result.seconds) < 0.05 + 0.05 * result.seconds
+    assert 0 < result.timed_seconds < result.stages["timing"]
+    assert "standard error of the mean" in result.timing_rule and result.transport == "memfd"
 
 
 @pytest.mark.parametrize(
@@ -59,7 +67,7 @@ def test_good_candidate_passes_with_timings_and_a_score(evaluator, toy):
         ("wrong_shape", Status.INCORRECT_SHAPE, "shape [999]"),
         ("wrong_dtype", Status.INCORRECT_DTYPE, "torch.float64"),
         ("wrong_values", Status.INCORRECT_NUMERICAL, "first value outside tolerance at [7]"),
-        ("hang", Status.TIMEOUT, "no progress for 4 s"),
+        ("hang", Status.TIMEOUT, "no progress for 2 s"),
         ("abort", Status.CRASHED, "signal 6"),
         ("segfault", Status.CRASHED, "signal 11"),
         ("exit_early", Status.CRASHED, "called sys.exit(0)"),
@@ -69,6 +77,51 @@ def test_each_failure_earns_its_status_with_a_specific_message(evaluator, toy, n
     result = evaluate(evaluator, toy, name)
     assert result.status is status, (result.message, result.log)
     assert fragment in result.message + result.log
+
+
+def test_a_hang_is_judged_after_a_multiple_of_the_baselines_wait_not_the_ceiling(evaluator, toy):
+    result = evaluate(evaluator, toy, "hang")
+    assert result.status is Status.TIMEOUT
+    assert "x the baseline's" in result.message and "at least 2 s" in result.message, result.message
+    assert result.seconds < evaluator.limits.idle  # the ceiling (4 s) never came into it
+
+
+def test_wait_limits_scale_with_the_baseline_between_a_floor_and_a_ceiling(toy, tmp_path):
+    ev = Evaluator("cpu", tmp_path, limits=Limits(idle=100, hang_floor=5, hang_factor=10, build_cuda=900), start=False)
+    try:
+        assert ev.wait_limit(toy, "benchmarks", "correctness").seconds == 100  # nothing known: the ceiling
+        base = evaluate_result(toy, {"build": 0.2, "correctness": 2.0, "timing": 0.01, "warmup": 50.0})
+        ev.learn_stage_times(toy, base)
+        assert ev.wait_limit(toy, "benchmarks", "correctness").seconds == 20  # 10 x 2 s
+        assert ev.wait_limit(toy, "benchmarks", "timing").seconds == 5  # the floor
+        assert ev.wait_limit(toy, "benchmarks", "warmup").seconds == 100  # the ceiling
+        assert ev.wait_limit(toy, "smoke", "correctness").seconds == 20  # another set of the task
+        assert ev.wait_limit(toy, "benchmarks", "build", compiles=True).seconds == 900  # nvcc: never scaled
+        assert ev.wait_limit(toy, "benchmarks", "start").seconds == ev.limits.setup
+    finally:
+        ev.close()
+
+
+def evaluate_result(task: Task, waits: dict[str, float]):
+    from ksearch_ray.models import EvalResult
+
+    return EvalResult(solution_id="b", solution_name="good", task=task.name, status=Status.PASSED,
+                      workload_set="benchmarks", mode="fresh", device="cpu", stage_waits=waits)
+
+
+def test_an_earlier_workloads_failure_decides_even_when_the_judge_is_still_working(evaluator, toy):
+    # Wrong on n1000, killed on n4096 while the judge still compares n1000: the verdict is n1000's.
+    result = evaluate(evaluator, toy, "wrong_then_crash", workload_set="tests")
+    assert result.status is Status.INCORRECT_NUMERICAL, result.message
+    assert result.message.startswith("n1000")
+
+
+def test_a_reference_is_computed_once_per_input_set(evaluator, toy):
+    evaluator.evaluate(toy, toy.baseline(), workload_set="tests")
+    misses, hits = evaluator.judge.misses, evaluator.judge.hits
+    again = evaluator.evaluate(toy, toy.baseline(), workload_set="tests")
+    assert again.passed
+    assert evaluator.judge.misses == misses and evaluator.judge.hits == hits + 2
 
 
 def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):
@@ -238,7 +291,7 @@ _planned = []
 
 
 def plan(x, a, b):
-    time.sleep(0.2)  # a library's host-side plan step
+    time.sleep(0.1)  # a library's host-side plan step
     _planned.append(x)
 
 
@@ -274,5 +327,5 @@ def test_a_bundled_baselines_prepare_is_untimed_and_a_candidates_is_not(evaluato
     assert library.passed and other.passed, (library.message, other.message)
     assert library.prepared_untimed and not other.prepared_untimed
     assert all(w.timing for w in library.workloads + other.workloads)
-    assert max(w.timing.mean_ms for w in library.workloads if w.timing) < 100
-    assert min(w.timing.mean_ms for w in other.workloads if w.timing) > 150
+    assert max(w.timing.mean_ms for w in library.workloads if w.timing) < 50
+    assert min(w.timing.mean_ms for w in other.workloads if w.timing) > 80

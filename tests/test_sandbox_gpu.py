@@ -30,8 +30,9 @@ def toy() -> Task:
 
 
 @pytest.fixture(scope="module")
-def gpu():
-    ev = Evaluator("cuda", limits=Limits(idle=120), isolation=Isolation.REQUIRE)
+def gpu(toy):
+    ev = Evaluator("cuda", limits=Limits(idle=120, hang_floor=5), isolation=Isolation.REQUIRE)
+    assert ev.evaluate(toy, toy.baseline()).passed  # the baseline's waits scale the limits
     yield ev
     ev.close()
 
@@ -48,6 +49,27 @@ def test_gpu_works_inside_the_namespaces_and_the_floor_knows_this_gpu(gpu, toy):
     assert result.status is Status.PASSED, (result.message, result.log[-1000:])
     assert all(w.timing and w.timing.clock == "cuda_events" for w in result.workloads)
     assert gpu.peaks is not None and gpu.peaks == peaks_for(result.device_name)
+
+
+def test_gpu_outputs_reach_the_judge_in_device_memory_and_calls_replay_as_graphs(gpu, toy):
+    result = gpu.evaluate(toy, toy.baseline())
+    assert result.passed, result.message
+    assert result.transport == "cuda_vmm"
+    assert all(w.timing and w.timing.method == "graph_replay" for w in result.workloads)
+    assert "CUDA graph" in result.timing_rule
+
+
+def test_gpu_a_handed_over_buffer_cannot_be_rewritten_from_a_side_stream(gpu, toy):
+    result = gpu.evaluate(toy, solution_from_file(CANDIDATES / "overwrite_handover.py", toy), workload_set="tests")
+    assert result.status is Status.INCORRECT_NUMERICAL, (result.message, result.log[-800:])
+    assert result.message.startswith("n4096")
+
+
+def test_gpu_a_spinning_kernel_is_judged_after_the_scaled_limit_and_the_gpu_recovers(gpu, toy):
+    result = gpu.evaluate(toy, solution_from_file(CANDIDATES / "spin_kernel.py", toy))
+    assert result.status is Status.TIMEOUT, (result.message, result.log[-800:])
+    assert "x the baseline's" in result.message and result.seconds < 60
+    assert gpu.evaluate(toy, toy.baseline()).passed
 
 
 def test_gpu_candidates_cannot_reach_home_or_loopback(gpu, toy, tmp_path):

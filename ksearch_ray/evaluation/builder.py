@@ -34,6 +34,7 @@ from ksearch_ray.evaluation.buildcache import (
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
 from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
 from ksearch_ray.models import Solution, Status
 
 
@@ -76,18 +77,20 @@ class Builder:
             if "/" in name or name.startswith("."):
                 raise ValueError(f"solution file name {name!r} is not a plain file name")
             (src / name).write_text(text)
-        job = {"kind": "build", "workdir": str(workdir), "triton_cache_dir": str(workdir / "triton"),
-               "module_name": module, "archs": list(target.archs), "max_jobs": self.max_jobs}
+        job = BuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), module_name=module,
+                       archs=list(target.archs), max_jobs=self.max_jobs)
         t0 = time.monotonic()
-        worker = self.sandbox.start(job)
+        worker = self.sandbox.start(job.model_dump(mode="json"))
         library = None
         try:
-            msg = worker.chan.recv(self.timeout_s)
-            if msg.get("type") == "fail":
+            msg = parse_report(worker.chan.recv(self.timeout_s))
+            if isinstance(msg, Fail):
                 # Whatever status a compromised worker claims, a failed build is a compile error.
-                record.status, record.message, record.log = Status.COMPILE_ERROR, str(msg.get("message", ""))[:500], str(msg.get("log", ""))
-            elif msg.get("type") != "built":
-                record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.get('type')!r} from the build"
+                record.status, record.message, record.log = Status.COMPILE_ERROR, msg.message[:500], msg.log
+            elif not isinstance(msg, Built):
+                record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.type!r} from the build"
+        except ProtocolError as exc:
+            record.status, record.message = Status.INTEGRITY_VIOLATION, f"malformed message from the build ({exc})"
         except ChannelTimeout:
             record.status, record.message = Status.TIMEOUT, f"the build gave no result in {self.timeout_s:.0f} s"
         except ChannelClosed:

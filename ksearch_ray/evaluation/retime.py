@@ -1,6 +1,6 @@
 """Re-timing a new best by a second, independent method, before it is believed.
 
-The primary measurement (Evaluator._time) is taken inside the candidate's process. The second one
+The primary measurement (evaluation/timing.py) is taken inside the candidate's process. The second one
 is clocked here, in the evaluator's process, which no candidate code reaches: the worker is told
 to run R calls back to back and sync, and the evaluator times the round trip with its own clock.
 R is chosen from one call clocked the same way (never from the figure under test) so the round
@@ -31,17 +31,27 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from ksearch_ray.evaluation.sandbox.protocol import (
+    Done,
+    FinishCmd,
+    Output,
+    OutputCmd,
+    PrepareCmd,
+    Prepared,
+    Ran,
+    RetimeCmd,
+    RunCmd,
+    WorkItem,
+)
+from ksearch_ray.evaluation.seeds import call_seed
+from ksearch_ray.evaluation.session import Session
 from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.taskspec.task import Task
-
-if TYPE_CHECKING:
-    from ksearch_ray.evaluation.evaluator import Evaluator, _Run
-    from ksearch_ray.evaluation.sandbox.client import WorkerHandle
 
 
 class RetimeMethod(StrEnum):
@@ -76,13 +86,15 @@ class RetimeResult(BaseModel):
     workloads: list[RetimedWorkload] = Field(default_factory=list)
 
 
-def retime(ev: Evaluator, task: Task, solution: Solution, primary: EvalResult, options: frozenset[str]) -> RetimeResult:
+def retime(evaluate: Callable[..., EvalResult], device: str, task: Task, solution: Solution, primary: EvalResult,
+           options: frozenset[str]) -> RetimeResult:
+    """`evaluate`: an Evaluator's evaluate, which runs the stage given as `stage` after the correctness checks."""
     primary_ms = {w.workload: w.timing.mean_ms for w in primary.workloads if w.timing}
     if primary.status is not Status.PASSED or not primary_ms:
         return RetimeResult(agreed=False, status=primary.status, message="the primary evaluation has no timings to check")
-    stage = _Stage(ev, primary_ms)
-    fresh = ev.evaluate(task, solution, workload_set=primary.workload_set, mode=primary.mode, timed=True,
-                        options=options, _stage=stage)
+    stage = RetimeStage(device, primary_ms)
+    fresh = evaluate(task, solution, workload_set=primary.workload_set, mode=primary.mode, timed=True,
+                     options=options, stage=stage)
     if fresh.status is not Status.PASSED:
         return RetimeResult(agreed=False, status=fresh.status, message=f"the re-timing run failed: {fresh.message}",
                             workloads=stage.results)
@@ -93,66 +105,54 @@ def retime(ev: Evaluator, task: Task, solution: Solution, primary: EvalResult, o
     return RetimeResult(agreed=not bad, status=Status.PASSED, message=message, workloads=stage.results)
 
 
-class _Stage:
+class RetimeStage:
     """The timing stage of a re-timing run (Evaluator.evaluate calls it after the correctness checks)."""
 
-    def __init__(self, ev: Evaluator, primary_ms: dict[str, float]):
-        self.ev = ev
+    def __init__(self, device: str, primary_ms: dict[str, float]):
+        self.device = device
         self.primary_ms = primary_ms
         self.results: list[RetimedWorkload] = []
 
-    def __call__(self, run: _Run, worker: WorkerHandle, deadline: float) -> float:
-        from ksearch_ray.evaluation.evaluator import Failure
-        from ksearch_ray.evaluation.seeds import call_seed
-
-        ev, device = self.ev, run.device
-        idle = ev.limits.idle
-        worker.chan.send({"cmd": "retime", "workloads": [
-            {"index": i, "workload": w.model_dump(), "seed": s}
-            for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))
-        ]})
+    def __call__(self, session: Session) -> float:
+        run, device = session.run, self.device
+        session.send(RetimeCmd(workloads=[
+            WorkItem(index=i, workload=w, seed=s) for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))
+        ]))
         busy = 0.0
         for i, workload in enumerate(run.workloads):
             if workload.name not in self.primary_ms:
                 continue
-            worker.chan.send({"cmd": "prepare", "index": i})
-            prepared = ev._recv(worker, idle, f"re-timing set-up of {workload.name}", deadline)
-            method = RetimeMethod.GRAPH_REPLAY if prepared.get("method") == "graph" else RetimeMethod.CALLS
+            session.send(PrepareCmd(index=i))
+            prepared = session.recv("timing", f"re-timing set-up of {workload.name}", Prepared)
+            method = RetimeMethod.GRAPH_REPLAY if prepared.method == "graph_replay" else RetimeMethod.CALLS
             primary = self.primary_ms[workload.name]
             # The batch size comes from one call clocked here, never from the figure under test.
-            one = self._batch(run, worker, "call", 1, deadline)
+            one = self._batch(session, "call", 1)
             reps = max(3, min(MAX_REPS[device], math.ceil(TARGET_S[device] / max(one, 1e-6))))
             per_call = []
             for _ in range(ROUNDS):
-                flush_s = self._batch(run, worker, "flush", reps, deadline)
-                call_s = self._batch(run, worker, "call", reps, deadline)
+                flush_s = self._batch(session, "flush", reps)
+                call_s = self._batch(session, "call", reps)
                 per_call.append(max(call_s - flush_s, 0.0) * 1e3 / reps)
                 busy += call_s
-            worker.chan.send({"cmd": "output", "index": i})
-            msg = ev._recv(worker, idle, f"re-timing of {workload.name}", deadline)
-            verdict = ev._judge(run, workload, call_seed(run.time_seeds[i], 0), ev._load_outputs(msg, workload.name))
-            if verdict.status is not Status.PASSED:
-                raise Failure(verdict.status, f"{workload.name} (during re-timing): {verdict.message}", workload=workload.name)
+            session.send(OutputCmd(index=i))
+            msg = session.recv("timing", f"re-timing of {workload.name}", Output)
+            outputs = session.take(msg.handover, workload.name)
+            session.verdict(i, session.judge_later(i, call_seed(run.time_seeds[i], 0), outputs).result(),
+                            " (during re-timing)")
             retimed = statistics.median(per_call)
             tol = TOLERANCE[(device, method)]
             self.results.append(RetimedWorkload(
                 workload=workload.name, method=method, primary_ms=primary, retimed_ms=retimed, reps=reps,
                 tolerance=tol, agreed=primary * (1 + tol) >= retimed,
             ))
-        worker.chan.send({"cmd": "finish"})
-        done = ev._recv(worker, idle, "re-timing", deadline)
-        if done.get("type") != "done":
-            raise Failure(Status.INTEGRITY_VIOLATION, f"unexpected message {done.get('type')!r} after re-timing")
+        session.send(FinishCmd())
+        session.recv("timing", "re-timing", Done)
         return busy
 
-    def _batch(self, run: _Run, worker: WorkerHandle, kind: str, reps: int, deadline: float) -> float:
+    def _batch(self, session: Session, kind: str, reps: int) -> float:
         """Seconds, on this process's clock, for the worker to run `reps` repetitions and sync."""
         t0 = time.monotonic()
-        worker.chan.send({"cmd": "run", "kind": kind, "reps": reps})
-        msg = self.ev._recv(worker, self.ev.limits.idle, f"re-timing ({kind})", deadline)
-        elapsed = time.monotonic() - t0
-        if msg.get("type") != "ran":
-            from ksearch_ray.evaluation.evaluator import Failure
-
-            raise Failure(Status.INTEGRITY_VIOLATION, f"unexpected message {msg.get('type')!r} while re-timing")
-        return elapsed
+        session.send(RunCmd(kind="flush" if kind == "flush" else "call", reps=reps))
+        session.recv("timing", f"re-timing ({kind})", Ran)
+        return time.monotonic() - t0

@@ -1,6 +1,17 @@
-"""The evaluator's settings as records the run configuration embeds: limits and the timing rule.
+"""What an evaluator may spend: time limits (`Limits`) and the timing method (`TimingPolicy`).
 
-Imports nothing heavy (no torch): the configuration reads these before anything starts.
+Both are plain validated records, so a run's configuration can embed them (per run and per test)
+and build the Evaluator from them in one place. Unknown fields are refused (`extra="forbid"`): a
+misspelt limit is an error, not a silently ignored default.
+
+How a wait is limited (see docs/architecture.md, "Evaluation"): every wait for the worker's next
+message in a stage is cut off after
+
+    min(ceiling, max(hang_floor, hang_factor * the baseline's longest wait in that stage))
+
+where the ceiling is `idle` (`build_python` / `build_cuda` for the build), and the baseline's waits
+are what this evaluator measured when it evaluated the task's baseline solution (or was told with
+`Evaluator.learn_stage_times`). Until it knows them, the ceiling alone applies.
 """
 
 from __future__ import annotations
@@ -9,32 +20,54 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Limits(BaseModel):
-    """Seconds. A worker that sends nothing for `idle` seconds (a hang) is killed."""
+    """Seconds (and one memory cap) an evaluation may spend; each settable per run."""
 
     model_config = ConfigDict(extra="forbid")
 
-    setup: float = Field(default=300.0, gt=0, description="Sandbox worker start-up.")
-    build_python: float = Field(default=300.0, gt=0, description="Importing a Python/Triton candidate.")
-    build_cuda: float = Field(default=900.0, gt=0, description="Compiling a CUDA/C++ candidate in the evaluation.")
-    idle: float = Field(default=180.0, gt=0, description="A candidate silent this long is a hang.")
-    total: float = Field(default=3600.0, gt=0, description="A whole evaluation.")
+    setup: float = Field(default=300.0, gt=0, description=(
+        "A worker that has not reported ready after this long is a sandbox fault (SandboxError), "
+        "not a verdict: none of the candidate's code has run."))
+    build_python: float = Field(default=300.0, gt=0, description=(
+        "Ceiling on importing a Python/Triton candidate (or loading a library built ahead of time)."))
+    build_cuda: float = Field(default=900.0, gt=0, description=(
+        "Limit on compiling a CUDA/C++ candidate inside the evaluation (never scaled: the baseline "
+        "is not compiled)."))
+    idle: float = Field(default=180.0, gt=0, description=(
+        "Ceiling on any wait for the worker's next message (a result, a timed call, a compiled "
+        "kernel): a worker silent this long is killed and the candidate judged TIMEOUT."))
+    hang_factor: float = Field(default=10.0, gt=0, description=(
+        "Scaled limit: this multiple of the task baseline's longest wait in the same stage."))
+    hang_floor: float = Field(default=20.0, gt=0, description=(
+        "The scaled limit is never below this (Triton compiles a kernel in seconds, and every "
+        "compile counts as progress)."))
+    total: float = Field(default=3600.0, gt=0, description="Whole evaluation, sandbox start to verdict.")
+    reference_cache_mb: int = Field(default=4096, ge=0, description=(
+        "Memory (device memory on a GPU) the evaluator keeps for reference outputs, so a reference "
+        "for an input set is computed once per evaluator; 0 turns the cache off."))
 
 
 class TimingPolicy(BaseModel):
-    """GPUMode's stop rule: up to max_calls, stop once std/sqrt(n)/mean < target_rel_err, or
-    n*mean > max_total_s, or max_wall_s have passed (always at least 3 calls)."""
+    """How each workload is timed (see `rule`, which is also what an EvalResult states)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_calls: int = Field(default=100, ge=3)
-    target_rel_err: float = Field(default=1e-3, gt=0)
-    max_total_s: float = Field(default=10.0, gt=0)
-    max_wall_s: float = Field(default=120.0, gt=0)
-    warmup_calls: int = Field(default=2, ge=0)
-    flush_l2: bool = True
-    tail_slack_ratio: float = Field(default=0.05, ge=0, description="Work hidden from the timed stream keeps the "
-                                    "device busy after the end event: a device-wide sync right after it must return at once.")
-    tail_slack_ms: float = Field(default=0.05, ge=0)
+    max_calls: int = Field(default=100, ge=1, description="Most timed calls per workload.")
+    min_calls: int = Field(default=3, ge=1, description="Fewest timed calls per workload.")
+    target_rel_err: float = Field(default=1e-3, gt=0, description=(
+        "Stop once the standard error of the mean is below this fraction of the mean (GPUMode's rule)."))
+    max_total_s: float = Field(default=10.0, gt=0, description="Stop once the timed calls add up to this.")
+    max_wall_s: float = Field(default=120.0, gt=0, description="Stop a workload's calls after this much wall time.")
+    warmup_calls: int = Field(default=2, ge=0, description="Untimed calls per workload before any is timed.")
+    flush_l2: bool = Field(default=True, description="Write a buffer twice the L2's size before each timed call.")
+    graphs: bool = Field(default=True, description=(
+        "On a GPU, capture the call once as a CUDA graph and replay it for every timed call (fresh "
+        "inputs are copied into the captured buffers first, outside the timed region): no launch gaps "
+        "or host jitter in the figure. Calls that cannot be captured (they sync or plan on the host) "
+        "are timed as plain calls; each workload's Timing says which."))
+    tail_slack_ratio: float = Field(default=0.05, ge=0, description=(
+        "Work hidden from the timed stream (side streams) keeps the device busy after the end event: "
+        "a device-wide sync right after it may take at most this fraction of the call's median ..."))
+    tail_slack_ms: float = Field(default=0.05, ge=0, description="... plus this many milliseconds.")
 
     @classmethod
     def for_device(cls, device: str) -> TimingPolicy:
@@ -44,3 +77,16 @@ class TimingPolicy(BaseModel):
         if device == "cpu":
             return cls(max_calls=20, max_total_s=1.0, max_wall_s=10.0, warmup_calls=1)
         return cls()
+
+    def rule(self, device: str, mode: str) -> str:
+        """The stop rule and method in one sentence, as the evaluation's output states it."""
+        inputs = ("fresh inputs for every call, generated on the device outside the timed region"
+                  if mode == "fresh" else "one input set for every call")
+        how = ("CUDA-event timed; the call replayed as a CUDA graph where it can be captured, plain calls otherwise"
+               if device == "cuda" and self.graphs else
+               "CUDA-event timed plain calls" if device == "cuda" else "host wall clock (Triton interpreter)")
+        flush = ", L2 flushed before each call" if self.flush_l2 and device == "cuda" else ""
+        return (f"per workload: {self.warmup_calls} warm-up calls, then timed calls ({how}{flush}; {inputs}) until "
+                f"the standard error of the mean is below {self.target_rel_err:.2%} of the mean (at least "
+                f"{self.min_calls} calls), or {self.max_calls} calls, or {self.max_total_s:g} s of timed calls, "
+                f"or {self.max_wall_s:g} s of wall time")

@@ -135,20 +135,24 @@ def serve_build(chan: Any, job: dict[str, Any]) -> int:
     build worker, before any GPU is involved. The trusted builder reads the file after this
     process is gone.
     """
-    workdir = Path(job["workdir"])
+    from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail
+    from ksearch_ray.models import Status
+
+    spec = BuildJob.model_validate(job)
+    workdir = Path(spec.workdir)
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(tmp)  # nvcc's intermediate files stay in the job's directory
-    os.environ["MAX_JOBS"] = str(job.get("max_jobs", 1))
+    os.environ["MAX_JOBS"] = str(spec.max_jobs)
     t0 = time.perf_counter()
     try:
-        compile_extension(workdir / "src", workdir / "build", job["module_name"], list(job["archs"]))
+        compile_extension(workdir / "src", workdir / "build", spec.module_name, list(spec.archs))
     except BuildError as exc:
-        chan.send({"type": "fail", "status": "COMPILE_ERROR", "message": "build failed", "log": str(exc)})
+        chan.send(Fail(status=Status.COMPILE_ERROR, message="build failed", log=str(exc)))
     except Exception as exc:  # the candidate's static initialisers ran at import: its failure, as a status
-        chan.send({"type": "fail", "status": "COMPILE_ERROR", "message": f"import failed: {type(exc).__name__}: {exc}"[:500]})
+        chan.send(Fail(status=Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:500]))
     else:
-        chan.send({"type": "built", "seconds": time.perf_counter() - t0})
+        chan.send(Built(seconds=time.perf_counter() - t0))
     sys.stdout.flush()
     sys.stderr.flush()
     return 0

@@ -5,22 +5,33 @@ The key travels inside the job message, never through the environment or argv, s
 candidate that prints or writes a fake verdict to stdout or a file forges nothing; one that
 digs the key out of its own process memory could, which is why verdicts never rest on the
 worker's word alone (the evaluator recomputes references and statistics itself).
+
+A frame may carry file descriptors (SCM_RIGHTS: the buffers of an output hand-over). They are
+queued in arrival order; the frame itself says how many are its own (`take_fds`). At most
+MAX_PENDING_FDS may wait at a time: a peer that sends more is forging.
 """
 
 from __future__ import annotations
 
+import array
+import collections
 import hashlib
 import hmac
 import json
+import os
 import select
 import socket
 import struct
 import time
 from typing import Any
 
+from pydantic import BaseModel
+
 _HEADER = struct.Struct(">I")
 _TAG = 32
 MAX_FRAME = 64 * 1024 * 1024
+MAX_PENDING_FDS = 8
+_FD_SPACE = socket.CMSG_SPACE(MAX_PENDING_FDS * array.array("i").itemsize)
 
 
 class ChannelClosed(Exception):
@@ -40,11 +51,26 @@ class Channel:
         self.sock = sock
         self.key = key
         self._buf = bytearray()
+        self._fds: collections.deque[int] = collections.deque()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any] | BaseModel, fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Send one frame; `fds` travel with its first byte (the frame must say how many)."""
+        if isinstance(message, BaseModel):
+            message = message.model_dump(mode="json")
         body = json.dumps(message, separators=(",", ":")).encode()
         tag = hmac.new(self.key, body, hashlib.sha256).digest()
-        self.sock.sendall(_HEADER.pack(len(body)) + body + tag)
+        frame = _HEADER.pack(len(body)) + body + tag
+        if fds:
+            sent = socket.send_fds(self.sock, [frame], list(fds))
+            frame = frame[sent:]
+        if frame:
+            self.sock.sendall(frame)
+
+    def take_fds(self, count: int) -> list[int]:
+        """The next `count` descriptors that arrived (the caller owns them); ChannelForgery if missing."""
+        if len(self._fds) < count:
+            raise ChannelForgery(f"a frame announced {count} descriptors, {len(self._fds)} arrived")
+        return [self._fds.popleft() for _ in range(count)]
 
     def recv(self, timeout: float | None = None) -> dict[str, Any]:
         """Next message; raises ChannelTimeout, ChannelClosed or ChannelForgery."""
@@ -60,9 +86,16 @@ class Channel:
             if not ready:
                 raise ChannelTimeout()
             try:
-                chunk = self.sock.recv(1 << 20)
+                chunk, ancillary, flags, _ = self.sock.recvmsg(1 << 20, _FD_SPACE)
             except ConnectionResetError:
                 raise ChannelClosed() from None
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                    self._fds.extend(fds)
+            if flags & socket.MSG_CTRUNC or len(self._fds) > MAX_PENDING_FDS:
+                raise ChannelForgery("more file descriptors than any frame carries")
             if not chunk:
                 raise ChannelClosed()
             self._buf += chunk
@@ -84,4 +117,6 @@ class Channel:
         return json.loads(body)
 
     def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popleft())
         self.sock.close()

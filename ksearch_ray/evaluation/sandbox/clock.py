@@ -75,14 +75,14 @@ class Stopwatch(Protocol):
     def reset(self) -> None: ...
     def begin(self) -> None: ...
     def end(self) -> int: ...
-    def should_stop(self, target_rel_err: float, max_total_ms: float) -> bool: ...
+    def should_stop(self, min_calls: int, target_rel_err: float, max_total_ms: float) -> bool: ...
 
 
 class NativeStopwatch:
     def __init__(self, lib: Path):
         self.lib = ctypes.CDLL(str(lib))
         self.lib.ks_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t]
-        self.lib.ks_should_stop.argtypes = [ctypes.c_double, ctypes.c_double]
+        self.lib.ks_should_stop.argtypes = [ctypes.c_int, ctypes.c_double, ctypes.c_double]
 
     def start(self, fd: int, cuda: bool, stream: int) -> None:
         rc = self.lib.ks_init(fd, int(cuda), stream)
@@ -98,8 +98,8 @@ class NativeStopwatch:
     def end(self) -> int:
         return int(self.lib.ks_end())
 
-    def should_stop(self, target_rel_err: float, max_total_ms: float) -> bool:
-        return bool(self.lib.ks_should_stop(target_rel_err, max_total_ms))
+    def should_stop(self, min_calls: int, target_rel_err: float, max_total_ms: float) -> bool:
+        return bool(self.lib.ks_should_stop(min_calls, target_rel_err, max_total_ms))
 
 
 class PythonStopwatch:
@@ -150,9 +150,9 @@ class PythonStopwatch:
         self.seq += 1
         return 0
 
-    def should_stop(self, target_rel_err: float, max_total_ms: float) -> bool:
+    def should_stop(self, min_calls: int, target_rel_err: float, max_total_ms: float) -> bool:
         n = len(self.times)
-        if n < 3:
+        if n < max(min_calls, 2):
             return False
         mean = sum(self.times) / n
         std = (sum((t - mean) ** 2 for t in self.times) / (n - 1)) ** 0.5

@@ -134,8 +134,8 @@ int ks_end(void) {
 }
 
 /* GPUMode's stop rule on this workload's calls so far: 1 to stop. */
-int ks_should_stop(double target_rel_err, double max_total_ms) {
-    if (count < 3)
+int ks_should_stop(int min_calls, double target_rel_err, double max_total_ms) {
+    if (count < min_calls || count < 2)
         return 0;
     double mean = sum / count;
     double var = (sumsq - count * mean * mean) / (count - 1);

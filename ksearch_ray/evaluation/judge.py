@@ -1,0 +1,111 @@
+"""The judge: references computed in the evaluator's process (once per input set), and comparisons.
+
+It works on a thread of its own, so while the worker runs the next workload the judge computes
+the reference for the last one and compares (on a GPU, on a CUDA stream of its own: the hand-over
+copies on the default stream never wait behind a reference). The evaluator keeps the judge idle
+while the worker's calls are timed, so the two never compete for the GPU then.
+
+A reference depends only on the task, the workload, the seed and the compatibility options: the
+inputs are regenerated from the seed, bit for bit. Every candidate an evaluator judges gets the
+same secret-derived seeds, so the judge keeps references (up to `cache_bytes`) and computes each
+once per evaluator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from ksearch_ray.evaluation.compare import Comparison, compare_outputs
+from ksearch_ray.taskspec.task import Task, Workload
+
+
+@contextlib.contextmanager
+def reference_precision() -> Iterator[None]:
+    """References compute in true fp32: TF32 off for the duration, restored after."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def _nbytes(outputs: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in outputs.values() if isinstance(t, torch.Tensor))
+
+
+class Judge:
+    def __init__(self, device: str, cache_bytes: int):
+        self.device = device
+        self.cache_bytes = cache_bytes
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ksearch-judge")
+        self._cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+        self._cached = 0
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self.hits = self.misses = 0
+
+    def submit(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
+               outputs: dict[str, torch.Tensor]) -> Future[Comparison]:
+        """The verdict on `outputs`, computed on the judge's thread."""
+        return self._pool.submit(self._judge, task, workload, seed, options, outputs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            self._cache.clear()
+            self._cached = 0
+
+    # --- on the judge's thread --------------------------------------------------------------
+
+    def _judge(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
+               outputs: dict[str, torch.Tensor]) -> Comparison:
+        with self._on_stream(), torch.no_grad():
+            expected = self._expected(task, workload, seed, options)
+            relaxed = task.definition.tolerance.relaxed_dtype_option
+            return compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
+                                   any_float_dtype=relaxed is not None and relaxed in options)
+
+    @contextlib.contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        if self.device != "cuda":
+            yield
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        with torch.cuda.stream(self._stream):
+            yield
+            self._stream.synchronize()  # nothing of this verdict is still running when its tensors are freed
+
+    def _expected(self, task: Task, workload: Workload, seed: int, options: frozenset[str]) -> dict[str, Any]:
+        key = (str(task.root), task.name, workload.model_dump_json(), seed, tuple(sorted(options)))
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return hit
+        self.misses += 1
+        inputs = task.generate_inputs(workload, seed, self.device, options)
+        with reference_precision():
+            expected = task.reference(inputs)
+        del inputs
+        size = _nbytes(expected)
+        if size <= self.cache_bytes:
+            with self._lock:
+                self._cache[key] = expected
+                self._cached += size
+                while self._cached > self.cache_bytes and self._cache:
+                    _, old = self._cache.popitem(last=False)
+                    self._cached -= _nbytes(old)
+        return expected

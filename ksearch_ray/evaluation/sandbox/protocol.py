@@ -1,0 +1,259 @@
+"""The messages between the evaluator and a sandboxed worker: typed, keyed on `type`.
+
+Every frame on the job channel (channel.Channel: length, JSON body, HMAC tag) is one of these.
+The evaluator parses what the worker sends with `parse_report`: anything that is not a well-formed
+report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
+
+    evaluator -> Job                                          (first frame: what to run)
+    worker    -> Ready ; Built | Fail
+    worker    -> Output (one per correctness workload, outputs handed over)   evaluator -> Taken
+    worker    -> Checked
+    evaluator -> TimeCmd | RetimeCmd | StopCmd
+    time:     worker -> Progress* ... Warmed ; evaluator -> Go
+              per workload: worker -> Tick* ... Timed (outputs handed over) ; evaluator -> Taken
+              worker -> Done
+    retime:   per workload: evaluator -> PrepareCmd ; worker -> Prepared
+              evaluator -> RunCmd ; worker -> Ran                    (timed by the evaluator)
+              evaluator -> OutputCmd ; worker -> Output ; evaluator -> Taken
+              evaluator -> FinishCmd ; worker -> Done
+    any time: worker -> Progress (a kernel compiled, a warm-up call): it resets the wait limit.
+
+A hand-over (`Handover`) names tensors inside one buffer the worker passes as a file descriptor
+with the frame (sandbox/handover.py): a sealed memfd, or CUDA device memory exported by the
+driver.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ksearch_ray.models import Language, Status
+from ksearch_ray.taskspec.task import Workload
+
+Transport = Literal["cuda_vmm", "memfd"]
+TimingMethod = Literal["graph_replay", "calls"]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- the job -----------------------------------------------------------------------------------
+
+
+class WorkItem(_Message):
+    index: int = Field(ge=0)
+    workload: Workload
+    seed: int = Field(ge=0)
+
+
+class Prebuilt(_Message):
+    path: str
+    module: str
+
+
+class Job(_Message):
+    """An evaluation job: build, check every workload, then wait for a command."""
+
+    type: Literal["job"] = "job"
+    workdir: str
+    triton_cache_dir: str
+    task_root: str
+    device: Literal["cuda", "cpu"]
+    options: list[str] = Field(default_factory=list)
+    solution_id: str
+    language: Language
+    entry_file: str
+    entry_point: str
+    prepare: str | None = Field(default=None, description="A trusted baseline's untimed setup function.")
+    prebuilt: Prebuilt | None = None
+    check: list[WorkItem]
+    device_handover: bool = Field(default=True, description="Hand outputs over in device memory where the driver allows.")
+    handover_bytes: int | None = Field(default=None, ge=0, description=(
+        "The largest outputs to expect (from the task's output shapes): the device buffer is made that size once."))
+
+
+class BuildJob(_Message):
+    """A build ahead of the evaluation (evaluation/builder.py): compile, import once, report."""
+
+    type: Literal["build"] = "build"
+    workdir: str
+    triton_cache_dir: str
+    module_name: str
+    archs: list[str]
+    max_jobs: int = 1
+
+
+# --- hand-overs --------------------------------------------------------------------------------
+
+
+class TensorMeta(_Message):
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0, description="Byte offset into the hand-over buffer.")
+    nbytes: int = Field(ge=0)
+
+
+class Handover(_Message):
+    transport: Transport
+    buffer: int = Field(ge=0, description="The worker's number for the buffer; a new number comes with its descriptor.")
+    size: int = Field(ge=0, description="Bytes of the buffer.")
+    fds: int = Field(ge=0, le=1, description="Descriptors sent with this frame (1 when the buffer is new).")
+    tensors: list[TensorMeta]
+
+
+# --- worker -> evaluator -----------------------------------------------------------------------
+
+
+class Ready(_Message):
+    type: Literal["ready"] = "ready"
+    setup_s: float
+
+
+class Built(_Message):
+    type: Literal["built"] = "built"
+    seconds: float
+
+
+class Progress(_Message):
+    type: Literal["progress"] = "progress"
+    what: str = ""
+
+
+class Output(_Message):
+    type: Literal["output"] = "output"
+    index: int
+    handover: Handover
+    wall_ms: float = 0.0
+
+
+class Checked(_Message):
+    type: Literal["checked"] = "checked"
+
+
+class Warmed(_Message):
+    type: Literal["warmed"] = "warmed"
+
+
+class Tick(_Message):
+    type: Literal["tick"] = "tick"
+    n: int
+
+
+class Timed(_Message):
+    type: Literal["timed"] = "timed"
+    index: int
+    count: int
+    seed_index: int = Field(ge=0, description="Which call's inputs the handed-over output belongs to.")
+    method: TimingMethod
+    handover: Handover
+
+
+class Done(_Message):
+    type: Literal["done"] = "done"
+
+
+class Fail(_Message):
+    type: Literal["fail"] = "fail"
+    status: Status
+    message: str
+    log: str = ""
+    workload: str | None = None
+
+
+class Prepared(_Message):
+    type: Literal["prepared"] = "prepared"
+    method: TimingMethod
+
+
+class Ran(_Message):
+    type: Literal["ran"] = "ran"
+
+
+ReportMessage = Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | Done | Fail | Prepared | Ran
+Report = Annotated[ReportMessage, Field(discriminator="type")]
+
+# --- evaluator -> worker -----------------------------------------------------------------------
+
+
+class Taken(_Message):
+    """The evaluator holds its own copy of the outputs just handed over: the worker may go on."""
+
+    type: Literal["taken"] = "taken"
+
+
+class TimeCmd(_Message):
+    type: Literal["time"] = "time"
+    mode: Literal["fresh", "reuse"]
+    workloads: list[WorkItem]
+    max_calls: int
+    min_calls: int
+    target_rel_err: float
+    max_total_s: float
+    max_wall_s: float
+    warmup_calls: int
+    flush_l2: bool
+    graphs: bool
+
+
+class Go(_Message):
+    type: Literal["go"] = "go"
+
+
+class RetimeCmd(_Message):
+    type: Literal["retime"] = "retime"
+    workloads: list[WorkItem]
+
+
+class StopCmd(_Message):
+    type: Literal["stop"] = "stop"
+
+
+class PrepareCmd(_Message):
+    type: Literal["prepare"] = "prepare"
+    index: int
+
+
+class RunCmd(_Message):
+    type: Literal["run"] = "run"
+    kind: Literal["flush", "call"]
+    reps: int = Field(ge=1)
+
+
+class OutputCmd(_Message):
+    type: Literal["output_request"] = "output_request"
+    index: int
+
+
+class FinishCmd(_Message):
+    type: Literal["finish"] = "finish"
+
+
+CommandMessage = Taken | TimeCmd | Go | RetimeCmd | StopCmd | PrepareCmd | RunCmd | OutputCmd | FinishCmd
+Command = Annotated[CommandMessage, Field(discriminator="type")]
+
+_REPORT: TypeAdapter[ReportMessage] = TypeAdapter(Report)
+_COMMAND: TypeAdapter[CommandMessage] = TypeAdapter(Command)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a message of the protocol."""
+
+
+def parse_report(data: Any) -> ReportMessage:
+    """A worker's frame as its typed message; ProtocolError (one line) otherwise."""
+    try:
+        return _REPORT.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ProtocolError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+def parse_command(data: Any) -> CommandMessage:
+    try:
+        return _COMMAND.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError(str(exc.errors()[0]["msg"])) from None

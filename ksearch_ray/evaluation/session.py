@@ -1,0 +1,193 @@
+"""One worker, from its start to the verdict: the evaluator's public session API.
+
+A `Session` is what every stage of an evaluation (the primary timing in evaluation/timing.py, the
+re-timing in evaluation/retime.py) talks to the worker through: typed messages received under the
+stage's wait limit, hand-overs of outputs, and verdicts from the judge. It also keeps the clock of
+the evaluation: wall seconds per stage (`stages`) and the longest wait per stage (`waits`, which
+is what scaled time limits learn from a baseline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from pydantic import BaseModel
+
+from ksearch_ray.evaluation.buildcache import BuildRecord
+from ksearch_ray.evaluation.compare import Comparison
+from ksearch_ray.evaluation.judge import Judge
+from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
+from ksearch_ray.evaluation.sandbox.client import Sandbox, WorkerHandle
+from ksearch_ray.evaluation.sandbox.handover import HandoverError, Importer
+from ksearch_ray.evaluation.sandbox.protocol import (
+    Fail,
+    Handover,
+    Progress,
+    ProtocolError,
+    Taken,
+    parse_report,
+)
+from ksearch_ray.models import Solution, Status, WorkloadResult
+from ksearch_ray.taskspec.task import Task, Workload
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Failure(Exception):
+    """The verdict, when it is not PASSED: raised by any stage, caught once by the evaluator."""
+
+    def __init__(self, status: Status, message: str, log: str = "", workload: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.log, self.workload = status, message, log, workload
+
+
+@dataclass
+class RunSpec:
+    """What one evaluation evaluates: the candidate, its workloads and their seeds."""
+
+    task: Task
+    solution: Solution
+    device: str
+    options: frozenset[str]
+    mode: str
+    workloads: list[Workload]
+    check_seeds: list[int]
+    time_seeds: list[int]
+    prebuilt: BuildRecord | None = None
+    prepare: str | None = None  # the trusted untimed setup function (trusted_prepare), decided once
+    results: list[WorkloadResult] = field(default_factory=list)
+    build_seconds: float = 0.0
+
+
+@dataclass
+class WaitLimit:
+    """Seconds a wait in one stage may last, and how that figure came about (for the message)."""
+
+    seconds: float
+    why: str = ""
+
+
+class Session:
+    def __init__(self, sandbox: Sandbox, worker: WorkerHandle, run: RunSpec, judge: Judge, workdir: Path,
+                 limits: Callable[[str], WaitLimit], deadline: float, total: float,
+                 say: Callable[[str], None] = lambda _line: None):
+        self.sandbox, self.worker, self.run, self.judge = sandbox, worker, run, judge
+        self.workdir = workdir
+        self.limit = limits
+        self.deadline, self.total = deadline, total
+        self.importer = Importer(run.device)
+        self.say = say  # one short line per stage and workload, for whoever watches
+        self.stages: dict[str, float] = {}
+        self.waits: dict[str, float] = {}
+        self._stage, self._since = "start", time.monotonic()
+
+    # --- the clock ----------------------------------------------------------------------------
+
+    def begin(self, stage: str) -> None:
+        """From now on the evaluation's wall time counts towards `stage`."""
+        now = time.monotonic()
+        self.stages[self._stage] = self.stages.get(self._stage, 0.0) + now - self._since
+        self._stage, self._since = stage, now
+
+    def finish(self) -> dict[str, float]:
+        self.begin("done")
+        self.stages.pop("done", None)
+        return {k: round(v, 4) for k, v in self.stages.items()}
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def send(self, message: BaseModel) -> None:
+        self.worker.chan.send(message)
+
+    def recv(self, stage: str, phase: str, *expect: type[M]) -> M:
+        """The next message of one of the types `expect`. Progress reports reset the wait; a Fail
+        becomes its Failure; a timeout, a dead worker or a malformed frame become theirs."""
+        while True:
+            limit = self.limit(stage)
+            remaining = self.deadline - time.monotonic()
+            t0 = time.monotonic()
+            try:
+                data = self.worker.chan.recv(min(limit.seconds, max(remaining, 0.001)))
+            except ChannelTimeout:
+                self.sandbox.kill(self.worker)
+                if limit.seconds < remaining:
+                    raise Failure(Status.TIMEOUT, f"no progress for {limit.seconds:.0f} s during {phase}{limit.why}",
+                                  self.logs()) from None
+                raise Failure(Status.TIMEOUT, f"the evaluation ran past its limit of {self.total:.0f} s during {phase}",
+                              self.logs()) from None
+            except ChannelClosed:
+                self.sandbox.kill(self.worker)
+                code, sig = self.sandbox.reap(self.worker)
+                how = f"killed by signal {sig}" if sig else f"exited with code {code}"
+                logs = self.logs()
+                last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
+                raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {last[:300]}" if last else ""),
+                              logs) from None
+            except ChannelForgery as exc:
+                raise Failure(Status.INTEGRITY_VIOLATION, f"forged message on the result channel ({exc})") from None
+            self.waits[stage] = max(self.waits.get(stage, 0.0), time.monotonic() - t0)
+            try:
+                msg = parse_report(data)
+            except ProtocolError as exc:
+                raise Failure(Status.INTEGRITY_VIOLATION, f"malformed message from the worker during {phase} ({exc})") from None
+            if isinstance(msg, Fail):
+                where = msg.workload
+                raise Failure(msg.status, f"{where}: {msg.message}" if where else msg.message, msg.log, workload=where)
+            if isinstance(msg, expect):
+                return msg
+            if isinstance(msg, Progress):
+                continue
+            raise Failure(Status.INTEGRITY_VIOLATION, f"unexpected message {msg.type!r} during {phase}")
+
+    def take(self, handover: Handover, name: str) -> dict[str, torch.Tensor]:
+        """The outputs a message handed over, as tensors of this process; the worker may then go on."""
+        try:
+            fds = self.worker.chan.take_fds(handover.fds)
+        except ChannelForgery as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: {exc}") from None
+        try:
+            outputs = self.importer.take(handover, fds)
+        except HandoverError as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: {exc}") from None
+        if handover.transport == "cuda_vmm":
+            self.send(Taken())  # device memory the worker can still write: it waited for this copy
+        return outputs
+
+    # --- verdicts -----------------------------------------------------------------------------
+
+    def judge_later(self, index: int, seed: int, outputs: dict[str, torch.Tensor]) -> Future[Comparison]:
+        run = self.run
+        return self.judge.submit(run.task, run.workloads[index], seed, run.options, outputs)
+
+    def verdict(self, index: int, comparison: Comparison, during: str = "") -> Comparison:
+        """`comparison`, or the Failure it means."""
+        if comparison.status is not Status.PASSED:
+            name = self.run.workloads[index].name
+            raise Failure(comparison.status, f"{name}{during}: {comparison.message}", workload=name)
+        return comparison
+
+    def logs(self) -> str:
+        """Tail of what the worker printed: CUDA errors, aborts and tracebacks surface here."""
+        tails = []
+        for name in ("stderr.log", "stdout.log"):
+            with contextlib.suppress(OSError):
+                text = (self.workdir / name).read_text(errors="replace").strip()
+                if text:
+                    tails.append(text[-1500:])
+        return "\n".join(tails)
+
+    def stop_worker(self) -> None:
+        """The worker has nothing left to do: kill it now, so its teardown overlaps what follows."""
+        self.sandbox.kill(self.worker)
+
+    def close(self) -> None:
+        self.sandbox.kill(self.worker)
+        self.sandbox.reap(self.worker)
+        self.importer.release()

@@ -1,0 +1,169 @@
+"""The primary timing stage, on the evaluator's side: the stopwatch's records, the statistics, the checks.
+
+The worker times each call with the native stopwatch (sandbox/ksclock.c), whose records reach this
+process through a pipe, never through the worker's messages. Here every statistic is computed from
+those records and checked: one record per timed call, in sequence; no work left running on the GPU
+after a call's end event (side streams); no more timed time than wall time passed here; no call
+below the task's physical floor. The outputs of each workload's last timed call are judged after
+the worker is done, so the judge never competes with timed calls for the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+
+import torch
+
+from ksearch_ray.evaluation.floors import DevicePeaks
+from ksearch_ray.evaluation.sandbox.clock import OUT_OF_ORDER, ClockRecord, parse_records
+from ksearch_ray.evaluation.sandbox.protocol import Done, Go, Tick, TimeCmd, Timed, Warmed, WorkItem
+from ksearch_ray.evaluation.seeds import call_seed
+from ksearch_ray.evaluation.session import Failure, RunSpec, Session
+from ksearch_ray.evaluation.settings import TimingPolicy
+from ksearch_ray.models import Status, Timing
+from ksearch_ray.taskspec.task import Workload
+
+
+def time_command(run: RunSpec, policy: TimingPolicy) -> TimeCmd:
+    return TimeCmd(
+        mode="reuse" if run.mode == "reuse" else "fresh",
+        workloads=[WorkItem(index=i, workload=w, seed=s)
+                   for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))],
+        max_calls=policy.max_calls, min_calls=policy.min_calls, target_rel_err=policy.target_rel_err,
+        max_total_s=policy.max_total_s, max_wall_s=policy.max_wall_s, warmup_calls=policy.warmup_calls,
+        flush_l2=policy.flush_l2, graphs=policy.graphs,
+    )
+
+
+class TimedStage:
+    """The primary timing. The worker was sent `time_command` already, and warms up first; it times
+    its calls once this stage says Go (the judge is idle by then)."""
+
+    def __init__(self, policy: TimingPolicy, peaks: DevicePeaks | None):
+        self.policy, self.peaks = policy, peaks
+        self.timed_seconds = 0.0
+
+    def __call__(self, session: Session) -> float:
+        run = session.run
+        session.recv("warmup", "warm-up", Warmed)
+        session.begin("timing")
+        session.send(Go())
+        t0 = time.monotonic()
+        stopwatch = Records(session.worker.clock)
+        reports: list[Timed] = []
+        records: list[list[ClockRecord]] = []
+        outputs: list[dict[str, torch.Tensor]] = []
+        for i, workload in enumerate(run.workloads):
+            while True:
+                msg = session.recv("timing", f"timing of {workload.name}", Tick, Timed)
+                stopwatch.drain()  # keep the pipe empty: the worker must never block on it
+                if isinstance(msg, Timed):
+                    break
+            if msg.index != i:
+                raise Failure(Status.INTEGRITY_VIOLATION, "timing results arrived out of order")
+            records.append(stopwatch.take(msg.count, workload.name))
+            reports.append(msg)
+            outputs.append(session.take(msg.handover, workload.name))
+        elapsed = time.monotonic() - t0
+        reported_ms = sum(r.time_ms for rs in records for r in rs)
+        if reported_ms > elapsed * 1e3:
+            # A compromised worker could report anything; it cannot make time pass faster here.
+            raise Failure(Status.INTEGRITY_VIOLATION,
+                          f"reported {reported_ms:.0f} ms of timed calls in {elapsed * 1e3:.0f} ms of wall time")
+        session.recv("timing", "timing", Done)
+        stopwatch.drain()
+        if stopwatch.pending:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{len(stopwatch.pending)} stopwatch records beyond the timed calls")
+        self.timed_seconds = reported_ms / 1e3
+        session.stop_worker()  # it is done: its teardown overlaps the judging
+        session.begin("judging")
+        # Each workload's last timed output, against the reference on inputs regenerated here.
+        futures = [session.judge_later(i, call_seed(run.time_seeds[i], msg.seed_index), out)
+                   for i, (msg, out) in enumerate(zip(reports, outputs, strict=True))]
+        outputs.clear()  # the judge holds them now
+        for i, future in enumerate(futures):
+            session.verdict(i, future.result(), " (during timing)")
+            timing = run.results[i].timing = self.stats(run, run.workloads[i], records[i], reports[i].method)
+            session.say(f"timed {run.workloads[i].name} ({i + 1}/{len(run.workloads)}): mean {timing.mean_ms:.4g} ms")
+        return elapsed
+
+    def stats(self, run: RunSpec, workload: Workload, records: list[ClockRecord], method: str) -> Timing:
+        name = workload.name
+        times = [r.time_ms for r in records]
+        if not times or any(not math.isfinite(t) or t < 0 for t in times):
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: malformed timing report")
+        median = statistics.median(times)
+        tail = statistics.median(r.tail_ms for r in records)
+        cuda = run.device == "cuda"
+        pol = self.policy
+        if cuda and tail > pol.tail_slack_ms + pol.tail_slack_ratio * median:
+            raise Failure(
+                Status.INTEGRITY_VIOLATION,
+                f"{name}: the GPU stayed busy {tail:.3f} ms after the timed stream finished ({median:.3f} ms timed): "
+                "work escapes the timing stream (side streams); join them into the current stream before returning",
+            )
+        check_floor(run, workload, min(times), self.peaks)
+        mean = statistics.fmean(times)
+        std = statistics.stdev(times) if len(times) > 1 else 0.0
+        return Timing(
+            mean_ms=mean, median_ms=median, min_ms=min(times), std_ms=std, count=len(times),
+            wall_median_ms=statistics.median(r.wall_ms for r in records), clock="cuda_events" if cuda else "host_wall",
+            method="graph_replay" if method == "graph_replay" else "calls",
+            rel_err=std / math.sqrt(len(times)) / mean if mean > 0 and len(times) > 1 else None,
+        )
+
+
+def check_floor(run: RunSpec, workload: Workload, fastest_ms: float, peaks: DevicePeaks | None) -> None:
+    """No call may beat the workload's work at the device's (generous) peaks."""
+    cost = run.task.workload_cost(workload) if peaks is not None else None
+    if cost is None or peaks is None:
+        return
+    floor = peaks.floor_ms(*cost)
+    if fastest_ms < floor:
+        raise Failure(
+            Status.INTEGRITY_VIOLATION,
+            f"{workload.name}: a call took {fastest_ms:.4g} ms, below the physical floor of {floor:.4g} ms "
+            f"({cost[0]:.3g} FLOP and {cost[1]:.3g} bytes at the {peaks.name}'s peaks)",
+        )
+
+
+class Records:
+    """The evaluator's end of a worker's stopwatch pipe."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = bytearray()
+        self.pending: list[ClockRecord] = []
+        self.next_seq = 0
+
+    def drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self.buf += chunk
+        try:
+            self.pending += parse_records(self.buf)
+        except ValueError as exc:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"stopwatch pipe: {exc}") from None
+
+    def take(self, count: int, name: str) -> list[ClockRecord]:
+        self.drain()
+        if count < 1 or len(self.pending) < count:
+            raise Failure(Status.INTEGRITY_VIOLATION,
+                          f"{name}: the worker reported {count} timed calls, the stopwatch recorded {len(self.pending)}")
+        records, self.pending = self.pending[:count], self.pending[count:]
+        for r in records:
+            if r.seq != self.next_seq or r.flags & OUT_OF_ORDER:
+                raise Failure(Status.INTEGRITY_VIOLATION,
+                              f"{name}: the stopwatch was driven out of order (its begin/end called from outside the harness)")
+            if r.status:
+                raise Failure(Status.RUNTIME_ERROR, f"{name}: CUDA error {r.status} while timing")
+            self.next_seq += 1
+        return records

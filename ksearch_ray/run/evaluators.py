@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ksearch_ray.config import EvaluationConfig
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 
 
@@ -15,7 +15,6 @@ def build_evaluator(settings: EvaluationConfig, device: str, work_root: Path | N
     with the first evaluation, or now with `start` (a host that cannot isolate fails here then)."""
     return Evaluator(
         device, work_root,
-        limits=Limits(**settings.limits.model_dump()),
-        timing=TimingPolicy(**settings.timing_for(device).model_dump()),
+        limits=settings.limits.model_copy(), timing=settings.timing_for(device),
         isolation=Isolation(settings.isolation), start=start,
     )

@@ -95,12 +95,12 @@ def test_readme_main_job_and_eval_with_a_relative_work_dir(home):
 
 @pytest.mark.slow
 def test_trimul_search_from_a_fresh_directory_on_a_ray_of_its_own(home):
-    result = ksearch(home, "run", "--task", "trimul", "--width", "2", "--rounds", "2", "--workloads", "smoke",
+    result = ksearch(home, "run", "--task", "trimul", "--width", "1", "--rounds", "1", "--workloads", "smoke",
                      "--noise-repeats", "1", "--confirm-repeats", "0")
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "starting Ray" in result.stderr
+    assert "starting Ray" in result.stderr and "offline policy" in result.stderr
     events = _events(_only_run(home))
-    assert [e.result.status.value for e in events if isinstance(e, Evaluation)] == ["PASSED", "PASSED"]
+    assert [e.result.status.value for e in events if isinstance(e, Evaluation)] == ["PASSED"]
 
 
 def _needs_a_secret(home: Path) -> None:

@@ -4,13 +4,15 @@ Every session of a run measures the task's baseline on every evaluator (on its o
 kernel the session starts from beside it, so a candidate's speedup is always against numbers
 measured where and when the candidate was measured.
 
-**The noise** of a GPU type in a session is the 90th percentile of the relative differences
-between two measurements of one unchanged kernel, over every pair of such measurements in the
-session (the baseline's and the seed's repeats, re-measured bests, tuner revisits, the final
-re-timing): nine pairs in ten agree within it. A percentile of pairs does not grow with the number
-of measurements (a range does) and one outlier among many pairs moves it little. It is shown
-beside every speedup (`1.23x (±4%)`), and a candidate becomes the new best only when it beats the
-best by more than it: a smaller difference is not evidence of anything.
+**The noise** of a GPU type in a session is how far two measurements of one unchanged kernel
+differ, nine times in ten. It is estimated robustly from every kernel measured more than once in
+the session (the baseline's and the seed's repeats, re-measured bests, the final re-timing): the
+spread of a measurement around its kernel's median, in logs, pooled over kernels, taken as 1.4826
+times the median absolute deviation (a standard deviation that one wild measurement among many
+barely moves, unlike a range, which only grows with more measurements); two measurements differ by
+at most 1.645·√2 of those nine times in ten. It is shown beside every speedup (`1.23x (±4%)`),
+and a candidate becomes the new best only when it beats the best by more than it: a smaller
+difference is not evidence of anything.
 
 At the end the best kernel (and the seed it started from) are re-timed against the baseline,
 interleaved, on one evaluator per GPU type. The spread of those speedups is what a user should
@@ -23,38 +25,48 @@ import itertools
 import math
 import statistics
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ksearch_ray.worldmodel.render import format_speedup
 
-NOISE_PERCENTILE = 0.9
+MAD_TO_SIGMA = 1.4826
+"""A normal distribution's standard deviation per median absolute deviation."""
+PAIR_90 = 1.645 * math.sqrt(2.0)
+"""Two measurements differ by less than this many standard deviations (of one) nine times in ten."""
 
 
 class Noise(BaseModel):
-    """The relative difference that `percentile` of the pairs of repeated measurements stay within."""
+    """How far two measurements of one unchanged kernel differ, nine times in ten (relative)."""
 
     model_config = ConfigDict(frozen=True)
 
     value: float
-    pairs: int
+    measurements: int = Field(description="Measurements of kernels measured more than once, that it rests on.")
 
     def text(self) -> str:
-        return f"noise {percent(self.value)} (9 in 10 repeated measurements of one kernel agree within it; {self.pairs} pairs)"
+        return (f"noise {percent(self.value)}: nine in ten repeated measurements of one kernel differ by less "
+                f"(from {self.measurements} measurements)")
+
+
+def noise_of(scores_by_solution: dict[str, list[float]]) -> Noise | None:
+    """The noise (above) of these measurements, kernel by kernel; None without a kernel measured twice."""
+    residuals: list[float] = []
+    for scores in scores_by_solution.values():
+        values = [math.log(s) for s in scores if s and s > 0 and math.isfinite(s)]
+        if len(values) < 2:
+            continue
+        centre = statistics.median(values)
+        residuals += [abs(v - centre) for v in values]
+    if not residuals:
+        return None
+    sigma = MAD_TO_SIGMA * statistics.median(residuals)
+    return Noise(value=math.exp(PAIR_90 * sigma) - 1.0, measurements=len(residuals))
 
 
 def pair_differences(scores: list[float]) -> list[float]:
     """|a - b| / min(a, b) for every pair of positive measurements of one kernel."""
     values = [s for s in scores if s and s > 0 and math.isfinite(s)]
     return [abs(a - b) / min(a, b) for a, b in itertools.combinations(values, 2)]
-
-
-def noise_of(scores_by_solution: dict[str, list[float]]) -> Noise | None:
-    """The noise (above) of these measurements, kernel by kernel; None without a repeated kernel."""
-    diffs = sorted(d for scores in scores_by_solution.values() for d in pair_differences(scores))
-    if not diffs:
-        return None
-    rank = max(0, math.ceil(NOISE_PERCENTILE * len(diffs)) - 1)  # nearest-rank percentile
-    return Noise(value=diffs[rank], pairs=len(diffs))
 
 
 def relative_spread(scores: list[float]) -> float | None:

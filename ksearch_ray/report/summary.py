@@ -44,10 +44,10 @@ class RunSummary(BaseModel):
         "beaten), as last measured beside the baseline."
     )
     noise: float | None = Field(
-        description="The relative difference nine in ten pairs of repeated measurements of one kernel stay within, on "
-        "the best's GPU type in the last session: a smaller speedup difference is not evidence of anything."
+        description="How far two measurements of one unchanged kernel differ, nine times in ten (relative), on the "
+        "best's GPU type in the last session: a smaller speedup difference is not evidence of anything."
     )
-    noise_pairs: int = Field(default=0, description="Pairs of repeated measurements the noise is estimated from.")
+    noise_measurements: int = Field(default=0, description="Measurements of repeated kernels the noise rests on.")
     confirmed: list[dict[str, Any]] = Field(
         description="Per GPU type, the final re-timing of the best against the baseline, interleaved: "
         "gpu, solution_id, best_speedup (median, low, high), over_seed, verdict, beats_seed, cut_short."
@@ -81,7 +81,7 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         outcomes=run.status_counts(),
         best=best.model_dump(mode="json", include={"solution_id", "speedup", "node", "round", "gpu", "why"}) if best else None,
         noise=noise.value if noise else None,
-        noise_pairs=noise.pairs if noise else 0,
+        noise_measurements=noise.measurements if noise else 0,
         confirmed=[c.model_dump(mode="json", include={"gpu", "solution_id", "best_speedup", "over_seed", "verdict",
                                                       "beats_seed", "cut_short"}) for c in run.confirms.values()],
         seed={"solution_id": seed.solution_id, "speedup": seed.speedup, "name": seed.result.solution_name if seed.result else None}

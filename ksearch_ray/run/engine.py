@@ -415,9 +415,27 @@ class Search:
             return "cost"
         if b.max_llm_tokens is not None and v.llm_tokens >= b.max_llm_tokens:
             return "tokens"
-        if b.max_wall_s is not None and self.wall_s() >= b.max_wall_s:
+        if b.max_wall_s is not None and self.wall_s() + self.confirm_reserve_s() >= b.max_wall_s:
             return "wall clock"
         return None
+
+    def confirm_reserve_s(self) -> float:
+        """The wall time the final re-timing will need, from this session's measurements, and room for
+        one candidate in flight when the method stops (its evaluation and re-timing): the method's wall
+        budget ends this much early, so the re-timing fits in the run's."""
+        repeats = self.config.search.confirm_repeats
+        if repeats <= 0 or self.config.budget.max_wall_s is None:
+            return 0.0
+        seed = self.view.seed.solution_id if self.view.seed else None
+        total = 0.0
+        for gpu, best in self.view.best_by_gpu.items():
+            if gpu not in self.gpu_of:
+                continue
+            base = self.view.session_baselines.get(self.gpu_of.index(gpu))
+            kernels = {best.solution_id, seed} - {None}
+            seconds = [r.seconds for k in kernels if (r := self.view.results.get(k or "")) is not None]
+            total += repeats * ((base.seconds if base else 0.0) + sum(seconds)) + 2 * max(seconds, default=0.0)
+        return total
 
     async def take_round(self) -> int | None:
         async with self._round_lock:

@@ -1,0 +1,156 @@
+"""How a run trusts a number, on scripted backends: bests beyond the noise, bests measured beside the
+session's own baseline, the final re-timing (early stop, the wall budget, back to the seed), and the
+read model that every reader shares."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from local_backends import FakeEvaluators, ScriptedPolicy, local_search, result
+
+from ksearch_ray.events import Best, Confirm, Remeasure, Resume, RunView
+from ksearch_ray.measure import noise_of, pair_differences
+from ksearch_ray.models import EvalResult, Solution, Status
+from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+
+
+def kernel(tag: str) -> Solution:
+    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
+                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
+
+
+def planner() -> ScriptedPolicy:
+    def plan(request: PlanRequest) -> PlanReply:
+        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
+                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}])
+    return ScriptedPolicy(plan=plan)
+
+
+def coder(*tags: str) -> ScriptedPolicy:
+    queue = list(tags)
+
+    def code(request: CodeRequest) -> CodeReply:
+        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1]))
+    return ScriptedPolicy(code=code)
+
+
+class Timed(FakeEvaluators):
+    """Verdicts from a table of ms per solution name (a list: one figure per measurement, the last repeated)."""
+
+    def __init__(self, table: dict[str, list[float]], seconds: float = 0.0, sleep_s: float = 0.0):
+        super().__init__(lambda _s: (None, Status.PASSED, ""))
+        self.table, self.seconds, self.sleep_s = table, seconds, sleep_s
+        self.seen: dict[str, int] = {}
+
+    async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
+        await asyncio.sleep(self.sleep_s)
+        self.done += 1
+        self.evaluated.append(solution)
+        n = self.seen.get(solution.name, 0)
+        self.seen[solution.name] = n + 1
+        figures = self.table.get(solution.name, [1.0])
+        out = result(solution, figures[min(n, len(figures) - 1)])
+        return out.model_copy(update={"seconds": self.seconds})
+
+
+BASELINE = "good"  # the toy task's baseline
+SEED = "triton_seed"
+
+
+def test_noise_is_robust_and_does_not_grow_with_more_measurements():
+    assert pair_differences([1.0, 1.1]) == pytest.approx([0.1])
+    few = noise_of({"a": [1.0, 1.02], "b": [2.0, 2.2]})
+    assert few is not None and few.measurements == 4 and 0.05 < few.value < 0.15
+    # Many repeats of a steady kernel, and one wild one: the range would say 50 %, the estimate does not.
+    steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]
+    many = noise_of({"a": [*steady, 1.5]})
+    assert many is not None and many.measurements == 9 and many.value < 0.05
+    # Twice the measurements of the same kernel: about the same noise, not more.
+    again = noise_of({"a": steady * 2})
+    base = noise_of({"a": steady})
+    assert again is not None and base is not None and again.value == pytest.approx(base.value, rel=0.3)
+    assert noise_of({"a": [1.0]}) is None
+
+
+def test_a_gain_within_the_noise_is_a_candidate_not_a_best_and_is_not_re_timed(tmp_path):
+    # The baseline measures 1.0 then 1.1 (noise 10 %): a candidate 5 % faster than the seed is not a best.
+    evaluators = Timed({BASELINE: [1.0, 1.1], SEED: [2.0, 2.0], "small": [1.9], "big": [1.0]})
+    lines: list[str] = []
+    search = local_search(tmp_path, planner(), coder("small", "big"), evaluators, rounds=2, noise_repeats=2,
+                          stagnation_window=5)
+    search.on_line = lines.append
+    view = asyncio.run(search.run())
+    bests = [e for e in search.store.read_events() if isinstance(e, Best)]
+    assert [b.why for b in bests] == ["the seed", "new best"] and bests[-1].solution_id == kernel("big").id
+    assert [s.name for s in evaluators.retimed] == ["big"]
+    assert any("within the noise of the best" in line and "a candidate, not a new best" in line for line in lines)
+    assert view.best is not None and view.best.solution_id == kernel("big").id
+
+
+def test_a_resumed_session_measures_the_best_beside_its_own_baseline_before_any_round(tmp_path):
+    table = {BASELINE: [1.0], SEED: [2.0], "fast": [1.0]}
+    first = local_search(tmp_path, planner(), coder("fast"), Timed(table), rounds=1)
+    asyncio.run(first.run())
+    first.store.close()
+    # The next session's machine is slower: its baseline takes 2 ms, and the best 2 ms beside it.
+    slower = Timed({BASELINE: [2.0], SEED: [4.0], "fast": [2.0], "slower": [3.0]})
+    second = local_search(tmp_path, planner(), coder("slower"), slower, rounds=2)
+    view = asyncio.run(second.run())
+    events = second.store.read_events()
+    resumed = next(e.seq for e in events if isinstance(e, Resume))
+    again = next(e for e in events if isinstance(e, Remeasure) and e.seq > resumed)
+    assert again.role == "best" and again.speedup == pytest.approx(1.0)
+    # "slower" (3 ms against a 2 ms baseline: 0.67x) is no best, though 0.67x beats nothing measured this session
+    # against the first session's numbers it would have been compared with (0.5x seed).
+    assert view.best is not None and view.best.solution_id == kernel("fast").id
+    assert view.best.speedup == pytest.approx(1.0) and view.best.why == "re-measured this session"
+
+
+def test_the_final_re_timing_stops_once_decisive_and_gives_way_to_the_seed(tmp_path):
+    # The candidate measured 1 ms in the search (2x the seed) but 3 ms when re-timed beside the seed.
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "lucky": [1.0, 3.0]})
+    search = local_search(tmp_path, planner(), coder("lucky"), evaluators, rounds=1, confirm_repeats=3)
+    view = asyncio.run(search.run())
+    confirm = next(e for e in search.store.read_events() if isinstance(e, Confirm))
+    assert len(confirm.repeats) == 1 and confirm.cut_short == "decisive" and confirm.beats_seed is False
+    assert "the run hands out the seed" in confirm.verdict
+    seed = view.seed
+    assert seed is not None and view.best is not None and view.best.solution_id == seed.solution_id
+    assert view.best.why.startswith("back to the seed") and search.store.load_solution(view.best.solution_id).name == SEED
+    assert '"solution_id": "' + str(seed.solution_id) in (search.store.root / "best.json").read_text()
+
+
+def test_a_best_that_beats_the_seed_in_every_repeat_is_handed_out(tmp_path):
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "real": [1.0]})
+    search = local_search(tmp_path, planner(), coder("real"), evaluators, rounds=1, confirm_repeats=2)
+    view = asyncio.run(search.run())
+    confirm = view.confirms["fake"]
+    assert len(confirm.repeats) == 2 and confirm.beats_seed and confirm.cut_short is None
+    assert view.best is not None and view.best.solution_id == kernel("real").id
+
+
+def test_the_search_leaves_room_for_the_re_timing_in_the_wall_budget(tmp_path):
+    # Every evaluation takes 0.1 s: three repeats of baseline, best and seed need about 0.9 s.
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "k": [1.0]}, seconds=0.1, sleep_s=0.1)
+    search = local_search(tmp_path, planner(), coder("k"), evaluators, rounds=100, max_wall_s=2.5, confirm_repeats=3)
+    t0 = time.monotonic()
+    view = asyncio.run(search.run())
+    elapsed = time.monotonic() - t0
+    assert view.finished == "wall clock" and view.rounds_used >= 1
+    confirm = view.confirms["fake"]
+    assert len(confirm.repeats) == 3  # it fit
+    assert elapsed < 2.5 + 0.5, elapsed  # the whole run, the re-timing included, within the budget (+ set-up)
+
+
+def test_the_read_model_is_the_same_live_and_replayed(tmp_path):
+    evaluators = Timed({BASELINE: [1.0, 1.05], SEED: [2.0, 1.9], "a": [1.5], "b": [0.9]})
+    search = local_search(tmp_path, planner(), coder("a", "b"), evaluators, rounds=2, noise_repeats=2, confirm_repeats=1)
+    live = asyncio.run(search.run())
+    replayed = RunView.of(search.store.read_events(), search.store.has_solution)
+    for attribute in ("rounds_used", "evaluations", "finished", "llm_cost_usd", "active_s"):
+        assert getattr(replayed, attribute) == getattr(live, attribute), attribute
+    assert replayed.best == live.best and replayed.noise() == live.noise()
+    assert replayed.tree is not None and live.tree is not None
+    assert replayed.tree.model_dump() == live.tree.model_dump()

@@ -591,8 +591,9 @@ class RunView:
             else:
                 self.attempts[e.round] = new
             if e.solution_id is None:
+                said = f"\nthe reply began: {e.reply_start}" if e.reply_start else ""
                 self._row(e, "candidate", None, None, round_=e.round, cycle=e.cycle, node=e.node, lane=e.lane,
-                          attempt_kind=e.attempt_kind, error=first_lines(e.error or "no code came back"))
+                          attempt_kind=e.attempt_kind, error=first_lines((e.error or "no code came back") + said))
         elif isinstance(e, Evaluation):
             self.evaluations += 1
             self.results[e.solution_id] = e.result

@@ -9,6 +9,8 @@ user can get wrong is checked before anything starts, and fails in one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -16,7 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +190,31 @@ class _Backend:
         return local_search(config, task, store, **options)
 
 
+@contextlib.contextmanager
+def _log_to(run_dir: Path) -> Iterator[None]:
+    """The package's log lines (retries, provider errors, lost actors) go to RUN_DIR/driver.log, not to
+    the terminal: the run's output is its own plain lines and live view."""
+    handler = logging.FileHandler(run_dir / "driver.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("ksearch_ray")
+    before = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = before
+        handler.close()
+
+
 def _execute(search: Search, reporter: Reporter) -> Search:
     """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable."""
+    with _log_to(search.store.root):
+        return _run(search, reporter)
+
+
+def _run(search: Search, reporter: Reporter) -> Search:
     search.on_line = reporter.line
     reporter.attach(search)
     # `kill PID` (and a background job, where the shell ignores Ctrl-C) stops a run like Ctrl-C:

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("ksearch_ray", "ksearch_ray.models"),
+    ("ksearch_ray", "ksearch_ray.models", "ksearch_ray.text"),
     ("ksearch_ray.taskspec", "ksearch_ray.worldmodel"),
     ("ksearch_ray.evaluation",),
     ("ksearch_ray.config",),

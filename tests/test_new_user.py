@@ -66,6 +66,9 @@ def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigg
     # Plain lines on stdout: the path is printed whole even in an 80-column pipe; the policy is named.
     assert f"run directory: {run_dir}" in first.stdout.splitlines()
     assert "offline policy" in first.stdout and "offline policy" in first.stderr
+    said = " ".join(first.stderr.split())
+    assert "nine in ten repeated measurements of one kernel differ by less" in said  # what the noise figure is
+    assert "one evaluation takes about" in said and "more round(s) at width 2" in said  # how long the run will take
     assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
     assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
 
@@ -182,6 +185,7 @@ def test_waiting_is_visible_a_second_writer_is_refused_and_ctrl_c_prints_the_res
         text = screen.decode(errors="replace")
         assert "waiting for" in text and "planner initialize_tree" in text, text[-3000:]
         assert f"run directory {home / 'hanging'}" in " ".join(text.split()), text[-3000:]  # in the live view's header
+        assert "since" in text and "waiting for / for" not in text
 
         second = cli(home, "resume", "hanging")
         assert second.returncode == 2
@@ -223,6 +227,46 @@ def test_the_seed_stays_the_best_when_nothing_beats_it(home):
     assert (run_dir / "best" / "good.py").read_text() == (DATA / "toy" / "solutions" / "good" / "good.py").read_text()
     exported = cli(home, "export", str(run_dir.relative_to(home)), "--task-dir", "data")
     assert exported.returncode == 0 and "time.sleep" not in exported.stdout
+    assert json.loads(exported.stdout)["spec"]["target_hardware"] == ["CPU"]  # what this run measured on
+
+
+def test_a_model_run_starts_from_the_seed_says_so_and_shows_what_a_model_said_instead_of_code(home):
+    prose = "I am sorry, but I cannot help with writing kernels today. Perhaps ask again later?"
+    plan = '```json\n[{"op": "insert", "parent": "root", "title": "x", "difficulty": 1, "score": 0.9, "expected_speedup": 1.1}]\n```'
+
+    def answer(request):
+        return Completion(plan if "edit ops" in json.dumps(request.body["messages"]) else prose)
+
+    with FakeLLMServer(answer) as server:
+        result = cli(home, "run", *LOCAL, "--rounds", "1", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+                     "--confirm-repeats", "0")
+        assert result.returncode == 0, result.stderr + result.stdout
+        said = " ".join(result.stderr.split())
+        assert "starting from the seed triton_seed" in said  # the default with a model too, said at the start
+        assert "no code" in said and "the reply began: 'I am sorry, but I cannot help" in said
+        run_dir = _only_run(home)
+        assert cli(home, "report", str(run_dir)).returncode == 0
+        assert "the reply began: I am sorry, but I cannot help" in (run_dir / "report.html").read_text()
+        spec = cli(home, "run", *LOCAL, "--rounds", "1", "--model", "hosted_vllm/m", "--api-base", server.api_base,
+                   "--confirm-repeats", "0", "--start", "spec", "--run-dir", "from-spec")
+    assert spec.returncode == 0, spec.stderr
+    assert "starting from the specification" in spec.stderr
+    assert "the seed" not in spec.stdout and "started from the specification" in spec.stdout
+
+
+def test_show_without_a_run_directory_shows_the_latest_and_a_config_typo_is_one_line_with_a_guess(home):
+    assert cli(home, "show").returncode == 2  # no runs yet: one line that says so
+    first = cli(home, "run", *LOCAL, "--rounds", "1", "--confirm-repeats", "0", "--noise-repeats", "1")
+    assert first.returncode == 0, first.stderr
+    shown = cli(home, "show")
+    assert shown.returncode == 0 and f"showing the latest run: runs/{_only_run(home).name}" in shown.stderr
+    assert "finished (rounds)" in shown.stdout
+    (home / "typo.yaml").write_text("search:\n  widht: 3\n")
+    typo = cli(home, "run", "--config", "typo.yaml", *LOCAL)
+    assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
+    assert "typo.yaml: unknown setting search.widht (did you mean search.width?)" in " ".join(typo.stderr.split())
+    flat = cli(home, "run", "--config", "flat.yaml", *LOCAL) if (home / "flat.yaml").write_text("width: 3\n") else None
+    assert flat is not None and "unknown setting width (did you mean search.width?)" in " ".join(flat.stderr.split())
 
 
 def test_bad_paths_get_one_line_errors(home):

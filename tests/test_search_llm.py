@@ -71,7 +71,7 @@ class Script:
 
 
 @pytest.mark.slow
-def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_session, tmp_path):
+def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_session, tmp_path, capsys):
     script = Script([
         RateLimited(retry_after_s=0), Completion(GOOD, prompt_tokens=200, completion_tokens=30),
         HTTPError(500), Completion(SYNTAX, prompt_tokens=200, completion_tokens=30),
@@ -95,6 +95,12 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
 
     assert state.finished == "rounds"
     assert state.rounds_used == 9
+    # The actors' own log lines (retries, provider errors) are in the run directory, not in the output, which
+    # says in one plain line that a call needed retries.
+    output = capsys.readouterr()
+    assert "rate_limit" in (run_dir / "coder.log").read_text()
+    assert "RateLimitError" not in output.out + output.err and "Traceback" not in output.err
+    assert "answered after 2 attempts" in output.err
     events = RunStore(run_dir).read_events()
     evaluations = [e for e in events if e.kind == "evaluation"]
     statuses = {Status(e.result.status) for e in evaluations}

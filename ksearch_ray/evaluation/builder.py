@@ -36,6 +36,7 @@ from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery
 from ksearch_ray.evaluation.sandbox.client import Sandbox
 from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
 from ksearch_ray.models import Solution, Status
+from ksearch_ray.text import clip
 
 
 class Builder:
@@ -86,7 +87,7 @@ class Builder:
             msg = parse_report(worker.chan.recv(self.timeout_s))
             if isinstance(msg, Fail):
                 # Whatever status a compromised worker claims, a failed build is a compile error.
-                record.status, record.message, record.log = Status.COMPILE_ERROR, msg.message[:500], msg.log
+                record.status, record.message, record.log = Status.COMPILE_ERROR, clip(msg.message, 500), msg.log
             elif not isinstance(msg, Built):
                 record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.type!r} from the build"
         except ProtocolError as exc:

@@ -47,6 +47,7 @@ from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
+from ksearch_ray.text import clip
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
@@ -312,7 +313,7 @@ class Evaluator:
             detail = failure.log.strip().splitlines()[-1] if failure.log.strip() else ""
             raise SandboxError(
                 f"the sandbox could not start a worker ({failure.status.value}: {failure.message})"
-                + (f"; last output: {detail[:300]}" if detail and detail not in failure.message else "")
+                + (f"; last output: {clip(detail, 300)}" if detail and detail not in failure.message else "")
             ) from None
         session.begin("build")
         compiles = run.solution.language == "cuda" and run.prebuilt is None

@@ -36,6 +36,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
 )
 from ksearch_ray.models import Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
+from ksearch_ray.text import clip
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -128,7 +129,7 @@ class Session:
                 how = f"killed by signal {sig}" if sig else f"exited with code {code}"
                 logs = self.logs()
                 last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
-                raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {last[:300]}" if last else ""),
+                raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {clip(last, 300)}" if last else ""),
                               logs) from None
             except ChannelForgery as exc:
                 raise Failure(Status.INTEGRITY_VIOLATION, f"forged message on the result channel ({exc})") from None

@@ -50,8 +50,11 @@ class TimedStage:
         run = session.run
         session.recv("warmup", "warm-up", Warmed)
         session.begin("timing")
-        session.send(Go())
+        # The clock starts before Go is sent: the worker cannot time a call before then. (Taken after
+        # the send, it could start late, while this thread waits for the GIL that the judge thread
+        # holds, and an honest worker's calls would seem to outrun the wall clock.)
         t0 = time.monotonic()
+        session.send(Go())
         stopwatch = Records(session.worker.clock)
         reports: list[Timed] = []
         records: list[list[ClockRecord]] = []

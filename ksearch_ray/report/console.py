@@ -34,6 +34,7 @@ from ksearch_ray.events import (
 from ksearch_ray.measure import Noise, format_noise, with_noise
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.report.listing import TaskEntry
+from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ def event_line(ev: Event, elapsed_s: float) -> str | None:
         return line
     if isinstance(ev, Candidate) and not ev.solution_id:
         error = (ev.error or "no code came back").splitlines()[0]
-        said = f" (the reply began: {' '.join(ev.reply_start.split())[:100]!r})" if ev.reply_start else ""
+        said = f" (the reply began: {clip(ev.reply_start, 100)!r})" if ev.reply_start else ""
         return f"{head} {NO_CODE}: {error}{said}"
     if isinstance(ev, Tuned):
         if ev.solution_id == ev.original:

@@ -264,7 +264,8 @@ def _workloads(run: Run) -> str:
         return _empty("The best solution's per-workload timings are not in the log.")
     clock = ("GPU latency (CUDA events)" if base.device == "cuda"
              else "host wall-clock in Triton's interpreter (CPU path), not GPU latency")
-    best_max = max(float(frame["speedup"].drop_nulls().max() or 1.0), 1.0)  # type: ignore[arg-type]
+    # Bars are scaled to the largest speedup shown (far below 1 on the CPU path, where they would be ticks).
+    best_max = float(frame["speedup"].drop_nulls().max() or 1.0)  # type: ignore[arg-type]
     rows = []
     for r in frame.iter_rows(named=True):
         ratio = r["speedup"]
@@ -418,7 +419,7 @@ pre.err { margin: 0; white-space: pre-wrap; word-break: break-word; min-width: 3
 table { border-collapse: collapse; } table.data { font-size: 13px; }
 table.data td, table.data th { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left; vertical-align: top; }
 table.data th { background: #f6f8fa; position: sticky; top: 0; white-space: nowrap; }
-table.data td { white-space: nowrap; } table.data td.wrap { white-space: normal; min-width: 16ch; max-width: 30ch; }
+table.data td { white-space: nowrap; } table.data td.wrap { white-space: normal; overflow-wrap: anywhere; min-width: 16ch; max-width: 30ch; }
 table.sortable th { cursor: pointer; user-select: none; }
 table.sortable th[data-dir=asc]::after { content: " \\25B2"; } table.sortable th[data-dir=desc]::after { content: " \\25BC"; }
 table.facts th { text-align: left; padding: 2px 16px 2px 0; color: var(--muted); font-weight: 600; vertical-align: top; white-space: nowrap; }

@@ -66,6 +66,7 @@ from ksearch_ray.run.errors import SearchError
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
+from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import ROOT_ID, Tree, new_tree
 
@@ -203,6 +204,8 @@ class Search:
             self.llm_in_flight.pop(token, None)
         for call in reply.calls:
             self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
+            if call.error is None and call.attempts > 1:  # the retries' details are in the run's logs
+                self.on_line(f"{role} {call.kind}: answered after {call.attempts} attempts")
         fatal = next((call for call in reply.calls if fatal_error(call)), None)
         if fatal is not None:
             # A rejected key, an unknown model: every further call would fail the same way, so stop
@@ -269,8 +272,8 @@ class Search:
         attempt = self.view.attempt_at(round_, where.cycle)
         assert attempt is not None
         if solution_id is None:
-            said = f" (the reply began: {' '.join(reply.reply_start.split())[:120]!r})" if reply.reply_start else ""
-            self.on_line(f"round {round_} ({where.key}, {request.kind}): no code: {(error or '')[:160]}{said}")
+            said = f" (the reply began: {clip(reply.reply_start, 120)!r})" if reply.reply_start else ""
+            self.on_line(f"round {round_} ({where.key}, {request.kind}): no code: {clip(error, 160)}{said}")
         return attempt
 
     # --- solutions ------------------------------------------------------------------------------------
@@ -318,7 +321,7 @@ class Search:
         result, evaluator, value = await self.measure(self.solution(attempt.solution_id))
         self.record(Evaluation(round=attempt.round, evaluator=evaluator, gpu=self.gpu_name(evaluator),
                                solution_id=attempt.solution_id, result=result, speedup=value, **where.fields()))
-        shown = with_noise(value, self.noise(evaluator)) if result.passed else result.message[:160]
+        shown = with_noise(value, self.noise(evaluator)) if result.passed else clip(result.message, 160)
         self.on_line(f"round {attempt.round} ({where.key}, {attempt.kind}): {result.status.value} {shown}")
         await autotune(self, attempt, where)
         if attempt.solution_id is not None and attempt.evaluator is not None:
@@ -396,7 +399,7 @@ class Search:
         self.record(Retime(solution_id=solution_id, evaluator=evaluator, agreed=check.agreed, status=check.status,
                            message=check.message, workloads=[w.model_dump(mode="json") for w in check.workloads]))
         if not check.agreed:
-            self.on_line(f"not recorded as a best: the independent re-timing disagrees ({check.message[:200]})")
+            self.on_line(f"not recorded as a best: the independent re-timing disagrees ({clip(check.message, 200)})")
         return check.agreed
 
     # --- budgets ------------------------------------------------------------------------------------------
@@ -461,6 +464,7 @@ class Search:
                 await self._seed()
             elif self.view.session > 0:
                 await self._remeasure_best()
+            self._say_estimate()
             spent = self.budget_left()
             if spent:
                 self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
@@ -475,6 +479,23 @@ class Search:
             return self.view
         finally:
             self.release()
+
+    def _say_estimate(self) -> None:
+        """How long the rest of the budget will take here, from this session's measurements."""
+        measured = [r.seconds for r in (*self.view.session_baselines.values(),
+                                        *(self.view.results.get(b.solution_id) for b in self.view.best_by_gpu.values()))
+                    if r is not None and r.seconds > 0]
+        rounds = self.config.budget.rounds - self.view.rounds_used
+        if not measured or rounds <= 0:
+            return
+        each = max(measured)
+        lanes = max(1, min(self.config.search.width, self.pool.size))
+        total = rounds * each / lanes + self.confirm_reserve_s()
+        hours = total / 3600
+        said = f"{total / 60:.0f} min" if hours < 2 else f"{hours:.1f} h"
+        self.on_line(f"one evaluation takes about {each:.0f} s here: {rounds} more round(s) at width "
+                     f"{self.config.search.width} on {self.pool.size} evaluator(s) take about {said} of evaluations "
+                     "(LLM time not counted; --rounds, --max-wall-s or a smaller --workloads set shorten it)")
 
     def release(self) -> None:
         """Give back what the backends hold (Ray actors, GPUs, sandboxes), however the session ends: a

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ksearch_ray.text import clip
+
 # Part of every build key (ksearch_ray.evaluation.buildcache): a change here rebuilds everything.
 CXX_FLAGS = ["-O3", "-std=c++17"]
 CUDA_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
@@ -150,7 +152,7 @@ def serve_build(chan: Any, job: dict[str, Any]) -> int:
     except BuildError as exc:
         chan.send(Fail(status=Status.COMPILE_ERROR, message="build failed", log=str(exc)))
     except Exception as exc:  # the candidate's static initialisers ran at import: its failure, as a status
-        chan.send(Fail(status=Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:500]))
+        chan.send(Fail(status=Status.COMPILE_ERROR, message=clip(f"import failed: {type(exc).__name__}: {exc}", 500)))
     else:
         chan.send(Built(seconds=time.perf_counter() - t0))
     sys.stdout.flush()

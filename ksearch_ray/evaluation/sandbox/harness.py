@@ -36,6 +36,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
 )
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Workload
+from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter
 _sync = torch.cuda.synchronize
@@ -141,7 +142,7 @@ class Worker:
             raise CandidateFailure(
                 Status.CRASHED,
                 f"input generation failed (a broken task bundle, or a candidate that patched torch): "
-                f"{type(exc).__name__}: {str(exc)[:300]}",
+                f"{type(exc).__name__}: {clip(str(exc), 300)}",
                 traceback.format_exc()[-2000:],
             ) from None
 
@@ -163,7 +164,7 @@ class Worker:
             status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
             if "out of memory" in str(exc).lower():
                 status = Status.RUNTIME_ERROR
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
             raise CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src)) from None
 
     def check_outputs(self, result: Any, inputs: dict[str, Any],

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from ksearch_ray.config import LLMConfig
+from ksearch_ray.text import clip
 
 __all__ = ["LLMConfig"]  # the run configuration's llm section
 
@@ -84,7 +85,7 @@ class LLMError(Exception):
         sent_request: bool = True,
     ) -> None:
         self.kind = kind
-        self.message = " ".join(message.split())[:300]  # one line, bounded: it lands in logs and records
+        self.message = clip(message, 300)  # one line, bounded: it lands in logs and records
         self.retryable = retryable
         self.status_code = status_code
         self.retry_after_s = retry_after_s

@@ -129,18 +129,15 @@ def eval_(
     except TaskError as exc:
         fail(str(exc))
 
-    from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
+    from ksearch_ray.config import EvaluationConfig
     from ksearch_ray.evaluation.sandbox.client import SandboxError
+    from ksearch_ray.run.evaluators import build_evaluator
 
-    timing = TimingPolicy.for_device(device)
-    if max_calls is not None:
-        if max_calls < 3:
-            fail("--max-calls must be at least 3")
-        timing.max_calls = max_calls
-    from ksearch_ray.evaluation.sandbox.isolation import Isolation as IsolationMode
-
+    if max_calls is not None and max_calls < 3:
+        fail("--max-calls must be at least 3")
+    settings = EvaluationConfig(isolation=isolation, timing={"max_calls": max_calls} if max_calls else {})  # type: ignore[arg-type]
     try:
-        evaluator = Evaluator(device, work_dir, timing=timing, isolation=IsolationMode(isolation))
+        evaluator = build_evaluator(settings, device, work_dir, start=True)
     except (RuntimeError, SandboxError) as exc:
         fail(str(exc))
     try:

@@ -25,9 +25,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session():
-    """One in-process Ray for the tests that need one, with two fake GPUs so GPU-pinned evaluators schedule."""
+    """An in-process Ray for a module's tests that need one, with two fake GPUs so GPU-pinned evaluators
+    schedule. Per module, and shut down after it: a Ray left running in the test process would be attached
+    to by every later command-line test (as a user's `ksearch run` never is), whatever order tests run in."""
     import ray
 
     if not ray.is_initialized():

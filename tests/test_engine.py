@@ -154,3 +154,39 @@ def test_the_read_model_is_the_same_live_and_replayed(tmp_path):
     assert replayed.best == live.best and replayed.noise() == live.noise()
     assert replayed.tree is not None and live.tree is not None
     assert replayed.tree.model_dump() == live.tree.model_dump()
+
+
+def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rules_look(tmp_path):
+    """Two attempts that stopped improving, then a third with code that a kill left unevaluated: with a
+    stagnation window of two, the stop rule alone would end the cycle; the candidate is evaluated first."""
+    from ksearch_ray.events import Baseline, Candidate, CycleStart, Evaluation, Seed, WmCall, WmInit
+    from ksearch_ray.worldmodel.tree import new_tree
+
+    run_dir = tmp_path / "run"
+    setup = local_search(tmp_path, planner(), coder("x"), Timed({}), run_dir=run_dir, stagnation_window=2)
+    store = setup.store
+    seed = setup.task.solution(SEED)
+    fast, slow, orphan = kernel("fast"), kernel("slow"), kernel("orphan")
+    for solution in (seed, fast, slow, orphan):
+        store.save_solution(solution)
+    base = setup.task.baseline()
+    store.save_solution(base)
+    store.append(WmInit(tree=new_tree("toy_axpy")))
+    store.append(Baseline(solution_id=base.id, evaluator=0, gpu="fake", result=result(base, 1.0)))
+    store.append(Seed(solution_id=seed.id, evaluator=0, gpu="fake", result=result(seed, 2.0), speedup=0.5))
+    store.append(WmCall(call="apply", args={"ops": [{"op": "insert", "parent": "root", "title": "a", "difficulty": 1,
+                                                      "score": 0.5, "expected_speedup": 1.2}], "system": False}))
+    store.append(WmCall(call="select_and_lease", args={"k": 1, "holder": "c1", "now": time.time(), "ttl": 3600.0,
+                                                        "max_difficulty": 4, "relax_at": None}))
+    store.append(CycleStart(cycle="c1", node="n1"))
+    for round_, solution, ms in ((1, fast, 0.5), (2, slow, 0.8)):
+        store.append(Candidate(round=round_, cycle="c1", node="n1", attempt_kind="generate_from_base", solution_id=solution.id))
+        store.append(Evaluation(round=round_, cycle="c1", node="n1", evaluator=0, gpu="fake", solution_id=solution.id,
+                                result=result(solution, ms), speedup=1.0 / ms))
+    store.append(Candidate(round=3, cycle="c1", node="n1", attempt_kind="improve", solution_id=orphan.id))
+    store.close()
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "fast": [0.5], "orphan": [0.9]})
+    resumed = local_search(tmp_path, planner(), coder("later"), evaluators, run_dir=run_dir, rounds=3, stagnation_window=2)
+    view = asyncio.run(resumed.run())
+    assert "orphan" in [s.name for s in evaluators.evaluated]
+    assert view.cycles["c1"].attempts[2].result is not None and view.rounds_used == 3

@@ -105,18 +105,20 @@ class ActionCycle:
 
     async def _attempts(self, node: ActionNode) -> None:
         base, base_speedup = self._parent(node)
+        attempts = self.rec.attempts
+        if attempts and attempts[-1].solution_id and attempts[-1].result is None:
+            # A candidate the last session generated and did not evaluate: evaluated first, before the
+            # stop rules look at the attempts (a candidate with code is always evaluated, once).
+            await self.ctx.evaluate(attempts[-1], self.where)
         while (why := self._should_stop(base_speedup)) is None:
-            attempts = self.rec.attempts
-            pending = attempts[-1] if attempts and attempts[-1].solution_id and attempts[-1].result is None else None
-            if pending is None:
-                round_ = await self.ctx.take_round()
-                if round_ is None:
-                    self.budget_cut = True
-                    self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
-                    return
-                pending = await self._generate(node, base, base_speedup, round_)
-            if pending.solution_id is not None:
-                await self.ctx.evaluate(pending, self.where)
+            round_ = await self.ctx.take_round()
+            if round_ is None:
+                self.budget_cut = True
+                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
+                return
+            attempt = await self._generate(node, base, base_speedup, round_)
+            if attempt.solution_id is not None:
+                await self.ctx.evaluate(attempt, self.where)
             await self.ctx.wm("renew", ids=[node.id], holder=self.rec.cycle_id, now=self.ctx.now(),
                               ttl=self.config.lease_ttl_s)
         self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=why))

@@ -25,7 +25,7 @@ def ksearch(*args: str, cwd: Path = ROOT):  # type: ignore[no-untyped-def]
     (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--workloads", "nope"], "no workload set 'nope'"),
     (["run", "--task", "trimul", "--width", "0"], "search.width: Input should be greater than or equal to 1"),
     (["run", "--task", "trimul", "--method", "greedy"], "search.method: Input should be 'ksearch', 'evolve' or 'refine'"),
-    (["run", "--task", "trimul", "--from-solution", "nosuch.py", "--no-ray"], "--from-solution: no solution of trimul"),
+    (["run", "--task", "trimul", "--from-solution", "nosuch.py"], "--from-solution: no solution of trimul"),  # before Ray
     (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
     (["resume", "/nonexistent/run"], "is not a run directory"),
     (["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1",
@@ -147,3 +147,15 @@ def test_a_search_from_a_solution_needing_a_missing_module_stops_before_the_run_
     assert result.returncode == 2
     assert "needs the Python module ksearch_no_such_module" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr + result.stdout and not run_dir.exists()
+
+
+def test_a_job_on_a_cluster_says_it_attaches_rather_than_starts_ray(monkeypatch):
+    from local_backends import settings
+
+    from ksearch_ray.distributed.cluster import attaching
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not attaching(settings(task="trimul"))
+    assert attaching(settings(task="trimul", address="ray://head:10001"))
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` gives its entrypoint
+    assert attaching(settings(task="trimul"))

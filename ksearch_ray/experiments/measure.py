@@ -21,6 +21,7 @@ from typing import Any
 from ksearch_ray.evaluation.scoring import speedup as ratio
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.taskspec.task import Task, TaskError, find_task, solution_from_file
+from ksearch_ray.text import clip
 
 
 def check_set(task: Task, wanted: str, scored: str | None = None) -> str:
@@ -50,7 +51,8 @@ def measure(task_name: str, task_dirs: list[str], device: str, wanted: str, best
 
     With `line_workloads` (the set the searches scored on) the baseline and the references are also
     measured on that set: their lines in the progress plots compare with the searches' own numbers."""
-    from ksearch_ray.evaluation.evaluator import Evaluator
+    from ksearch_ray.config import EvaluationConfig
+    from ksearch_ray.run.evaluators import build_evaluator
 
     task = find_task(task_name, task_dirs)
     workloads = check_set(task, wanted, line_workloads)
@@ -61,12 +63,12 @@ def measure(task_name: str, task_dirs: list[str], device: str, wanted: str, best
             vs: dict[str, float | None] | None = None) -> dict[str, Any]:
         out = {"task": task.name, "role": role, "name": name, "run": run, "workloads": task.workload_set_name(on, device),
                "status": result.status.value if result else status, "passed": bool(result and result.passed),
-               "score": result.score if result and result.passed else None, "message": (result.message if result else message)[:300],
+               "score": result.score if result and result.passed else None, "message": clip(result.message if result else message, 300),
                "speedup": speedup, **(vs or {})}
         rows.append(out)
         return out
 
-    with Evaluator(device, work_dir) as evaluator:
+    with build_evaluator(EvaluationConfig(), device, work_dir) as evaluator:
         def evaluate(solution: Solution, on: str = workloads) -> EvalResult:
             say(f"{task.name}: checking {solution.name} on {on}")
             return evaluator.evaluate(task, solution, workload_set=on)

@@ -420,7 +420,7 @@ class RunView:
     events: list[Event] = field(default_factory=list)
     wm: WorldModelState | None = None
     session: int = 0
-    """Sessions so far, from 1: the first session, then one per `resume`."""
+    """The current session: 0 for the first, one more for each `resume`."""
     baseline: EvalResult | None = None
     """The run's first baseline measurement."""
     session_baselines: dict[int, EvalResult] = field(default_factory=dict)

@@ -16,10 +16,11 @@ from typing import Any
 import polars as pl
 
 import ksearch_ray
+from ksearch_ray.config import flat_settings
 from ksearch_ray.measure import format_noise, with_noise
 from ksearch_ray.models import Status
 from ksearch_ray.report import svg
-from ksearch_ray.report.tables import NO_CODE, Origin, Run, flat_config
+from ksearch_ray.report.tables import NO_CODE, Origin, Run
 from ksearch_ray.worldmodel.render import format_speedup
 from ksearch_ray.worldmodel.tree import (
     ROOT_ID,
@@ -325,7 +326,7 @@ def _code(run: Run) -> str:
 
 
 def _settings(run: Run) -> str:
-    settings = flat_config(run.config)
+    settings = flat_settings(run.config)
     seed = run.seed
     # What the defaults resolved to in this run, beside the settings as given.
     if settings.get("search.from_solution") is None:

@@ -23,7 +23,7 @@ from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.store import RunDirError, RunStore, read_manifest
 from ksearch_ray.worldmodel.tree import Tree
 
-__all__ = ["NO_CODE", "Origin", "Run", "flat_config", "read_manifest"]
+__all__ = ["NO_CODE", "Origin", "Run", "read_manifest"]
 
 WORLD_MODEL_METHOD = "ksearch"
 """The search method that keeps a world model."""
@@ -38,17 +38,6 @@ class Origin:
     BEST_REMEASURED = "best re-measured"
     CANDIDATE = "candidate"
     TUNE = "tune"
-
-
-def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"search": {"width": 2}} -> {"search.width": 2}, for tables of settings."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and key != "timing":
-            out.update(flat_config(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 @dataclass

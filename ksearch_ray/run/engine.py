@@ -423,11 +423,15 @@ class Search:
         return None
 
     def confirm_reserve_s(self) -> float:
+        """The wall time the method leaves for the final re-timing when the run has a wall budget."""
+        return self.confirm_estimate_s() if self.config.budget.max_wall_s is not None else 0.0
+
+    def confirm_estimate_s(self) -> float:
         """The wall time the final re-timing will need, from this session's measurements, and room for
         one candidate in flight when the method stops (its evaluation and re-timing): the method's wall
         budget ends this much early, so the re-timing fits in the run's."""
         repeats = self.config.search.confirm_repeats
-        if repeats <= 0 or self.config.budget.max_wall_s is None:
+        if repeats <= 0:
             return 0.0
         seed = self.view.seed.solution_id if self.view.seed else None
         total = 0.0
@@ -490,12 +494,13 @@ class Search:
             return
         each = max(measured)
         lanes = max(1, min(self.config.search.width, self.pool.size))
-        total = rounds * each / lanes + self.confirm_reserve_s()
+        total = rounds * each / lanes + self.confirm_estimate_s()
         hours = total / 3600
         said = f"{total / 60:.0f} min" if hours < 2 else f"{hours:.1f} h"
         self.on_line(f"one evaluation takes about {each:.0f} s here: {rounds} more round(s) at width "
-                     f"{self.config.search.width} on {self.pool.size} evaluator(s) take about {said} of evaluations "
-                     "(LLM time not counted; --rounds, --max-wall-s or a smaller --workloads set shorten it)")
+                     f"{self.config.search.width} on {self.pool.size} evaluator(s) and the final re-timing take about "
+                     f"{said} of evaluations (LLM time not counted; --rounds, --max-wall-s or a smaller --workloads "
+                     "set shorten it)")
 
     def release(self) -> None:
         """Give back what the backends hold (Ray actors, GPUs, sandboxes), however the session ends: a

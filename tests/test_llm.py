@@ -483,7 +483,9 @@ def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_agai
         first, second = (r.body for r in server.chat_requests)
     assert first["response_format"]["type"] == "json_schema" and "response_format" not in second
     assert reply.ops == ops and reply.error is None
-    assert reply.calls[0].error_kind == "unsupported" and not any(fatal_error(c) for c in reply.calls)
+    # One call of two requests, the refused parameter dropped for the model and said in the record.
+    [call] = reply.calls
+    assert call.attempts == 2 and call.dropped_params == ["response_format"] and not fatal_error(call)
 
 
 def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> None:
@@ -497,3 +499,93 @@ def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> Non
     assert reply.ops == [{"op": "add_question", "text": "q"}] and len(reply.calls) == 2
     assert followup[-2]["role"] == "assistant" and "no node n99 in the tree" in followup[-1]["content"]
     assert any("asked again" in note for note in reply.notes)
+
+
+# --- providers as they are ------------------------------------------------------------------------
+
+
+def test_replies_stream_and_the_usage_of_the_stream_is_counted() -> None:
+    with FakeLLMServer([Completion("streamed kernel", prompt_tokens=21, completion_tokens=9)]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    [request] = server.chat_requests
+    assert request.body["stream"] is True and request.body["stream_options"] == {"include_usage": True}
+    assert reply.text == "streamed kernel" and reply.call.streamed
+    assert (reply.call.prompt_tokens, reply.call.completion_tokens, reply.call.tokens_estimated) == (21, 9, False)
+
+
+def test_without_streaming_the_reply_comes_whole() -> None:
+    with FakeLLMServer([Completion("whole")]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=False)))
+    assert "stream" not in server.chat_requests[0].body and reply.text == "whole" and not reply.call.streamed
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_reply_with_content_null_is_read_from_its_reasoning(stream: bool) -> None:
+    step = Completion(None, reasoning="Thinking... the answer:\n```python\ndef run(x):\n    return x\n```")
+    with FakeLLMServer([step]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=stream)))
+    assert "def run(x)" in reply.text and reply.call.answer_from == "reasoning" and reply.call.reasoning_chars > 0
+
+
+def test_with_content_the_reasoning_is_kept_apart() -> None:
+    with FakeLLMServer([Completion("the answer", reasoning="long thoughts")]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "the answer" and reply.call.answer_from == "content" and reply.call.reasoning_chars == 13
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_reply_that_is_only_a_tool_call_is_read_from_its_arguments(stream: bool) -> None:
+    arguments = json.dumps({"explanation": "fused", "code": "def run(x):\n    return x\n"})
+    with FakeLLMServer([Completion(None, tool_arguments=arguments)]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=stream)))
+    assert reply.call.answer_from == "tool_call"
+    assert extract_code(reply.text, "python") == {"kernel.py": "def run(x):\n    return x\n"}
+
+
+def test_a_stream_cut_part_way_is_retried_and_what_it_delivered_is_billed() -> None:
+    script = [Completion("a long reply that never ends", cut_after_chunks=3), Completion("ok", prompt_tokens=4,
+                                                                                       completion_tokens=1)]
+    with FakeLLMServer(script) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "ok" and reply.call.attempts == 2 and len(server.chat_requests) == 2
+    # The cut attempt's prompt and the characters it delivered are estimated into the same record.
+    assert reply.call.tokens_estimated and reply.call.prompt_tokens > 4 and reply.call.completion_tokens > 1
+
+
+def test_a_temperature_the_model_refuses_is_dropped_for_that_model_and_the_call_sent_again() -> None:
+    refusal = HTTPError(400, "Unsupported value: 'temperature' does not support 0.2 with this model. "
+                             "Only the default (1) value is supported.")
+    with FakeLLMServer([refusal, Completion("first"), Completion("second")]) as server:
+        client = LiteLLMClient(config_for(server, temperature=0.2))
+        first, second = complete(client), complete(client)
+    bodies = [r.body for r in server.chat_requests]
+    assert bodies[0]["temperature"] == 0.2 and "temperature" not in bodies[1] and "temperature" not in bodies[2]
+    assert first.text == "first" and first.call.attempts == 2 and first.call.dropped_params == ["temperature"]
+    assert second.call.attempts == 1 and second.call.dropped_params == []
+
+
+def test_a_refused_max_tokens_is_sent_as_max_completion_tokens() -> None:
+    refusal = HTTPError(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                             "Use 'max_completion_tokens' instead.")
+    with FakeLLMServer([refusal, Completion("ok")]) as server:
+        reply = complete(LiteLLMClient(config_for(server, model="hosted_vllm/reasoner", max_tokens=900)))
+    first, second = (r.body for r in server.chat_requests)
+    assert first["max_tokens"] == 900 and "max_tokens" not in second and second["max_completion_tokens"] == 900
+    assert reply.text == "ok"
+
+
+@pytest.mark.parametrize(("step", "kind"), [
+    (HTTPError(400, "Your request was rejected as a result of our safety system."), "content_policy"),
+    (HTTPError(400, "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens."),
+     "context_window"),
+    (HTTPError(429, "You exceeded your current quota, please check your plan and billing details."), "quota"),
+    (HTTPError(404, "The model `nope` does not exist."), "not_found"),
+    (HTTPError(422, "messages.0: field required"), "bad_request"),
+])
+def test_refusals_are_sorted_by_what_they_refuse_and_none_is_retried(step: HTTPError, kind: str) -> None:
+    from ksearch_ray.policies.llm.types import error_class
+
+    with FakeLLMServer(always(step)) as server:
+        error = complete_error(LiteLLMClient(config_for(server)))
+    assert error.kind == kind and not error.retryable and len(server.chat_requests) == 1
+    assert error_class(kind) == ("fatal" if kind in ("quota", "not_found") else "rejected")

@@ -14,9 +14,11 @@ from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, Pla
 from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
 
 
-def kernel(tag: str) -> Solution:
+def kernel(tag: str, n: int = 0) -> Solution:
+    """A kernel whose first line says how it fares; `n` makes each reply's code its own."""
     return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"}, description=f"change: {tag}")
+                    sources={"k.py": f"# {tag}\n# reply {n}\ndef run(x, a, b):\n    return a * x + b\n"},
+                    description=f"change: {tag}")
 
 
 def judge(solution: Solution) -> tuple[float | None, Status, str]:
@@ -47,9 +49,10 @@ def planner(first: list[dict], later: list[dict] | None = None) -> ScriptedPolic
 
 def coder(*tags: str) -> ScriptedPolicy:
     queue = list(tags)
+    replies = iter(range(1, 10_000))
 
     def code(request: CodeRequest) -> CodeReply:
-        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1]))
+        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1], next(replies)))
 
     return ScriptedPolicy(code=code)
 

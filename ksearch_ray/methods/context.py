@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from ksearch_ray.worldmodel.tree import Tree
 
 
+class Refused(Exception):
+    """The provider refused a coder call (a content policy, a request it rejects), again when asked again:
+    no round was spent on it, and there is no attempt to judge. The message is one line."""
+
+
 @dataclass(frozen=True)
 class Where:
     """Which part of a method an attempt belongs to: a K-Search cycle on a node, or a lane."""
@@ -90,7 +95,8 @@ class SearchContext(Protocol):
     async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt | None:
         """Ask the coder for the round's candidate and record it (a `candidate` event). A call the provider
         failed is asked again until it answers (no round is spent on failures); None, with the round given
-        back, when the budget ran out meanwhile."""
+        back, when the budget ran out meanwhile; `Refused`, with the round given back, when the provider
+        refuses the request however often it is asked."""
         ...
 
     def give_back_round(self, round_: int) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
-from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
 from ksearch_ray.models import Solution
 from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeKind, FailedAttempt
@@ -34,6 +34,8 @@ from ksearch_ray.worldmodel.tree import ActionNode, Outcome
 
 LEASE_LOST = "lease lost"
 """The stop reason of a cycle whose lease expired under it."""
+REFUSED = "refused"
+"""The stop reason of a cycle whose coder call the provider refused."""
 
 
 def stagnation(attempts: list[Attempt]) -> int:
@@ -82,6 +84,7 @@ class ActionCycle:
         self.rec = record
         self.where = Where(cycle=record.cycle_id, node=record.node_id)
         self.budget_cut = record.stop_reason == "budget"  # as logged, when a resumed cycle skips its attempts
+        self.refused = record.stop_reason == REFUSED  # the provider refused its coder call: nothing to judge
         self.lost = record.stop_reason == LEASE_LOST  # the lease expired under this cycle: it stops, judges nothing
 
     @property
@@ -153,7 +156,12 @@ class ActionCycle:
             pending = attempts[-1] if attempts and attempts[-1].solution_id and attempts[-1].result is None else None
             if pending is None:
                 round_ = await self.ctx.take_round()
-                generated = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
+                try:
+                    generated = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
+                except Refused as exc:
+                    self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
+                    self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
+                    return
                 if generated is None:  # the budget ran out (perhaps while the provider was failing)
                     self.budget_cut = True
                     self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
@@ -230,6 +238,9 @@ class ActionCycle:
         tag = {"cycle": rec.cycle_id}
         best = current_attempt(rec.attempts)
         passed = best is not None and best.passed
+        if self.refused:
+            await self._finish_refused(node)
+            return
         if not rec.attempts:
             # The budget ran out before the first attempt: the action goes back to the frontier untouched.
             await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
@@ -267,6 +278,28 @@ class ActionCycle:
             await ctx.plan(request, cycle=rec.cycle_id)
             self._step("planned")
         self._end(passed=passed)
+
+    async def _finish_refused(self, node: ActionNode) -> None:
+        """The provider refused this cycle's coder call: no attempt to judge, so the action goes back to the
+        frontier with a note (its outcome kept); the second time, the system closes it (not too hard: it
+        was never tried), so a prompt the provider always refuses cannot hold the search."""
+        ctx, rec = self.ctx, self.rec
+        tag = {"cycle": rec.cycle_id}
+        if rec.attempts and "recorded" not in rec.steps:
+            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
+                                                 "outcome": self.outcome(node, self.evidence(node)).model_dump(mode="json")}])
+            self._step("recorded")
+        if "released" not in rec.steps:
+            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._step("released")
+        refused = sum(c.node_id == rec.node_id and c.stop_reason == REFUSED for c in ctx.view.cycles.values())
+        why = "the provider refused the coder's calls for this action (a content policy or a rejected request)"
+        if "noted" not in rec.steps:
+            op = ({"op": "close", "target": rec.node_id, "reason": f"{why}, in {refused} cycles"} if refused >= 2
+                  else {"op": "annotate", "target": rec.node_id, "text": why})
+            await ctx.wm("apply", tag=tag, ops=[op])
+            self._step("noted")
+        self._end(passed=False)
 
     async def _finish_without_lease(self, node: ActionNode, evidence: list[AttemptEvidence], best: Attempt | None) -> None:
         """A cycle whose lease expired: what it measured is kept, a passing solution attached only where the

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from ksearch_ray.events import Candidate, Event
-from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import workload_times
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import (
@@ -83,12 +83,20 @@ class Lanes:
         return self.stopped or ctx.budget_left() or "done"
 
     async def _lane(self, ctx: SearchContext, lane: str) -> None:
+        refused = 0
         try:
             while self.stopped is None:
                 round_ = await ctx.take_round()
                 if round_ is None:
                     return
-                await self.step(ctx, lane, round_)
+                try:
+                    await self.step(ctx, lane, round_)
+                    refused = 0
+                except Refused as exc:  # no round spent; the same prompt next time would be refused again
+                    refused += 1
+                    ctx.say(f"lane {lane}: {exc}")
+                    if refused >= NO_CODE_LIMIT and self.stopped is None:
+                        self.stopped = f"the provider refused the coder {refused} times in a row (last: {exc})"
         finally:
             ctx.working(lane, None)
 

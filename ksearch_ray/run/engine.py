@@ -56,7 +56,7 @@ from ksearch_ray.events import (
     WmInit,
 )
 from ksearch_ray.measure import Noise, Spread, beyond_noise, confirm_verdict, format_noise, with_noise
-from ksearch_ray.methods.context import Method, Where
+from ksearch_ray.methods.context import Method, Refused, Where
 from ksearch_ray.methods.evidence import eval_summary, workload_times
 from ksearch_ray.methods.tuner import autotune
 from ksearch_ray.models import EvalResult, Solution
@@ -82,9 +82,11 @@ log = logging.getLogger(__name__)
 
 REPLY_START_CHARS = 200
 """How much of a reply without code is kept, so a user can see what the model said instead."""
-REJECTED_LIMIT = 6
-"""Calls the provider refused in a row (content policy, bad requests) before the run stops: a refusal is
-one failed call, but one that every request gets will not clear."""
+REFUSAL_RETRIES = 2
+"""Times a call the provider refused (a content policy, a bad request) is asked again: classifiers misfire."""
+REJECTED_LIMIT = 5
+"""Calls refused in a row (each after its retries), with nothing answered between, before the run stops: a
+refusal is one failed call, but one that every request gets will not clear."""
 REJECTIONS_SHOWN = 12
 """Lines of not-applied edits a planner prompt repeats."""
 
@@ -220,6 +222,7 @@ class Search:
         allowance is spent (then the run stops, resumable); one that never clears (a rejected key, an
         unknown model, an exhausted quota) stops the run at once; a refused request (a content policy, a
         bad request) is one failed call, returned like any reply without a result."""
+        refusals = 0
         while True:
             reply = await self._ask_backend(role, kind, request)
             for call in reply.calls:
@@ -237,6 +240,12 @@ class Search:
                 # now instead of spending the budget on failures.
                 raise SearchError(f"the {role}'s LLM call failed and retrying cannot fix it: {failed.error}")
             if what == "rejected":
+                refusals += 1
+                if refusals <= REFUSAL_RETRIES:
+                    self.on_line(f"the provider refused the {role}'s {kind} call ({(failed.error or '')[:160]}); "
+                                 "asking again (no round is spent on it)")
+                    await self._visible_sleep(role, kind, self.config.llm.backoff_base_s)
+                    continue
                 self._rejected_in_a_row += 1
                 if self._rejected_in_a_row >= REJECTED_LIMIT:
                     raise SearchError(f"the provider refused {self._rejected_in_a_row} calls in a row; the last: "
@@ -386,9 +395,14 @@ class Search:
         """Ask the coder for round `round_`'s code and record the candidate (with code, or why none).
         None, and the round given back, when the budget ran out while the provider was failing."""
         reply: CodeReply = await self._policy_call("coder", request.kind, request, where.key)
-        if reply.failed_call is not None and error_class(reply.failed_call.error_kind) == "transient":
+        failed = error_class(reply.failed_call.error_kind) if reply.failed_call is not None else None
+        if failed == "transient":
             self.give_back_round(round_)
             return None
+        if failed == "rejected":
+            self.give_back_round(round_)
+            raise Refused(f"the provider refused the coder's {request.kind} call "
+                          f"{REFUSAL_RETRIES + 1} times: {reply.error or ''}"[:300])
         error = reply.error if reply.solution is None else None
         solution_id = None
         started_from = {s.id for s in (request.current, request.base) if s is not None}

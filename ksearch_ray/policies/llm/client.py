@@ -89,9 +89,11 @@ REFUSABLE_PARAMS = ("temperature", "max_tokens", "reasoning_effort", "response_f
 
 
 def _retry_after_s(exc: BaseException) -> float | None:
-    headers = getattr(getattr(exc, "response", None), "headers", None)
-    if headers is None:
+    # litellm keeps the provider's headers on its exception (its own `response` is a stand-in without them).
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
         return None
+    headers = {str(k).lower(): v for k, v in dict(headers).items()}
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
             return float(ms) / 1000

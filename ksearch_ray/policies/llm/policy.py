@@ -66,7 +66,7 @@ DEFAULT_BUDGET_TOKENS = 32_000
 """Prompt budget when the model's context window cannot be learned (a local server that does not say)."""
 MAX_BUDGET_TOKENS = 100_000
 """Prompts stay below this even for models with larger windows: beyond it a prompt costs more than it tells."""
-MIN_BUDGET_TOKENS = 2_000
+MIN_BUDGET_TOKENS = 1_000
 MAX_SHRINKS = 3
 MAX_CONTINUATIONS = 2
 CONTINUE = ("Your reply was cut off at the length limit. Continue exactly where it stopped, without repeating "
@@ -114,7 +114,8 @@ class LLMPolicy:
         return min(max(window - self._answer_room(window), MIN_BUDGET_TOKENS), MAX_BUDGET_TOKENS)
 
     def _answer_room(self, window: int) -> int:
-        return self.config.max_tokens or min(max(window // 4, 2_000), 16_000)
+        """Tokens of the window kept for the reply: the run's max_tokens, else a quarter (within bounds)."""
+        return self.config.max_tokens or min(max(window // 4, 256), 16_000)
 
     def _shrunk(self, budget: int, error: LLMError) -> int:
         """A budget the model's context can hold, after it refused one as too long."""

@@ -25,8 +25,9 @@ class Habits(BaseModel):
                              description="First drafts that are broken (a syntax error, a misspelt name, a wrong result): "
                              "debugged from the error text the next prompt shows.")
     breakage_actions: int = Field(default=2, ge=0, description="Bold actions per initial plan, whose first draft is broken.")
-    breakages: list[str] = Field(default=["syntax", "name", "scale", "crash"],
-                                 description="How drafts break: syntax, name, scale (a wrong result), crash, hang.")
+    breakages: list[str] = Field(default=["syntax", "name", "scale"],
+                                 description="How drafts break: syntax, name, scale (a wrong result), all of which it "
+                                 "debugs from the error text; crash and hang, which it cannot.")
     risky_changes: int = Field(default=10, ge=0, le=100,
                                description="Changes of its own choosing (no planned action) that are broken drafts.")
 

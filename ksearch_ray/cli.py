@@ -193,6 +193,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("reasoning_effort", "--reasoning-effort", "llm.reasoning_effort"),
     ("structured_output", "--structured-output", "llm.structured_output"),
     ("price_per_mtok", "--price-per-mtok", "llm.price_per_mtok"),
+    ("outage_s", "--outage-s", "llm.outage_s"),
     ("method", "--method", "search.method"),
     ("width", "--width", "search.width"),
     ("start", "--start", "search.start"),

@@ -589,3 +589,18 @@ def test_refusals_are_sorted_by_what_they_refuse_and_none_is_retried(step: HTTPE
         error = complete_error(LiteLLMClient(config_for(server)))
     assert error.kind == kind and not error.retryable and len(server.chat_requests) == 1
     assert error_class(kind) == ("fatal" if kind in ("quota", "not_found") else "rejected")
+
+
+def test_concurrent_calls_that_all_meet_a_refused_parameter_each_send_it_again_without() -> None:
+    refusal = HTTPError(400, "Unsupported value: 'temperature' does not support 0.2 with this model.")
+
+    def script(request):  # type: ignore[no-untyped-def]
+        return refusal if "temperature" in request.body else Completion("ok", delay_s=0.05)
+
+    async def four(client: LiteLLMClient) -> list:  # type: ignore[type-arg]
+        return await asyncio.gather(*(client.complete("test", [{"role": "user", "content": f"q{i}"}]) for i in range(4)))
+
+    with FakeLLMServer(script) as server:
+        replies = asyncio.run(four(LiteLLMClient(config_for(server, temperature=0.2))))
+    assert [r.text for r in replies] == ["ok"] * 4
+    assert all(r.call.dropped_params == ["temperature"] for r in replies if r.call.attempts == 2)

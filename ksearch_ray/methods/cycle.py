@@ -151,24 +151,25 @@ class ActionCycle:
 
     async def _attempts(self, node: ActionNode) -> None:
         base, base_speedup = self._parent(node)
+        attempts = self.rec.attempts
+        if attempts and attempts[-1].solution_id and attempts[-1].result is None:
+            # A candidate the last session generated and did not evaluate: evaluated first, before the
+            # stop rules look at the attempts (a candidate with code is always evaluated, once).
+            await self.ctx.evaluate(attempts[-1], self.where)
         while (why := self._should_stop(base_speedup)) is None:
-            attempts = self.rec.attempts
-            pending = attempts[-1] if attempts and attempts[-1].solution_id and attempts[-1].result is None else None
-            if pending is None:
-                round_ = await self.ctx.take_round()
-                try:
-                    generated = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
-                except Refused as exc:
-                    self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
-                    self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
-                    return
-                if generated is None:  # the budget ran out (perhaps while the provider was failing)
-                    self.budget_cut = True
-                    self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
-                    return
-                pending = generated
-            if pending.solution_id is not None and not self.lost:
-                await self.ctx.evaluate(pending, self.where)
+            round_ = await self.ctx.take_round()
+            try:
+                attempt = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
+            except Refused as exc:
+                self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
+                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
+                return
+            if attempt is None:  # the budget ran out (perhaps while the provider was failing)
+                self.budget_cut = True
+                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
+                return
+            if attempt.solution_id is not None and not self.lost:
+                await self.ctx.evaluate(attempt, self.where)
             await self._renew()
             if self.lost:
                 self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=LEASE_LOST))

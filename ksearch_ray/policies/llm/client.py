@@ -381,8 +381,11 @@ class LiteLLMClient:
                         except LLMError as error:
                             if not error.sent_request:
                                 sent -= 1
-                            if error.kind == "unsupported_param" and error.param and error.param not in self.refused:
-                                log.warning("%s refuses %s: sending it no more (%s)", self.model, error.param, error)
+                            # The parameter named was sent with this request (refused_param only names
+                            # those), so it goes at once; a concurrent call may have learnt it already.
+                            if error.kind == "unsupported_param" and error.param:
+                                if error.param not in self.refused:
+                                    log.warning("%s refuses %s: sending it no more (%s)", self.model, error.param, error)
                                 self.refused.add(error.param)
                                 ledger.dropped.add(error.param)
                                 continue

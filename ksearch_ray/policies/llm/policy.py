@@ -257,7 +257,7 @@ class LLMPolicy:
         if request.empty_before:
             parts.append("# Note\n\nYour last answer to this question was an empty plan, which ends the search. "
                          "Propose the actions still worth trying; answer with an empty list again only if nothing is.")
-        return "".join(f"\n{part}\n" for part in parts)
+        return "".join(f"\n\n{part}" for part in parts)
 
     def _seed_text(self, request: PlanRequest) -> str:
         root = request.tree.root

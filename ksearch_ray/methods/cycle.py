@@ -161,6 +161,7 @@ class ActionCycle:
             try:
                 attempt = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
             except Refused as exc:
+                self.refused = True
                 self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
                 self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
                 return

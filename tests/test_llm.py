@@ -604,3 +604,62 @@ def test_concurrent_calls_that_all_meet_a_refused_parameter_each_send_it_again_w
         replies = asyncio.run(four(LiteLLMClient(config_for(server, temperature=0.2))))
     assert [r.text for r in replies] == ["ok"] * 4
     assert all(r.call.dropped_params == ["temperature"] for r in replies if r.call.attempts == 2)
+
+
+def test_a_400_on_a_structured_call_falls_back_for_that_call_only() -> None:
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+
+    ops = [{"op": "add_question", "text": "q"}]
+    script = [HTTPError(400, "invalid request"), Completion(json.dumps({"ops": ops})),
+              Completion(json.dumps({"ops": ops}))]
+    with FakeLLMServer(script) as server:
+        policy = LLMPolicy(config_for(server, structured_output="on"))
+        first = asyncio.run(policy.plan(_plan_request()))
+        second = asyncio.run(policy.plan(_plan_request()))
+        bodies = [r.body for r in server.chat_requests]
+    assert first.ops == ops and second.ops == ops
+    assert "response_format" in bodies[0] and "response_format" not in bodies[1]
+    assert "response_format" in bodies[2]  # the next call asks for the schema again
+
+
+def test_an_empty_reply_is_asked_again_without_an_empty_assistant_message() -> None:
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+
+    script = [Completion(""), Completion('```json\n{"ops": [{"op": "add_question", "text": "q"}]}\n```')]
+    with FakeLLMServer(script) as server:
+        reply = asyncio.run(LLMPolicy(config_for(server, structured_output="off")).plan(_plan_request()))
+        followup = server.chat_requests[1].body["messages"]
+    assert reply.ops == [{"op": "add_question", "text": "q"}]
+    assert all(m["content"] for m in followup) and followup[-1]["role"] == "user"
+    assert "Your reply was empty" in followup[-1]["content"]
+
+
+def test_coder_prompts_keep_the_budget_by_giving_way_in_order() -> None:
+    from ksearch_ray.models import Solution
+    from ksearch_ray.policies.contract import Attempt, CodeRequest
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.types import LLMCall, LLMReply
+    from ksearch_ray.taskspec.task import find_task
+    from ksearch_ray.worldmodel.tree import new_tree
+
+    class Recorder:
+        messages: list = []  # type: ignore[type-arg]
+
+        async def complete(self, kind, messages, *, response_format=None):  # type: ignore[no-untyped-def]
+            Recorder.messages = messages
+            return LLMReply(text="```python\ndef run(x, a, b):\n    return a * x + b\n```",
+                            call=LLMCall(kind=kind, model="m", request_hash="h"))
+
+        def context_tokens(self):  # type: ignore[no-untyped-def]
+            return None
+
+    task = find_task("toy_axpy", [str(Path(__file__).parent / "data")])
+    big = Solution(name="big", task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
+                   sources={"k.py": "def run(x, a, b):\n    return a * x + b\n" + "# filler\n" * 3000})
+    history = [Attempt(round=i, kind="improve", error="no code " + "x" * 200) for i in range(1, 40)]
+    request = CodeRequest(kind="improve", task=task.definition, tree=new_tree("toy_axpy"), node_id="root", hardware="cpu",
+                          language="triton", current=big, base=big, history=history, prompt_budget_tokens=3_000)
+    asyncio.run(LLMPolicy(LLMConfig(model="hosted_vllm/m"), client=Recorder()).code(request))
+    text = "".join(m["content"] for m in Recorder.messages)
+    assert len(text) <= 3_000 * 3 + 500, len(text)  # within the budget, give or take the floors
+    assert "def run(x, a, b)" in text and "characters cut to fit the prompt budget" in text

@@ -396,6 +396,12 @@ ALL_FIELDS = {
     "kind": "refine",
     "noise": "±3%",
     "world_model": "WORLD-MODEL-VIEW",
+    "measurement": "MEASUREMENT-FACTS",
+    "remarks": "",
+    "failure": "FAILED-ATTEMPT",
+    "failure_section": "",
+    "passed_code": format_sources({"kernel.py": "import torch  # passed\n"}),
+    "reference": "REFERENCE-CODE",
     "knowledge": "KERNEL-SUMMARY",
     "evidence": "attempt 1: COMPILE_ERROR",
 }

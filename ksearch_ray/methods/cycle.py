@@ -11,7 +11,12 @@ Then, each step at most once (a resumed cycle skips the steps already logged): t
 the action's observed outcome; a passing cycle attaches its best solution and the planner refines
 the tree with the evidence; a failed one is marked too hard and the planner says why and splits
 it where it can; a cycle cut short by the budget is neither: the action goes back to the frontier
-with its partial outcome recorded.
+with its partial outcome recorded. A call the provider failed is not an attempt (the engine waits it
+out and asks again); one the provider refuses however often it is asked ends the cycle unjudged: the
+action goes back with a note, and the second time the system closes it (never too hard).
+
+Every coder call after a failed attempt is shown that attempt's code and evidence, even when an
+earlier attempt passed, and the last code that passed beside it.
 
 While its attempts run the cycle renews its lease in the background (every third of `lease_ttl_s`),
 so a slow LLM call, an outage or a long evaluation queue never lets it expire. If it expires anyway

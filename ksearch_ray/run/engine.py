@@ -6,7 +6,13 @@ writer of events.jsonl: `record(event)` appends an event and applies it to the r
 model, the planner, the coder and the evaluators through small interfaces (`run.backends`), so the
 same logic runs in this process (`run.local`) and on Ray (`distributed`).
 
-The world model is mirrored: every change goes through `wm()`, which applies the named call on the
+LLM calls go through `_policy_call`, which decides what a failed call means: the provider's passing
+troubles are waited out and asked again (an `outage` event when it begins and ends; no round is spent:
+`generate` records a candidate only when the coder answered), errors that never clear stop the run,
+and a refused request is asked again twice and then one failed call. Planner ops are applied in
+`plan`, against the tree version the request was written for.
+
+The world model is mirrored: every change goes through `wm()`, one call at a time, which applies the named call on the
 backend (the authority: the WorldModelActor on Ray), and records it; the read model applies the same
 call with the same pure functions, so reading the tree never crosses a process boundary and a
 resumed run rebuilds the exact tree by replay.

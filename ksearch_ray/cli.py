@@ -190,6 +190,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("reasoning_effort", "--reasoning-effort", "llm.reasoning_effort"),
     ("structured_output", "--structured-output", "llm.structured_output"),
     ("price_per_mtok", "--price-per-mtok", "llm.price_per_mtok"),
+    ("outage_s", "--outage-s", "llm.outage_s"),
     ("method", "--method", "search.method"),
     ("width", "--width", "search.width"),
     ("start", "--start", "search.start"),
@@ -470,19 +471,35 @@ def _run_hardware(run_dir: Path) -> str:
 def standin(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of its choices: the same prompt and seed get the same answer.")] = 0,
+    habits: Annotated[Path | None, typer.Option(help="YAML or JSON file of habits (latency_s, outages, reasoning, "
+                                                     "truncate, ...: see ksearch_ray/policies/standin/habits.py).")] = None,
 ) -> None:
     """Serve the LLM stand-in: an OpenAI-compatible server on loopback that plays planner and coder.
 
-    It reads the prompts ksearch sends and answers as a model would (tunable changes, risky drafts
-    that fail, replies that drift from the format, now and then a 429), for demos and tests
-    without an LLM. It is not a model: it knows nothing of kernels beyond what the prompt shows.
+    It reads the prompts ksearch sends and answers as a model would (tunable changes, broken drafts
+    it then debugs from the error text, replies that drift from the format, now and then a 429), for
+    demos and tests without an LLM. It is not a model: it knows nothing of kernels beyond what the
+    prompt shows.
     """
     import time
 
+    import yaml
+    from pydantic import ValidationError
+
+    from ksearch_ray.policies.standin.habits import Habits
     from ksearch_ray.policies.standin.server import StandIn
 
+    chosen = None
+    if habits is not None:
+        try:
+            chosen = Habits.model_validate(yaml.safe_load(habits.read_text()) or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            fail(f"--habits {habits}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        except (OSError, yaml.YAMLError) as exc:
+            fail(f"--habits {habits}: {str(exc).splitlines()[0]}")
     try:
-        server = StandIn(port, seed=seed).start()
+        server = StandIn(port, seed=seed, habits=chosen).start()
     except OSError as exc:
         fail(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}")
     print(f"LLM stand-in at {server.api_base}; use --model hosted_vllm/standin --api-base {server.api_base}", flush=True)

@@ -32,6 +32,7 @@ from ksearch_ray.measure import Noise, Spread, noise_of
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
 from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.worldmodel.ops import ApplyReport
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 
@@ -179,6 +180,17 @@ class PlanEmpty(_Event):
     notes: list[str] = Field(default_factory=list)
 
 
+class Outage(_Event):
+    """The LLM provider failing for reasons that pass (5xx, 429, timeouts, a cut connection): the calls
+    wait and are retried, spending no round, until it answers again or the outage allowance is spent."""
+
+    kind: Literal["outage"] = "outage"
+    state: Literal["began", "ended", "gave_up"]
+    error: str = Field(default="", description="The failure that began it, or the last one.")
+    failed_calls: int = Field(default=0, description="Calls that failed during the outage (ended, gave_up).")
+    waited_s: float = Field(default=0.0, description="How long it lasted (ended, gave_up).")
+
+
 # --- cycles, candidates, evaluations ------------------------------------------------------------------
 
 
@@ -318,7 +330,7 @@ class Confirm(_Event):
 
 Event = Annotated[
     WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
-    | LlmCallEvent | PlanFailed | PlanEmpty | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
+    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
     | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm,
     Field(discriminator="kind"),
 ]
@@ -454,6 +466,10 @@ class RunView:
     lost: list[EvaluatorLost] = field(default_factory=list)
     retimes: list[Retime] = field(default_factory=list)
     run_ends: list[RunEnd] = field(default_factory=list)
+    outages: list[Outage] = field(default_factory=list)
+    plan_rejections: list[tuple[int, str]] = field(default_factory=list)
+    """(seq, line) for every planner op not applied (or only in part), as its batch's report said: what the
+    planner is told in its next call."""
     active_s: float = 0.0
     _offset: float = 0.0
     _session_start: float | None = None
@@ -550,7 +566,10 @@ class RunView:
         elif isinstance(e, WmCall):
             if self.wm is None:
                 raise EventError(f"event {e.seq}: a world-model call before wm_init")
-            self.wm.call(e.call, e.args)
+            result = self.wm.call(e.call, e.args)
+            if e.call == "apply" and e.plan_kind is not None and isinstance(result, dict):
+                self.plan_rejections += [(e.seq, f"{e.plan_kind}: {line}")
+                                         for line in ApplyReport.model_validate(result).problems()]
         elif isinstance(e, Resume):
             self.resumes += 1
             self.session += 1
@@ -585,7 +604,8 @@ class RunView:
         elif isinstance(e, Candidate):
             self.rounds_used += 1
             self.candidates[e.round] = e
-            new = Attempt(round=e.round, kind=e.attempt_kind, solution_id=e.solution_id, error=e.error)
+            new = Attempt(round=e.round, kind=e.attempt_kind, solution_id=e.solution_id, error=e.error,
+                          reply_start=e.reply_start)
             if e.cycle is not None and e.cycle in self.cycles:
                 self.cycles[e.cycle].attempts.append(new)
             else:
@@ -645,6 +665,8 @@ class RunView:
             self.run_ends.append(e)
         elif isinstance(e, Stopped):
             self.stopped = e.reason
+        elif isinstance(e, Outage):
+            self.outages.append(e)
 
     def attempt(self, e: _Where) -> Attempt | None:
         """The attempt an event speaks of."""

@@ -154,20 +154,3 @@ class EvalResult(BaseModel):
     @property
     def passed(self) -> bool:
         return self.status is Status.PASSED
-
-    def decisive_lines(self, lines: int = 12, chars: int = 1500) -> str:
-        """What a model needs to fix a failure ('' when it passed): the first compiler errors, the
-        exception and its last frames, or the mismatch summary (which workload, element, values)."""
-        if self.passed:
-            return ""
-        out = [self.message.strip()]
-        log = [line.rstrip() for line in self.log.strip().splitlines() if line.strip()]
-        if self.status is Status.COMPILE_ERROR:
-            errors = [line for line in log if "error" in line.lower()]
-            out += (errors or log)[:lines]
-        elif self.status in (Status.RUNTIME_ERROR, Status.CRASHED, Status.TIMEOUT):
-            out += log[-lines:]  # the exception is last, its frames just above it
-        else:
-            out += log[:lines]
-        text = "\n".join(line for line in out if line)
-        return text if len(text) <= chars else text[: chars - 3] + "..."

@@ -7,6 +7,9 @@ rather than a mock of it. Each incoming chat request takes the next step of the 
         ...  # point a client at server.api_base
         assert len(server.requests) == 2
 
+A request that asks to stream gets the completion as server-sent events (with the usage last when
+`stream_options.include_usage` is set), as OpenAI and vLLM send them.
+
 A script is either a list of steps (consumed in order; once exhausted, every further request
 gets a 500 that says so) or a function from the recorded request to a step.
 """
@@ -25,13 +28,18 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Completion:
-    """A normal chat completion."""
+    """A chat completion, sent whole or, when the request asks to stream, as server-sent events."""
 
-    text: str
+    text: str | None  # None: `content: null`
     prompt_tokens: int = 10
     completion_tokens: int = 5
     delay_s: float = 0.0
     model: str | None = None  # echo the requested model when None
+    reasoning: str | None = None  # `reasoning_content`, as vLLM's reasoning parsers and DeepSeek send it
+    tool_arguments: str | None = None  # the answer as a tool call's arguments (content null)
+    finish_reason: str = "stop"
+    chunk_delay_s: float = 0.0  # between streamed chunks
+    cut_after_chunks: int | None = None  # a stream the connection drops after this many chunks
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,44 @@ class FakeLLMServer:
             self._closing.wait(seconds)
 
 
+def _message(step: Completion) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": step.text}
+    if step.reasoning is not None:
+        message["reasoning_content"] = step.reasoning
+    if step.tool_arguments is not None:
+        message["tool_calls"] = [{"id": "call_1", "type": "function",
+                                  "function": {"name": "answer", "arguments": step.tool_arguments}}]
+    return message
+
+
+def _chunks(step: Completion, requested_model: str, usage: bool) -> list[dict[str, Any]]:
+    """The completion as stream chunks: the reasoning, the content and the tool call's arguments in
+    pieces, then the finish reason, then (when asked) the usage."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": step.model or requested_model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    for key, text in (("reasoning_content", step.reasoning), ("content", step.text)):
+        if text:
+            size = max(len(text) // 3, 1)
+            out += [chunk({key: text[i:i + size]}) for i in range(0, len(text), size)]
+    if step.tool_arguments is not None:
+        out.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                          "function": {"name": "answer", "arguments": ""}}]}))
+        size = max(len(step.tool_arguments) // 2, 1)
+        out += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": step.tool_arguments[i:i + size]}}]})
+                for i in range(0, len(step.tool_arguments), size)]
+    out.append(chunk({}, step.finish_reason))
+    if usage:
+        out.append(head | {"choices": [], "usage": {"prompt_tokens": step.prompt_tokens,
+                                                    "completion_tokens": step.completion_tokens,
+                                                    "total_tokens": step.prompt_tokens + step.completion_tokens}})
+    return out
+
+
 def _completion_body(step: Completion, requested_model: str) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
@@ -153,8 +199,8 @@ def _completion_body(step: Completion, requested_model: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": step.text},
-                "finish_reason": "stop",
+                "message": _message(step),
+                "finish_reason": step.finish_reason,
             }
         ],
         "usage": {
@@ -196,7 +242,11 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             match step:
                 case Completion():
                     model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
-                    self._send_json(200, _completion_body(step, model))
+                    if isinstance(body, dict) and body.get("stream"):
+                        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                        self._send_stream(_chunks(step, model, usage), step)
+                    else:
+                        self._send_json(200, _completion_body(step, model))
                 case HTTPError():
                     headers = {}
                     if step.retry_after_s is not None:
@@ -205,6 +255,26 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     self._send_json(step.status, error, headers)
                 case Malformed():
                     self._send_raw(200, step.body, "application/json")
+
+        def _send_stream(self, chunks: list[dict[str, Any]], step: Completion) -> None:
+            """Server-sent events, then the connection closes (so no length is needed)."""
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for n, chunk in enumerate(chunks):
+                    if step.cut_after_chunks is not None and n >= step.cut_after_chunks:
+                        return  # the connection drops part way
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    server._sleep(step.chunk_delay_s)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)

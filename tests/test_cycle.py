@@ -11,12 +11,15 @@ from ksearch_ray.events import RunView
 from ksearch_ray.methods.ksearch import KSearch
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policies.llm.types import LLMCall
 from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
 
 
-def kernel(tag: str) -> Solution:
+def kernel(tag: str, n: int = 0) -> Solution:
+    """A kernel whose first line says how it fares; `n` makes each reply's code its own."""
     return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"}, description=f"change: {tag}")
+                    sources={"k.py": f"# {tag}\n# reply {n}\ndef run(x, a, b):\n    return a * x + b\n"},
+                    description=f"change: {tag}")
 
 
 def judge(solution: Solution) -> tuple[float | None, Status, str]:
@@ -47,9 +50,10 @@ def planner(first: list[dict], later: list[dict] | None = None) -> ScriptedPolic
 
 def coder(*tags: str) -> ScriptedPolicy:
     queue = list(tags)
+    replies = iter(range(1, 10_000))
 
     def code(request: CodeRequest) -> CodeReply:
-        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1]))
+        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1], next(replies)))
 
     return ScriptedPolicy(code=code)
 
@@ -190,3 +194,93 @@ def test_a_new_best_that_an_independent_re_timing_contradicts_is_not_recorded(tm
     retimes = [e for e in search.store.read_events() if e.kind == "retime"]
     assert [(e.agreed) for e in retimes] == [False, True]
     assert state.best is not None and state.best.speedup == 1.0 / 1.5  # the honest one, not the 10x
+
+
+# --- failed calls, upkeep, versioned plans --------------------------------------------------------------
+
+
+def refused_call() -> LLMCall:
+    return LLMCall(kind="generate_from_base", model="m", request_hash="h", error="content_policy: refused",
+                   error_kind="content_policy", attempts=1)
+
+
+def test_a_coder_call_the_provider_always_refuses_spends_no_round_and_never_makes_the_action_too_hard(tmp_path):
+    def code(request: CodeRequest) -> CodeReply:
+        if request.node_id == "n1":
+            return CodeReply(error="LLM call failed: content_policy: refused", calls=[refused_call()],
+                             failed_call=refused_call())
+        return CodeReply(solution=kernel("ms=1.5", len(coder_calls)))
+
+    coder_calls: list[CodeRequest] = []
+    policy = ScriptedPolicy(code=lambda r: (coder_calls.append(r), code(r))[1])
+    plans = planner([insert("root", "refused idea", score=0.9), insert("root", "fine idea", score=0.1)])
+    search = local_search(tmp_path, plans, policy, FakeEvaluators(judge), rounds=4, stagnation_window=2,
+                          backoff_base_s=0.01)
+    state = run(search)
+    events = search.store.read_events()
+    candidates = [e for e in events if e.kind == "candidate"]
+    assert state.finished == "rounds" and state.rounds_used == len(candidates) == 4
+    assert all(c.node != "n1" for c in candidates)  # no round went to the refused action
+    n1 = state.tree.nodes["n1"]
+    assert n1.status is NodeStatus.CLOSED and not any(n.kind is NoteKind.TOO_HARD for n in n1.notes)
+    assert [e.reason for e in events if e.kind == "cycle_stop" and e.cycle in ("c1", "c3")][:1] == ["refused"]
+    refused = [e for e in events if e.kind == "llm_call" and e.call.error_kind == "content_policy"]
+    assert len(refused) == 6  # two cycles, each call asked three times: all in the ledger
+
+
+def test_unchanged_code_is_a_round_without_code_and_is_not_evaluated(tmp_path):
+    def code(request: CodeRequest) -> CodeReply:
+        return CodeReply(solution=request.base)  # hands back the code it was given
+
+    evaluators = FakeEvaluators(judge)
+    search = local_search(tmp_path, planner([insert("root", "tile")]), ScriptedPolicy(code=code), evaluators,
+                          rounds=2, stagnation_window=2)
+    state = run(search)
+    candidates = [e for e in search.store.read_events() if e.kind == "candidate"]
+    assert state.rounds_used == 2 and all(c.solution_id is None and "unchanged" in c.error for c in candidates)
+    assert state.evaluations == 0
+
+
+def test_the_best_node_gets_an_open_continuation_when_the_planner_left_it_none(tmp_path):
+    plans = planner([insert("root", "tile")], later=[])  # refine proposes nothing under the new best
+    search = local_search(tmp_path, plans, coder("ms=1.5", "ms=1.4"), FakeEvaluators(judge), rounds=4,
+                          stagnation_window=1)
+    state = run(search)
+    continuations = [n for n in state.tree.nodes.values() if n.author == "system"]
+    assert continuations and continuations[0].parent == "n1"
+
+
+def test_an_empty_proposal_while_nothing_runs_is_asked_again_once_before_the_run_ends(tmp_path):
+    plans = planner([insert("root", "one idea")], later=[])
+    search = local_search(tmp_path, plans, coder("ms=1.5"), FakeEvaluators(judge), rounds=30, stagnation_window=1)
+    state = run(search)
+    proposals = [p for p in plans.plans if p.kind == "propose_actions"]
+    assert state.finished.startswith("the planner returned an empty plan")
+    assert [p.empty_before for p in proposals][-2:] == [False, True]
+
+
+def test_ops_rejected_because_the_tree_moved_on_are_told_to_the_planner_in_its_next_call(tmp_path):
+    class SlowPlanner(ScriptedPolicy):
+        """Refines take a while: the other cycles move on (lease n3) before the batch applies."""
+
+        async def plan(self, request: PlanRequest) -> PlanReply:
+            self.plans.append(request)
+            if request.kind == "initialize_tree":
+                return PlanReply(ops=[insert("root", t, score=s) for t, s in (("a", 0.9), ("b", 0.8), ("c", 0.7))])
+            if request.kind == "refine" and request.node_id == "n1":
+                await asyncio.sleep(0.3)
+                return PlanReply(ops=[{"op": "update", "node": "n3", "score": 0.99}])
+            return PlanReply()
+
+    class SlowCoder(ScriptedPolicy):
+        async def code(self, request: CodeRequest) -> CodeReply:
+            await asyncio.sleep(0.05)
+            return CodeReply(solution=kernel("ms=1.5", len(self.codes.append(request) or self.codes)))
+
+    plans = SlowPlanner()
+    search = local_search(tmp_path, plans, SlowCoder(), FakeEvaluators(judge), rounds=16, width=2,
+                          stagnation_window=1)
+    run(search)
+    told = [line for p in plans.plans for line in p.rejected]
+    assert any("n3" in line and "REJECTED" in line and "changed" in line for line in told), told
+    assert search.tree().nodes["n3"].score == 0.7  # the stale edit did not apply

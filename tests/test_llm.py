@@ -396,6 +396,12 @@ ALL_FIELDS = {
     "kind": "refine",
     "noise": "±3%",
     "world_model": "WORLD-MODEL-VIEW",
+    "measurement": "MEASUREMENT-FACTS",
+    "remarks": "",
+    "failure": "FAILED-ATTEMPT",
+    "failure_section": "",
+    "passed_code": format_sources({"kernel.py": "import torch  # passed\n"}),
+    "reference": "REFERENCE-CODE",
     "knowledge": "KERNEL-SUMMARY",
     "evidence": "attempt 1: COMPILE_ERROR",
 }
@@ -483,7 +489,9 @@ def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_agai
         first, second = (r.body for r in server.chat_requests)
     assert first["response_format"]["type"] == "json_schema" and "response_format" not in second
     assert reply.ops == ops and reply.error is None
-    assert reply.calls[0].error_kind == "unsupported" and not any(fatal_error(c) for c in reply.calls)
+    # One call of two requests, the refused parameter dropped for the model and said in the record.
+    [call] = reply.calls
+    assert call.attempts == 2 and call.dropped_params == ["response_format"] and not fatal_error(call)
 
 
 def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> None:
@@ -497,3 +505,167 @@ def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> Non
     assert reply.ops == [{"op": "add_question", "text": "q"}] and len(reply.calls) == 2
     assert followup[-2]["role"] == "assistant" and "no node n99 in the tree" in followup[-1]["content"]
     assert any("asked again" in note for note in reply.notes)
+
+
+# --- providers as they are ------------------------------------------------------------------------
+
+
+def test_replies_stream_and_the_usage_of_the_stream_is_counted() -> None:
+    with FakeLLMServer([Completion("streamed kernel", prompt_tokens=21, completion_tokens=9)]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    [request] = server.chat_requests
+    assert request.body["stream"] is True and request.body["stream_options"] == {"include_usage": True}
+    assert reply.text == "streamed kernel" and reply.call.streamed
+    assert (reply.call.prompt_tokens, reply.call.completion_tokens, reply.call.tokens_estimated) == (21, 9, False)
+
+
+def test_without_streaming_the_reply_comes_whole() -> None:
+    with FakeLLMServer([Completion("whole")]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=False)))
+    assert "stream" not in server.chat_requests[0].body and reply.text == "whole" and not reply.call.streamed
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_reply_with_content_null_is_read_from_its_reasoning(stream: bool) -> None:
+    step = Completion(None, reasoning="Thinking... the answer:\n```python\ndef run(x):\n    return x\n```")
+    with FakeLLMServer([step]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=stream)))
+    assert "def run(x)" in reply.text and reply.call.answer_from == "reasoning" and reply.call.reasoning_chars > 0
+
+
+def test_with_content_the_reasoning_is_kept_apart() -> None:
+    with FakeLLMServer([Completion("the answer", reasoning="long thoughts")]) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "the answer" and reply.call.answer_from == "content" and reply.call.reasoning_chars == 13
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_reply_that_is_only_a_tool_call_is_read_from_its_arguments(stream: bool) -> None:
+    arguments = json.dumps({"explanation": "fused", "code": "def run(x):\n    return x\n"})
+    with FakeLLMServer([Completion(None, tool_arguments=arguments)]) as server:
+        reply = complete(LiteLLMClient(config_for(server, stream=stream)))
+    assert reply.call.answer_from == "tool_call"
+    assert extract_code(reply.text, "python") == {"kernel.py": "def run(x):\n    return x\n"}
+
+
+def test_a_stream_cut_part_way_is_retried_and_what_it_delivered_is_billed() -> None:
+    script = [Completion("a long reply that never ends", cut_after_chunks=3), Completion("ok", prompt_tokens=4,
+                                                                                       completion_tokens=1)]
+    with FakeLLMServer(script) as server:
+        reply = complete(LiteLLMClient(config_for(server)))
+    assert reply.text == "ok" and reply.call.attempts == 2 and len(server.chat_requests) == 2
+    # The cut attempt's prompt and the characters it delivered are estimated into the same record.
+    assert reply.call.tokens_estimated and reply.call.prompt_tokens > 4 and reply.call.completion_tokens > 1
+
+
+def test_a_temperature_the_model_refuses_is_dropped_for_that_model_and_the_call_sent_again() -> None:
+    refusal = HTTPError(400, "Unsupported value: 'temperature' does not support 0.2 with this model. "
+                             "Only the default (1) value is supported.")
+    with FakeLLMServer([refusal, Completion("first"), Completion("second")]) as server:
+        client = LiteLLMClient(config_for(server, temperature=0.2))
+        first, second = complete(client), complete(client)
+    bodies = [r.body for r in server.chat_requests]
+    assert bodies[0]["temperature"] == 0.2 and "temperature" not in bodies[1] and "temperature" not in bodies[2]
+    assert first.text == "first" and first.call.attempts == 2 and first.call.dropped_params == ["temperature"]
+    assert second.call.attempts == 1 and second.call.dropped_params == []
+
+
+def test_a_refused_max_tokens_is_sent_as_max_completion_tokens() -> None:
+    refusal = HTTPError(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                             "Use 'max_completion_tokens' instead.")
+    with FakeLLMServer([refusal, Completion("ok")]) as server:
+        reply = complete(LiteLLMClient(config_for(server, model="hosted_vllm/reasoner", max_tokens=900)))
+    first, second = (r.body for r in server.chat_requests)
+    assert first["max_tokens"] == 900 and "max_tokens" not in second and second["max_completion_tokens"] == 900
+    assert reply.text == "ok"
+
+
+@pytest.mark.parametrize(("step", "kind"), [
+    (HTTPError(400, "Your request was rejected as a result of our safety system."), "content_policy"),
+    (HTTPError(400, "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens."),
+     "context_window"),
+    (HTTPError(429, "You exceeded your current quota, please check your plan and billing details."), "quota"),
+    (HTTPError(404, "The model `nope` does not exist."), "not_found"),
+    (HTTPError(422, "messages.0: field required"), "bad_request"),
+])
+def test_refusals_are_sorted_by_what_they_refuse_and_none_is_retried(step: HTTPError, kind: str) -> None:
+    from ksearch_ray.policies.llm.types import error_class
+
+    with FakeLLMServer(always(step)) as server:
+        error = complete_error(LiteLLMClient(config_for(server)))
+    assert error.kind == kind and not error.retryable and len(server.chat_requests) == 1
+    assert error_class(kind) == ("fatal" if kind in ("quota", "not_found") else "rejected")
+
+
+def test_concurrent_calls_that_all_meet_a_refused_parameter_each_send_it_again_without() -> None:
+    refusal = HTTPError(400, "Unsupported value: 'temperature' does not support 0.2 with this model.")
+
+    def script(request):  # type: ignore[no-untyped-def]
+        return refusal if "temperature" in request.body else Completion("ok", delay_s=0.05)
+
+    async def four(client: LiteLLMClient) -> list:  # type: ignore[type-arg]
+        return await asyncio.gather(*(client.complete("test", [{"role": "user", "content": f"q{i}"}]) for i in range(4)))
+
+    with FakeLLMServer(script) as server:
+        replies = asyncio.run(four(LiteLLMClient(config_for(server, temperature=0.2))))
+    assert [r.text for r in replies] == ["ok"] * 4
+    assert all(r.call.dropped_params == ["temperature"] for r in replies if r.call.attempts == 2)
+
+
+def test_a_400_on_a_structured_call_falls_back_for_that_call_only() -> None:
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+
+    ops = [{"op": "add_question", "text": "q"}]
+    script = [HTTPError(400, "invalid request"), Completion(json.dumps({"ops": ops})),
+              Completion(json.dumps({"ops": ops}))]
+    with FakeLLMServer(script) as server:
+        policy = LLMPolicy(config_for(server, structured_output="on"))
+        first = asyncio.run(policy.plan(_plan_request()))
+        second = asyncio.run(policy.plan(_plan_request()))
+        bodies = [r.body for r in server.chat_requests]
+    assert first.ops == ops and second.ops == ops
+    assert "response_format" in bodies[0] and "response_format" not in bodies[1]
+    assert "response_format" in bodies[2]  # the next call asks for the schema again
+
+
+def test_an_empty_reply_is_asked_again_without_an_empty_assistant_message() -> None:
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+
+    script = [Completion(""), Completion('```json\n{"ops": [{"op": "add_question", "text": "q"}]}\n```')]
+    with FakeLLMServer(script) as server:
+        reply = asyncio.run(LLMPolicy(config_for(server, structured_output="off")).plan(_plan_request()))
+        followup = server.chat_requests[1].body["messages"]
+    assert reply.ops == [{"op": "add_question", "text": "q"}]
+    assert all(m["content"] for m in followup) and followup[-1]["role"] == "user"
+    assert "Your reply was empty" in followup[-1]["content"]
+
+
+def test_coder_prompts_keep_the_budget_by_giving_way_in_order() -> None:
+    from ksearch_ray.models import Solution
+    from ksearch_ray.policies.contract import Attempt, CodeRequest
+    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.types import LLMCall, LLMReply
+    from ksearch_ray.taskspec.task import find_task
+    from ksearch_ray.worldmodel.tree import new_tree
+
+    class Recorder:
+        messages: list = []  # type: ignore[type-arg]
+
+        async def complete(self, kind, messages, *, response_format=None):  # type: ignore[no-untyped-def]
+            Recorder.messages = messages
+            return LLMReply(text="```python\ndef run(x, a, b):\n    return a * x + b\n```",
+                            call=LLMCall(kind=kind, model="m", request_hash="h"))
+
+        def context_tokens(self):  # type: ignore[no-untyped-def]
+            return None
+
+    task = find_task("toy_axpy", [str(Path(__file__).parent / "data")])
+    big = Solution(name="big", task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
+                   sources={"k.py": "def run(x, a, b):\n    return a * x + b\n" + "# filler\n" * 3000})
+    history = [Attempt(round=i, kind="improve", error="no code " + "x" * 200) for i in range(1, 40)]
+    request = CodeRequest(kind="improve", task=task.definition, tree=new_tree("toy_axpy"), node_id="root", hardware="cpu",
+                          language="triton", current=big, base=big, history=history, prompt_budget_tokens=3_000)
+    asyncio.run(LLMPolicy(LLMConfig(model="hosted_vllm/m"), client=Recorder()).code(request))
+    text = "".join(m["content"] for m in Recorder.messages)
+    assert len(text) <= 3_000 * 3 + 500, len(text)  # within the budget, give or take the floors
+    assert "def run(x, a, b)" in text and "characters cut to fit the prompt budget" in text

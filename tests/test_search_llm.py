@@ -50,6 +50,7 @@ class Script:
         self.coder_steps = list(coder_steps)
         self.lock = threading.Lock()
         self.planner_calls = 0
+        self.extra = 0
 
     def __call__(self, request: RecordedRequest):
         text = " ".join(m["content"] for m in request.body["messages"])
@@ -67,7 +68,9 @@ class Script:
                 return Completion(reply, prompt_tokens=100, completion_tokens=40)
             if self.coder_steps:
                 return self.coder_steps.pop(0)
-            return HTTPError(500, "script exhausted")
+            self.extra += 1  # the script's steps are spent: more working code, each reply its own
+            return Completion(GOOD.replace("def run", f"# reply {self.extra}\ndef run"), prompt_tokens=200,
+                              completion_tokens=30)
 
 
 @pytest.mark.slow
@@ -86,7 +89,7 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
         config = settings(
             task="toy_axpy", task_dirs=[str(DATA)], model="hosted_vllm/fake-coder", api_base=server.api_base,
             width=2, rounds=9, stagnation_window=3, device="cpu", evaluator_gpus=True,
-            max_retries=2, backoff_base_s=0.01, timeout_s=20, limits={"idle": 3},
+            max_retries=0, backoff_base_s=0.01, backoff_max_s=0.05, timeout_s=20, limits={"idle": 3},
             run_dir=str(tmp_path / "run"), progress=False,
         )
         search = start(config, progress=False)
@@ -108,8 +111,11 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     candidates = [e for e in events if e.kind == "candidate"]
     assert len(candidates) == 9
     errors = [c.error for c in candidates if c.error]
-    assert any("unparseable coder reply" in e for e in errors)  # the prose reply
-    assert any("LLM call failed" in e for e in errors)  # the malformed body, then the exhausted script
+    assert any("unparseable coder reply" in e for e in errors)  # the prose reply: a round, the model's answer
+    # The 429, the 500 and the malformed body were the provider's failures: in the ledger, asked again, no round.
+    assert not any("LLM call failed" in e for e in errors)
+    failed = {e.call.error_kind for e in events if e.kind == "llm_call" and e.call.error}
+    assert {"rate_limit", "server", "malformed_response"} <= failed
     # Each candidate's round number is counted once.
     assert sorted(c.round for c in candidates) == list(range(1, 10))
 

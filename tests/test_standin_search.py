@@ -1,30 +1,164 @@
-"""The whole K-Search loop against the LLM stand-in, in one process: litellm's real HTTP client, real
-sandboxed evaluations (Triton's interpreter), a planner and coder that answer from the prompts they
-get, drift from the format, hit rate limits and write broken kernels along the way."""
+"""The LLM stand-in as a model: it reads only the prompt's text and writes code for every bundled task and
+every kind of call; its broken drafts fail in the real sandbox and it debugs them from the error text the
+next prompt shows; and the whole K-Search loop runs against it in one process (litellm's real HTTP
+client, real sandboxed evaluations in Triton's interpreter)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from local_backends import settings
 
 from ksearch_ray.analysis.replay import replay_world_model
+from ksearch_ray.evaluation.compare import compare_outputs
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.events import RunView
-from ksearch_ray.policies.standin.player import Habits
+from ksearch_ray.models import EvalResult, Solution, Status
+from ksearch_ray.policies.contract import CodeRequest, FailedAttempt
+from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.llm.types import LLMCall, LLMConfig, LLMReply
+from ksearch_ray.policies.standin.code import break_code
+from ksearch_ray.policies.standin.player import Habits, Player
 from ksearch_ray.policies.standin.server import StandIn
 from ksearch_ray.session import start
 from ksearch_ray.store import RunStore
-from ksearch_ray.worldmodel.tree import NodeStatus
+from ksearch_ray.taskspec.spec import bundled_tasks_dir
+from ksearch_ray.taskspec.task import Task, find_task, load_module_file
+from ksearch_ray.taskspec.tunables import read_tunables
+from ksearch_ray.worldmodel.ops import apply_ops
+from ksearch_ray.worldmodel.tree import NodeStatus, new_tree
 
 DATA = Path(__file__).parent / "data"
 PLANNER_CALLS = ("Call: refine", "Call: too_hard", "Call: propose_actions")
+FOLLOWS_FORMATS = Habits(other_shape=0, prose_only=0, broken_json=0, missing_fields=0, coder_prose_only=0, code_drift=0,
+                         broken_code=0, breakage_actions=0, risky_changes=0)
+
+
+class PlayerClient:
+    """The stand-in's player behind the LLM client interface: the real prompts in, its reply out."""
+
+    def __init__(self, player: Player):
+        self.player = player
+        self.messages: list[dict[str, Any]] = []
+
+    async def complete(self, kind: str, messages: list[dict[str, Any]], *, response_format: Any = None) -> LLMReply:
+        self.messages = messages
+        return LLMReply(text=self.player.answer(messages, response_format is not None),
+                        call=LLMCall(kind=kind, model="standin", request_hash="h"))
+
+    def context_tokens(self) -> int | None:
+        return None
+
+
+def coder_reply(task: Task, kind: str, *, action: str, base: Solution | None = None,
+                failure: FailedAttempt | None = None, habits: Habits = FOLLOWS_FORMATS) -> Solution:
+    tree, report = apply_ops(new_tree(task.name, task.definition.description),
+                             [{"op": "insert", "parent": "root", "title": action}], solution_exists=lambda _id: True)
+    assert not report.rejected
+    reference = (task.root / "reference.py").read_text() if kind == "generate_from_spec" else ""
+    request = CodeRequest(kind=kind, task=task.definition, tree=tree, node_id="n1", hardware="cpu",  # type: ignore[arg-type]
+                          language="triton", base=base, current=failure.solution if failure else base, failure=failure,
+                          passed=base, reference=reference)
+    policy = LLMPolicy(LLMConfig(model="hosted_vllm/standin", structured_output="off"),
+                       client=PlayerClient(Player(0, habits)))
+    reply = asyncio.run(policy.code(request))
+    assert reply.solution is not None, reply.error
+    return reply.solution
+
+
+def bundled() -> list[Task]:
+    tasks = [find_task("toy_axpy", [str(DATA)])]
+    tasks += [Task.load(p.parent) for p in sorted(bundled_tasks_dir().rglob("task.json"))]
+    return tasks
+
+
+def run_in_process(task: Task, solution: Solution, tmp_path: Path) -> None:
+    """Call the candidate on the task's smallest CPU workload and compare with the reference."""
+    folder = tmp_path / task.name
+    folder.mkdir()
+    for name, text in solution.sources.items():
+        (folder / name).write_text(text)
+    module = load_module_file(folder / solution.entry_file, f"standin_{task.name}")
+    sets = [s for s in task.definition.workload_sets if s.endswith("-cpu")] or list(task.definition.workload_sets)
+    workload = min(task.workloads(sets[0], "cpu"), key=lambda w: sum(w.axes.values()))
+    inputs = task.generate_inputs(workload, 7, "cpu")
+    expected = task.reference(task.generate_inputs(workload, 7, "cpu"))
+    got = task.normalize_outputs(task.call(getattr(module, task.definition.entry_point), inputs))
+    verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+    assert verdict.status is Status.PASSED, (task.name, verdict.message)
+
+
+@pytest.mark.parametrize("task", bundled(), ids=lambda t: t.name)
+def test_the_standin_writes_code_for_every_bundled_task(task: Task, tmp_path: Path) -> None:
+    # From the specification: the reference the prompt shows, behind the entry point the Interface names.
+    spec = coder_reply(task, "generate_from_spec", action="Port the reference computation as the kernel")
+    assert f"def {task.definition.entry_point}(" in "".join(spec.sources.values())
+    run_in_process(task, spec, tmp_path)
+    # From the seed: the action, read in words, applied to the code the prompt shows.
+    seed = task.solution("triton_seed")
+    source = next(iter(seed.sources.values()))
+    name, tunable = next(iter(read_tunables(source).items()))
+    choice = next(c for c in tunable.choices if c != tunable.value)
+    changed = coder_reply(task, "generate_from_base", action=f"Set {name} to {choice!r}", base=seed)
+    values = {n: t.value for n, t in read_tunables(next(iter(changed.sources.values()))).items()}
+    before = {n: t.value for n, t in read_tunables(source).items()}
+    assert values[name] == choice and {n for n in values if values[n] != before[n]} == {name}
+
+
+@pytest.fixture(scope="module")
+def toy_evaluator(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    ev = Evaluator("cpu", tmp_path_factory.mktemp("sandbox"))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize("breakage", ["syntax", "name", "scale"])
+def test_a_broken_draft_fails_in_the_sandbox_and_is_debugged_from_the_error_text(breakage, toy_evaluator):
+    task = find_task("toy_axpy", [str(DATA)])
+    seed = task.solution("triton_seed")
+    broken_source = break_code(seed.sources["axpy.py"], breakage, "run", roll=0)
+    broken = seed.model_copy(update={"sources": {"axpy.py": broken_source}, "name": "draft"})
+    failed: EvalResult = toy_evaluator.evaluate(task, broken, workload_set="benchmarks")
+    assert not failed.passed, failed.status
+    fixed = coder_reply(task, "debug", action="Set BLOCK to 256", base=seed,
+                        failure=FailedAttempt(round=1, kind="generate_from_base", solution=broken, result=failed))
+    assert next(iter(fixed.sources.values())) != broken_source
+    verdict = toy_evaluator.evaluate(task, fixed, workload_set="benchmarks")
+    assert verdict.passed, (failed.message, verdict.message)
+
+
+def test_a_crash_says_nothing_to_fix_and_the_draft_comes_back_unchanged():
+    task = find_task("toy_axpy", [str(DATA)])
+    seed = task.solution("triton_seed")
+    broken = seed.model_copy(update={"sources": {"axpy.py": break_code(seed.sources["axpy.py"], "crash", "run", 0)}})
+    result = EvalResult(solution_id=broken.id, solution_name="draft", task=task.name, status=Status.CRASHED,
+                        message="the worker died (signal 6, SIGABRT)", workload_set="benchmarks", mode="fresh", device="cpu")
+    again = coder_reply(task, "debug", action="Set BLOCK to 256", base=seed,
+                        failure=FailedAttempt(round=1, kind="generate_from_base", solution=broken, result=result))
+    assert list(again.sources.values()) == list(broken.sources.values())  # the search calls it unchanged, moves on
+
+
+def test_the_standin_reads_no_hidden_channel():
+    """What it plans is prose a model reads; what its coder does follows from that prose alone."""
+    prompt = ("Call: initialize_tree\n\n# World model\n\nroot: t\n\n# Starting point\n\n```python\n"
+              "BLOCK = 128  # tunable: [64, 128, 256]\ndef run(x):\n    return x\n```\n\n# What to do\n\nPropose up to 4 first actions")
+    ops = json.loads(Player(0).answer([{"role": "user", "content": prompt}], structured=True))["ops"]
+    for op in ops:
+        assert "standin" not in json.dumps(op).lower() and "{" not in op.get("description", "")
+
+
+# --- the loop against it ---------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(tmp_path):
-    habits = Habits(other_shape=35, prose_only=12, broken_json=8, coder_prose_only=8, breakage_actions=3)
+    habits = Habits(other_shape=35, prose_only=30, broken_json=15, coder_prose_only=8, breakage_actions=3,
+                    breakages=["syntax", "name", "scale"])
     with StandIn(seed=6, habits=habits, rate_limit_every=6) as server:
         config = settings(
             task="toy_axpy", task_dirs=[str(DATA)], model="hosted_vllm/standin", api_base=server.api_base,
@@ -41,12 +175,16 @@ def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(tmp_path):
     cycles = {e.cycle for e in events if e.kind == "cycle_start"}
     assert len(cycles) >= 4
 
-    # A later planner prompt shows an earlier candidate's own error text.
+    # Its bold drafts failed in the sandbox, and a later coder prompt showed the error text it fixed them from.
     failures = [e for e in events if e.kind == "evaluation" and e.result.status != "PASSED"]
-    assert failures, "the stand-in's risky drafts should have failed"
+    assert failures, "the stand-in's bold drafts should have failed"
+    debug_prompts = [x.prompt for x in exchanges if "Call: debug" in x.prompt]
+    assert any(f.result.message in p for f in failures for p in debug_prompts)
+    debugged = [e for e in events if e.kind == "evaluation" and e.result.status == "PASSED"
+                and state.candidates[e.round].attempt_kind == "debug"]
+    assert debugged, "a broken draft was fixed from its error text"
     planner_prompts = [x.prompt for x in exchanges if any(call in x.prompt for call in PLANNER_CALLS)]
-    shown = [f for f in failures if any(f.result.message in prompt for prompt in planner_prompts)]
-    assert shown, [f.result.message for f in failures]
+    assert any(f.result.message in prompt for f in failures for prompt in planner_prompts)
 
     # The best improves over the seed, and its node gets children of its own.
     seed = next(e for e in events if e.kind == "seed")
@@ -60,13 +198,30 @@ def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(tmp_path):
     notes = [n for e in events if e.kind == "wm" for n in getattr(e, "notes", None) or []]
     notes += [n for e in events if e.kind in ("plan_failed", "plan_empty") for n in getattr(e, "notes", None) or []]
     assert any("read leniently" in n for n in notes) and any("asked again" in n for n in notes), notes
-    assert any(n.status is NodeStatus.TOO_HARD for n in tree.nodes.values())
     assert tree.hypotheses and tree.root.summary.text
+    assert not any(n.status is NodeStatus.TOO_HARD and not n.outcome for n in tree.nodes.values())
 
     # The world model is a function of the cached replies: a replay rebuilds it exactly.
     replayed = replay_world_model(run_dir)
     assert replayed.model_dump() == RunView.of(events, RunStore(run_dir).has_solution).tree.model_dump()
     assert json.loads((run_dir / "best.json").read_text())["policy"] == "llm: hosted_vllm/standin"
+
+
+@pytest.mark.slow
+def test_the_readme_demo_on_trimul_evaluates_and_passes_candidates_on_the_cpu(tmp_path):
+    """`ksearch standin` then `ksearch run --task trimul --model hosted_vllm/standin --api-base ...`, on
+    the CPU's smoke workload (the full default set takes too long in Triton's interpreter on 2 cores)."""
+    from cli_runner import ksearch
+
+    with StandIn(seed=0) as server:
+        done = ksearch(tmp_path, "run", "--task", "trimul", "--model", "hosted_vllm/standin", "--api-base",
+                       server.api_base, "--device", "cpu", "--workloads", "smoke", "--rounds", "4", "--no-ray",
+                       "--no-progress", "--noise-repeats", "1", "--confirm-repeats", "0", "--run-dir", "run")
+    assert done.returncode == 0, done.stderr[-2000:]
+    view = RunView.of(RunStore(tmp_path / "run").read_events())
+    assert view.rounds_used == 4 and view.evaluations >= 3
+    assert view.status_counts().get("PASSED", 0) >= 2, view.status_counts()
+    assert re.search(r"round \d+ \(c\d, \w+\): PASSED", done.stderr)
 
 
 @pytest.mark.slow

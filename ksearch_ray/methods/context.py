@@ -16,9 +16,14 @@ if TYPE_CHECKING:
     from ksearch_ray.events import Event, RunView
     from ksearch_ray.measure import Noise
     from ksearch_ray.models import EvalResult, Solution
-    from ksearch_ray.policies.contract import Attempt, CodeRequest, PlanReply, PlanRequest
+    from ksearch_ray.policies.contract import Attempt, CodeRequest, Facts, PlanReply, PlanRequest
     from ksearch_ray.taskspec.task import Task
     from ksearch_ray.worldmodel.tree import Tree
+
+
+class Refused(Exception):
+    """The provider refused a coder call (a content policy, a request it rejects), again when asked again:
+    no round was spent on it, and there is no attempt to judge. The message is one line."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,19 @@ class SearchContext(Protocol):
 
     def code_request(self, kind: str, **fields: Any) -> CodeRequest: ...
 
-    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt:
-        """Ask the coder for the round's candidate and record it (a `candidate` event)."""
+    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt | None:
+        """Ask the coder for the round's candidate and record it (a `candidate` event). A call the provider
+        failed is asked again until it answers (no round is spent on failures); None, with the round given
+        back, when the budget ran out meanwhile; `Refused`, with the round given back, when the provider
+        refuses the request however often it is asked."""
+        ...
+
+    def give_back_round(self, round_: int) -> None:
+        """A round taken and not spent goes back to the budget."""
+        ...
+
+    def facts(self) -> Facts:
+        """What prompts state of the device, the timing and the workloads."""
         ...
 
     async def evaluate(self, attempt: Attempt, where: Where) -> None:

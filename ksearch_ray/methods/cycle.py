@@ -11,17 +11,36 @@ Then, each step at most once (a resumed cycle skips the steps already logged): t
 the action's observed outcome; a passing cycle attaches its best solution and the planner refines
 the tree with the evidence; a failed one is marked too hard and the planner says why and splits
 it where it can; a cycle cut short by the budget is neither: the action goes back to the frontier
-with its partial outcome recorded.
+with its partial outcome recorded. A call the provider failed is not an attempt (the engine waits it
+out and asks again); one the provider refuses however often it is asked ends the cycle unjudged: the
+action goes back with a note, and the second time the system closes it (never too hard).
+
+Every coder call after a failed attempt is shown that attempt's code and evidence, even when an
+earlier attempt passed, and the last code that passed beside it.
+
+While its attempts run the cycle renews its lease in the background (every third of `lease_ttl_s`),
+so a slow LLM call, an outage or a long evaluation queue never lets it expire. If it expires anyway
+(a driver stalled longer than the lease) the cycle learns so at its next renewal and stops: its
+evaluations stay in the log, its outcome is recorded, and a passing solution is attached only where
+no other cycle holds the node (an attach never replaces a faster solution), so a node is never worked
+by two cycles to the end and a slower solution never replaces a faster one.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
-from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
 from ksearch_ray.models import Solution
-from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeKind
+from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeKind, FailedAttempt
 from ksearch_ray.worldmodel.tree import ActionNode, Outcome
+
+LEASE_LOST = "lease lost"
+"""The stop reason of a cycle whose lease expired under it."""
+REFUSED = "refused"
+"""The stop reason of a cycle whose coder call the provider refused."""
 
 
 def stagnation(attempts: list[Attempt]) -> int:
@@ -70,6 +89,8 @@ class ActionCycle:
         self.rec = record
         self.where = Where(cycle=record.cycle_id, node=record.node_id)
         self.budget_cut = record.stop_reason == "budget"  # as logged, when a resumed cycle skips its attempts
+        self.refused = record.stop_reason == REFUSED  # the provider refused its coder call: nothing to judge
+        self.lost = record.stop_reason == LEASE_LOST  # the lease expired under this cycle: it stops, judges nothing
 
     @property
     def config(self):  # type: ignore[no-untyped-def]
@@ -81,10 +102,40 @@ class ActionCycle:
         ctx.working(rec.cycle_id, node.title)
         try:
             if not rec.steps:
-                await self._attempts(node)
-            await self._finish(node)
+                stop = asyncio.Event()
+                keeper = asyncio.create_task(self._keep_lease(stop))
+                try:
+                    await self._attempts(node)
+                finally:
+                    stop.set()
+                    await keeper
+            await self._finish(ctx.tree().nodes.get(rec.node_id, node))
         finally:
             ctx.working(rec.cycle_id, None)
+
+    # --- the lease --------------------------------------------------------------------------------
+
+    async def _keep_lease(self, stop: asyncio.Event) -> None:
+        """Renew the lease while the cycle waits (on the LLM, an outage, the evaluator queue): a slow call
+        must not let it expire under a cycle that is still working."""
+        period = max(self.config.lease_ttl_s / 3, 0.01)
+        while not self.lost:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=period)
+                return
+            except TimeoutError:
+                await self._renew()
+
+    async def _renew(self) -> None:
+        if self.lost:
+            return
+        rec = self.rec
+        lost = await self.ctx.wm("renew", ids=[rec.node_id], holder=rec.cycle_id, now=self.ctx.now(),
+                                 ttl=self.config.lease_ttl_s)
+        if lost:
+            self.lost = True
+            self.ctx.say(f"{rec.cycle_id}: its lease on {rec.node_id} expired before it could renew it; the cycle stops "
+                         "(its results are kept, and attached only where the node is free and they are faster)")
 
     # --- attempts -----------------------------------------------------------------------------
 
@@ -112,18 +163,27 @@ class ActionCycle:
             await self.ctx.evaluate(attempts[-1], self.where)
         while (why := self._should_stop(base_speedup)) is None:
             round_ = await self.ctx.take_round()
-            if round_ is None:
+            try:
+                attempt = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
+            except Refused as exc:
+                self.refused = True
+                self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
+                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
+                return
+            if attempt is None:  # the budget ran out (perhaps while the provider was failing)
                 self.budget_cut = True
                 self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
                 return
-            attempt = await self._generate(node, base, base_speedup, round_)
-            if attempt.solution_id is not None:
+            if attempt.solution_id is not None and not self.lost:
                 await self.ctx.evaluate(attempt, self.where)
-            await self.ctx.wm("renew", ids=[node.id], holder=self.rec.cycle_id, now=self.ctx.now(),
-                              ttl=self.config.lease_ttl_s)
+            await self._renew()
+            if self.lost:
+                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=LEASE_LOST))
+                return
         self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=why))
 
-    async def _generate(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int) -> Attempt:
+    async def _generate(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int
+                        ) -> Attempt | None:
         ctx, rec = self.ctx, self.rec
         kind = next_kind(rec.attempts, base is not None)
         current = current_attempt(rec.attempts)
@@ -131,13 +191,23 @@ class ActionCycle:
         base_result = ctx.view.results.get(base.id) if base else None
         current_result = current.result if current else None
         baseline = ctx.baseline_for(current.evaluator if current else None)
+        # The attempt before this one, when it failed, is shown with its code and evidence even after an
+        # earlier one passed; beside it, the last code that passed (the cycle's best, else the parent's).
+        last = rec.attempts[-1] if rec.attempts else None
+        failure = None
+        if last is not None and not last.passed:
+            failure = FailedAttempt(round=last.round, kind=last.kind, solution=sols.get(last.solution_id or ""),
+                                    result=last.result, error=last.error, reply_start=last.reply_start)
+        best = max((a for a in rec.attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
         request = ctx.code_request(
             kind, node_id=node.id, base=base, base_speedup=base_speedup,
             base_times=workload_times(base_result, None, ctx.baseline_for(None)),
             current=sols.get(current.solution_id) if current and current.solution_id else None,
             current_result=current_result, current_speedup=current.speedup if current else None,
             current_times=workload_times(current_result, base_result, baseline),
-            history=list(rec.attempts), solutions=sols,
+            history=list(rec.attempts), solutions=sols, failure=failure,
+            passed=sols[best.solution_id] if best and best.solution_id else base,
+            passed_speedup=best.speedup if best else base_speedup,
         )
         return await ctx.generate(request, round_, self.where)
 
@@ -175,12 +245,18 @@ class ActionCycle:
         tag = {"cycle": rec.cycle_id}
         best = current_attempt(rec.attempts)
         passed = best is not None and best.passed
+        if self.refused:
+            await self._finish_refused(node)
+            return
         if not rec.attempts:
             # The budget ran out before the first attempt: the action goes back to the frontier untouched.
             await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
             self._end(passed=False)
             return
         evidence = self.evidence(node)
+        if self.lost:
+            await self._finish_without_lease(node, evidence, best)
+            return
         if "recorded" not in rec.steps:
             await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
                                                  "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
@@ -209,6 +285,50 @@ class ActionCycle:
             await ctx.plan(request, cycle=rec.cycle_id)
             self._step("planned")
         self._end(passed=passed)
+
+    async def _finish_refused(self, node: ActionNode) -> None:
+        """The provider refused this cycle's coder call: no attempt to judge, so the action goes back to the
+        frontier with a note (its outcome kept); the second time, the system closes it (not too hard: it
+        was never tried), so a prompt the provider always refuses cannot hold the search."""
+        ctx, rec = self.ctx, self.rec
+        tag = {"cycle": rec.cycle_id}
+        if rec.attempts and "recorded" not in rec.steps:
+            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
+                                                 "outcome": self.outcome(node, self.evidence(node)).model_dump(mode="json")}])
+            self._step("recorded")
+        if "released" not in rec.steps:
+            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            self._step("released")
+        refused = sum(c.node_id == rec.node_id and c.stop_reason == REFUSED for c in ctx.view.cycles.values())
+        why = "the provider refused the coder's calls for this action (a content policy or a rejected request)"
+        if "noted" not in rec.steps:
+            op = ({"op": "close", "target": rec.node_id, "reason": f"{why}, in {refused} cycles"} if refused >= 2
+                  else {"op": "annotate", "target": rec.node_id, "text": why})
+            await ctx.wm("apply", tag=tag, ops=[op])
+            self._step("noted")
+        self._end(passed=False)
+
+    async def _finish_without_lease(self, node: ActionNode, evidence: list[AttemptEvidence], best: Attempt | None) -> None:
+        """A cycle whose lease expired: what it measured is kept, a passing solution attached only where the
+        node is not another cycle's now (the attach keeps the faster of two), and nothing is judged: the
+        node is not marked too hard, the planner not asked."""
+        ctx, rec = self.ctx, self.rec
+        tag = {"cycle": rec.cycle_id}
+        if "recorded" not in rec.steps:
+            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
+                                                 "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
+            self._step("recorded")
+        passed = best is not None and best.passed
+        free = rec.node_id not in ctx.tree().leases
+        if passed and free and "attached" not in rec.steps:
+            assert best is not None and best.result is not None and best.solution_id is not None
+            await ctx.wm("apply", tag=tag, ops=[{
+                "op": "attach_solution", "node": rec.node_id, "solution_id": best.solution_id,
+                "evaluation": eval_summary(best.result, best.speedup).model_dump(mode="json"),
+            }])
+            self._step("attached")
+        self.ctx.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
+                                 budget_cut=self.budget_cut, abandoned="its lease expired"))
 
     def _step(self, step: str) -> None:
         self.ctx.record(CycleStep(cycle=self.rec.cycle_id, step=step))

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from ksearch_ray.models import EvalResult
 from ksearch_ray.policies.contract import Attempt, AttemptEvidence, WorkloadTime
+from ksearch_ray.policies.failure import decisive_text
 from ksearch_ray.worldmodel.tree import EvalSummary
 
 DIGEST_CHARS = 500
+ERROR_CHARS = 1500
+"""Of each failed attempt's evidence, what the planner is shown (the coder gets more)."""
 
 
 def trim_error(result: EvalResult) -> str:
     """The decisive lines of a failed evaluation ('' when it passed)."""
-    return result.decisive_lines()
+    return decisive_text(result, ERROR_CHARS)
 
 
 def workload_times(result: EvalResult | None, parent: EvalResult | None, baseline: EvalResult | None) -> list[WorkloadTime]:

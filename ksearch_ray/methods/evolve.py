@@ -64,7 +64,7 @@ class Evolve(Lanes):
         attempt = await self.generate(ctx, request, lane, round_, island=island,
                                       parent=parent.solution_id if parent else None,
                                       inspirations=[p.solution_id for p, _ in shown])
-        if attempt.solution_id is not None:
+        if attempt is not None and attempt.solution_id is not None:
             await self.finish(ctx, attempt)
 
     async def finish(self, ctx: SearchContext, attempt: Attempt) -> None:

@@ -3,8 +3,11 @@
 Keeps `width` cycles running on the best frontier actions. When the frontier runs low it asks
 the planner to expand the node holding the best solution (the root only while nothing better
 exists). A planner reply that cannot be used never ends the run: the driver adds an action of its
-own, "improve the best solution further", under the best node, and says so. The run ends for lack
-of actions only when the planner, having seen evaluations, answers with an explicitly empty plan.
+own, "improve the best solution further", under the best node, and says so; it does the same when
+a cycle ends and the best node has no open action left (up to CONTINUATIONS times per node). The
+run ends for lack of actions only when the planner, having seen evaluations, answers with an
+explicitly empty plan while nothing runs, twice: it is asked once more, told that an empty plan
+ends the search.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from ksearch_ray.methods.cycle import ActionCycle
 from ksearch_ray.methods.evidence import workload_times
 from ksearch_ray.policies.contract import WorkloadTime
 from ksearch_ray.worldmodel.select import difficulty_limit, frontier
-from ksearch_ray.worldmodel.tree import ROOT_ID, best_solution
+from ksearch_ray.worldmodel.tree import ROOT_ID, NodeStatus, best_solution
 
 NO_MORE_ACTIONS = "the planner returned an empty plan after seeing {n} evaluations: it has no more actions to propose"
+CONTINUATIONS = 3
+"""System continuations one node may get before only the planner can extend it."""
 
 
 class KSearch:
@@ -47,8 +52,12 @@ class KSearch:
                 s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
                                   attempts=len(record.attempts), abandoned="its lease was gone"))
                 continue
-            if not settled:  # the session that held it is gone: renew before it can expire under it
-                await s.wm("renew", ids=[record.node_id], holder=record.cycle_id, now=s.now(), ttl=ks.lease_ttl_s)
+            # The session that held it is gone: renew before it can expire under it (an empty list: renewed).
+            if not settled and await s.wm("renew", ids=[record.node_id], holder=record.cycle_id, now=s.now(),
+                                          ttl=ks.lease_ttl_s):
+                s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
+                                  attempts=len(record.attempts), abandoned="its lease was gone"))
+                continue
             running[asyncio.create_task(ActionCycle(s, record).run())] = record.cycle_id
         s.set_phase("searching")
         while True:
@@ -60,7 +69,7 @@ class KSearch:
                 self._start(s, free, running)
                 if not running:
                     # Nothing runs and nothing can start: the planner must say what to do next.
-                    ended = await self._replenish(s)
+                    ended = await self._replenish(s, idle=True)
                     if ended:
                         return ended
                     if not self._start(s, free, running):
@@ -71,8 +80,10 @@ class KSearch:
             for task in done:
                 running.pop(task)
                 task.result()  # a bug in a cycle stops the run loudly
+            if not s.budget_left():
+                await self._keep_best_open(s)
             if len(self._frontier(s)) < s.config.search.width - len(running) and not s.budget_left():
-                ended = await self._replenish(s)
+                ended = await self._replenish(s, idle=not running)
                 if ended and not running:
                     return ended
         return s.budget_left() or "done"
@@ -118,17 +129,39 @@ class KSearch:
 
     # --- more actions --------------------------------------------------------------------------------
 
-    async def _replenish(self, s: SearchContext) -> str | None:
-        """Ask the planner to expand the best node; returns why the run ends, if it must."""
+    async def _replenish(self, s: SearchContext, *, idle: bool = False) -> str | None:
+        """Ask the planner to expand the best node; returns why the run ends, if it must. An empty plan
+        while nothing runs (`idle`) would end the run: the planner is asked once more, told so."""
         best = best_solution(s.tree())
         focus = best.id if best is not None else ROOT_ID
         reply, _ = await s.plan(s.plan_request("propose_actions", node_id=focus))
         if self._frontier(s):
             return None
+        if not reply.error and not reply.ops and s.view.evaluations > 0 and idle and not s.budget_left():
+            s.say("the planner proposed nothing while nothing runs: asking it once more before the search ends")
+            reply, _ = await s.plan(s.plan_request("propose_actions", node_id=focus, empty_before=True))
+            if self._frontier(s):
+                return None
         if not reply.error and not reply.ops and s.view.evaluations > 0:
             return NO_MORE_ACTIONS.format(n=s.view.evaluations)
         await self._continue_from_best(s, reply.error or "the planner's actions could not be used")
         return None
+
+    async def _keep_best_open(self, s: SearchContext) -> None:
+        """The node holding the best solution always has an open continuation: when the planner left it
+        none, the system adds "improve the best solution further" (at most CONTINUATIONS times per node,
+        so a planner that has nothing more to say can still end the search)."""
+        tree = s.tree()
+        best = best_solution(tree)
+        anchor = best.id if best is not None else ROOT_ID
+        children = tree.children(anchor)
+        if any(c.status in (NodeStatus.OPEN, NodeStatus.LEASED) for c in children):
+            return
+        if sum(c.author == "system" for c in children) >= CONTINUATIONS:
+            return
+        await s.wm("apply", ops=[{"op": "insert_continuation", "parent": anchor,
+                                  "reason": "the best solution had no open action left to build on it"}])
+        s.say(f"the best solution ({anchor}) had no open action: added one to improve it further")
 
     async def _continue_from_best(self, s: SearchContext, why: str) -> None:
         best = best_solution(s.tree())

@@ -17,13 +17,29 @@ from __future__ import annotations
 import asyncio
 
 from ksearch_ray.events import Candidate, Event
-from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import workload_times
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.policies.contract import Attempt, CodeKind, CodeRequest, Inspiration, WorkloadTime
+from ksearch_ray.policies.contract import (
+    Attempt,
+    CodeKind,
+    CodeRequest,
+    FailedAttempt,
+    Inspiration,
+    WorkloadTime,
+)
 from ksearch_ray.worldmodel.tree import ROOT_ID
 
 NO_CODE_LIMIT = 5
+
+
+def failed_attempt(ctx: SearchContext, attempt: Attempt | None) -> FailedAttempt | None:
+    """An attempt that failed, as the next coder call is shown it (None for one that passed or is pending)."""
+    if attempt is None or attempt.passed or (attempt.solution_id is not None and attempt.result is None):
+        return None
+    return FailedAttempt(round=attempt.round, kind=attempt.kind,
+                         solution=ctx.solution(attempt.solution_id) if attempt.solution_id else None,
+                         result=attempt.result, error=attempt.error, reply_start=attempt.reply_start)
 
 
 class Lanes:
@@ -67,12 +83,20 @@ class Lanes:
         return self.stopped or ctx.budget_left() or "done"
 
     async def _lane(self, ctx: SearchContext, lane: str) -> None:
+        refused = 0
         try:
             while self.stopped is None:
                 round_ = await ctx.take_round()
                 if round_ is None:
                     return
-                await self.step(ctx, lane, round_)
+                try:
+                    await self.step(ctx, lane, round_)
+                    refused = 0
+                except Refused as exc:  # no round spent; the same prompt next time would be refused again
+                    refused += 1
+                    ctx.say(f"lane {lane}: {exc}")
+                    if refused >= NO_CODE_LIMIT and self.stopped is None:
+                        self.stopped = f"the provider refused the coder {refused} times in a row (last: {exc})"
         finally:
             ctx.working(lane, None)
 
@@ -84,8 +108,12 @@ class Lanes:
 
     def request(self, ctx: SearchContext, kind: CodeKind, *, current: Solution | None = None,
                 current_speedup: float | None = None, base: Solution | None = None, base_speedup: float | None = None,
-                action_text: str | None = None, inspirations: list[Inspiration] | None = None) -> CodeRequest:
+                action_text: str | None = None, inspirations: list[Inspiration] | None = None,
+                failed: Attempt | None = None) -> CodeRequest:
+        """A coder request; `failed`: the lane's last attempt when it failed, shown with its code and evidence
+        (the best so far is shown beside it as the last code that passed)."""
         history = self.attempts(ctx)
+        best = ctx.view.best
         result = ctx.view.results.get(current.id) if current else None
         base_result = ctx.view.results.get(base.id) if base else None
         return ctx.code_request(
@@ -94,16 +122,21 @@ class Lanes:
             current_result=result, current_speedup=current_speedup,
             current_times=self._times(ctx, result, base_result),
             history=history, solutions={a.solution_id: ctx.solution(a.solution_id) for a in history if a.solution_id},
-            action_text=action_text, inspirations=inspirations or [],
+            action_text=action_text, inspirations=inspirations or [], failure=failed_attempt(ctx, failed),
+            passed=ctx.solution(best.solution_id) if best else None, passed_speedup=best.speedup if best else None,
         )
 
     @staticmethod
     def _times(ctx: SearchContext, result: EvalResult | None, parent: EvalResult | None) -> list[WorkloadTime]:
         return workload_times(result, parent, ctx.baseline_for(None)) if result is not None and result.passed else []
 
-    async def generate(self, ctx: SearchContext, request: CodeRequest, lane: str, round_: int, **tags: object) -> Attempt:
-        """Ask the coder (the candidate is logged with `tags`), and count replies without code."""
+    async def generate(self, ctx: SearchContext, request: CodeRequest, lane: str, round_: int, **tags: object
+                       ) -> Attempt | None:
+        """Ask the coder (the candidate is logged with `tags`), and count replies without code. None: the
+        budget ran out while the provider was failing (the round was given back)."""
         attempt = await ctx.generate(request, round_, self.where(lane, **tags))
+        if attempt is None:
+            return None
         if attempt.solution_id is None:
             self._no_code += 1
             if self._no_code >= NO_CODE_LIMIT and self.stopped is None:

@@ -53,17 +53,17 @@ class Refine(Lanes):
             base = ctx.solution(parent) if parent else None
             ctx.working(lane, f"debugging round {last.round}")
             request = self.request(ctx, "debug", current=ctx.solution(last.solution_id), base=base,
-                                   action_text=IMPROVE_BEST)
+                                   action_text=IMPROVE_BEST, failed=last)
         elif best is not None:
             parent = best.solution_id
             ctx.working(lane, f"improving the best ({best.speedup:.3g}x, round {best.round})")
             current = ctx.solution(parent)
             request = self.request(ctx, "improve", current=current, current_speedup=best.speedup, base=current,
-                                   base_speedup=best.speedup, action_text=IMPROVE_BEST)
+                                   base_speedup=best.speedup, action_text=IMPROVE_BEST, failed=last)
         else:
             parent = None
             ctx.working(lane, "writing a first kernel from the specification")
             request = self.request(ctx, "generate_from_spec", action_text=IMPROVE_BEST)
         attempt = await self.generate(ctx, request, lane, round_, parent=parent)
-        if attempt.solution_id is not None:
+        if attempt is not None and attempt.solution_id is not None:
             await self.finish(ctx, attempt)

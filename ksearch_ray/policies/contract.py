@@ -9,8 +9,9 @@ policy holds no state that a resumed run could not rebuild from the tree and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
+from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.llm.types import LLMCall
 from ksearch_ray.taskspec.task import TaskDefinition
@@ -31,6 +32,7 @@ class Attempt:
     result: EvalResult | None = None
     speedup: float | None = None
     evaluator: int | None = None  # which evaluator measured it (speedups are against its baseline)
+    reply_start: str = ""  # the start of a reply that held no code
 
     @property
     def passed(self) -> bool:
@@ -43,6 +45,42 @@ class WorkloadTime:
     ms: float
     parent_ms: float | None
     baseline_ms: float | None
+
+
+@dataclass
+class WorkloadShape:
+    """One workload candidates are scored on: its axes and generator parameters, and the least work a
+    call of it must do (task.json's `cost`), from which a time becomes a place on the roofline."""
+
+    name: str
+    axes: dict[str, int]
+    params: dict[str, Any] = field(default_factory=dict)
+    flops: float | None = None
+    bytes: float | None = None
+
+
+@dataclass
+class Facts:
+    """What every prompt states of where and how candidates are measured: the device, its peaks and
+    software, the timing method, that inputs are regenerated, every workload's shapes."""
+
+    device: EvaluatorInfo | None = None
+    workload_set: str = ""
+    workloads: list[WorkloadShape] = field(default_factory=list)
+    timing_rule: str = ""
+    fresh_inputs: bool = True
+
+
+@dataclass
+class FailedAttempt:
+    """The attempt before this call, which failed: its code (None when the reply held none) and why."""
+
+    round: int
+    kind: CodeKind
+    solution: Solution | None
+    result: EvalResult | None  # its evaluation (None: there was no code to evaluate)
+    error: str | None = None  # why no code came back
+    reply_start: str = ""  # what the reply said instead
 
 
 @dataclass
@@ -82,9 +120,12 @@ class PlanRequest:
     solutions: dict[str, Solution] = field(default_factory=dict)  # attached solutions, by id
     seeds: dict[str, Solution] = field(default_factory=dict)  # the task's seed kernels, by name
     seed_times: list[WorkloadTime] = field(default_factory=list)  # the seed's measured times (initialize_tree)
-    max_actions: int = 6
+    max_actions: int = 6  # new actions this reply may add (K-Search: 3; more for the first plan)
     noise: float | None = None  # relative spread of repeated measurements of one kernel
-    prompt_budget_tokens: int = 100_000
+    prompt_budget_tokens: int | None = None  # None: what the model's context window allows
+    facts: Facts | None = None
+    rejected: list[str] = field(default_factory=list)  # edits of the planner's earlier replies that were not applied, and why
+    empty_before: bool = False  # this very question got an empty plan; an empty one again ends the search
 
 
 @dataclass
@@ -94,6 +135,7 @@ class PlanReply:
     error: str | None = None  # nothing usable came back: why
     notes: list[str] = field(default_factory=list)  # how the reply was read (aliases, re-asks), for the log
     source: tuple[str, int] | None = None  # (request hash, sample) of the cached reply the ops were read from
+    failed_call: LLMCall | None = None  # the call whose failure left nothing to use (the run decides: wait, stop, go on)
 
 
 @dataclass
@@ -115,7 +157,12 @@ class CodeRequest:
     solutions: dict[str, Solution] = field(default_factory=dict)  # every solution of this cycle, by id
     seeds: dict[str, Solution] = field(default_factory=dict)
     noise: float | None = None
-    prompt_budget_tokens: int = 100_000
+    prompt_budget_tokens: int | None = None  # None: what the model's context window allows
+    facts: Facts | None = None
+    failure: FailedAttempt | None = None  # the previous attempt, when it failed: its code and its evidence
+    passed: Solution | None = None  # the last code that passed (the cycle's best, else the parent's)
+    passed_speedup: float | None = None
+    reference: str = ""  # the task's reference implementation, for writing from the specification
     action_text: str | None = None
     """The instruction in words when it is not a node of the tree (the refine method's standing one)."""
     inspirations: list[Inspiration] = field(default_factory=list)  # evolve: other programs beside the parent
@@ -127,6 +174,7 @@ class CodeReply:
     calls: list[LLMCall] = field(default_factory=list)
     error: str | None = None  # one line: why there is no solution
     reply_start: str = ""  # the start of a reply that held no code, as the model wrote it
+    failed_call: LLMCall | None = None  # the call whose failure left no reply (the run decides: wait, stop, go on)
 
 
 class Policy(Protocol):

@@ -6,7 +6,13 @@ writer of events.jsonl: `record(event)` appends an event and applies it to the r
 model, the planner, the coder and the evaluators through small interfaces (`run.backends`), so the
 same logic runs in this process (`run.local`) and on Ray (`distributed`).
 
-The world model is mirrored: every change goes through `wm()`, which applies the named call on the
+LLM calls go through `_policy_call`, which decides what a failed call means: the provider's passing
+troubles are waited out and asked again (an `outage` event when it begins and ends; no round is spent:
+`generate` records a candidate only when the coder answered), errors that never clear stop the run,
+and a refused request is asked again twice and then one failed call. Planner ops are applied in
+`plan`, against the tree version the request was written for.
+
+The world model is mirrored: every change goes through `wm()`, one call at a time, which applies the named call on the
 backend (the authority: the WorldModelActor on Ray), and records it; the read model applies the same
 call with the same pure functions, so reading the tree never crosses a process boundary and a
 resumed run rebuilds the exact tree by replay.
@@ -42,6 +48,7 @@ from ksearch_ray.events import (
     Event,
     IsolationWarning,
     LlmCallEvent,
+    Outage,
     PlanEmpty,
     PlanFailed,
     Remeasure,
@@ -55,16 +62,24 @@ from ksearch_ray.events import (
     WmInit,
 )
 from ksearch_ray.measure import Noise, Spread, beyond_noise, confirm_verdict, format_noise, with_noise
-from ksearch_ray.methods.context import Method, Where
+from ksearch_ray.methods.context import Method, Refused, Where
 from ksearch_ray.methods.evidence import eval_summary, workload_times
 from ksearch_ray.methods.tuner import autotune
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.policies.contract import Attempt, CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.llm.types import fatal_error
+from ksearch_ray.policies.contract import (
+    Attempt,
+    CodeReply,
+    CodeRequest,
+    Facts,
+    PlanReply,
+    PlanRequest,
+    WorkloadShape,
+)
+from ksearch_ray.policies.llm.types import LLMCall, error_class
 from ksearch_ray.run.backends import BUILDER, Backends
 from ksearch_ray.run.errors import SearchError
 from ksearch_ray.store import RunStore
-from ksearch_ray.taskspec.task import Task, solution_from_file
+from ksearch_ray.taskspec.task import Task, TaskError, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
 from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.state import WorldModelState
@@ -74,6 +89,13 @@ log = logging.getLogger(__name__)
 
 REPLY_START_CHARS = 200
 """How much of a reply without code is kept, so a user can see what the model said instead."""
+REFUSAL_RETRIES = 2
+"""Times a call the provider refused (a content policy, a bad request) is asked again: classifiers misfire."""
+REJECTED_LIMIT = 5
+"""Calls refused in a row (each after its retries), with nothing answered between, before the run stops: a
+refusal is one failed call, but one that every request gets will not clear."""
+REJECTIONS_SHOWN = 12
+"""Lines of not-applied edits a planner prompt repeats."""
 
 
 class Search:
@@ -108,6 +130,13 @@ class Search:
         self.world_model: Any = None
         self.mirror: WorldModelState | None = None
         self.evaluations_before = 0  # candidate evaluations of earlier sessions (the live view's rate is this session's)
+        self._wm_lock = asyncio.Lock()  # one world-model call at a time: the actor, the mirror and the log agree on order
+        self._facts: Facts | None = None
+        self._told_seq = 0  # planner rejections up to this event were already shown to the planner
+        self.outage_since: float | None = None  # monotonic start of the provider's current outage
+        self._outage_failures = 0
+        self._outage_error = ""
+        self._rejected_in_a_row = 0
 
     # --- the log ---------------------------------------------------------------------------------
 
@@ -175,15 +204,16 @@ class Search:
     # --- the world model ------------------------------------------------------------------------------
 
     async def wm(self, call: str, *, tag: dict[str, Any] | None = None, **args: Any) -> Any:
-        t0 = time.monotonic()
-        result = await self.world_model.call(call, args)
-        assert self.mirror is not None
-        mirrored = self.mirror.call(call, args)
-        if mirrored != result:  # both applied the same pure function to the same tree
-            raise SearchError(f"the world-model replica disagrees with its actor after {call}; the run log is the truth")
-        self.wm_s += time.monotonic() - t0
-        self.record(WmCall(call=call, args=args, **(tag or {})))
-        return result
+        async with self._wm_lock:
+            t0 = time.monotonic()
+            result = await self.world_model.call(call, args)
+            assert self.mirror is not None
+            mirrored = self.mirror.call(call, args)
+            if mirrored != result:  # both applied the same pure function to the same tree
+                raise SearchError(f"the world-model replica disagrees with its actor after {call}; the run log is the truth")
+            self.wm_s += time.monotonic() - t0
+            self.record(WmCall(call=call, args=args, **(tag or {})))
+            return result
 
     def tree(self) -> Tree:
         assert self.view.tree is not None
@@ -192,46 +222,156 @@ class Search:
     # --- LLM calls -----------------------------------------------------------------------------------
 
     async def _policy_call(self, role: str, kind: str, request: Any, cycle: str | None) -> Any:
-        """A planner or coder call: visible in the live view while it waits, logged when it returns."""
+        """A planner or coder call: visible in the live view while it waits, logged when it returns.
+
+        What the provider's failure means decides what happens next: one that passes (5xx, 429, a timeout,
+        a cut connection) is waited out and the call asked again, spending no round, until the outage
+        allowance is spent (then the run stops, resumable); one that never clears (a rejected key, an
+        unknown model, an exhausted quota) stops the run at once; a refused request (a content policy, a
+        bad request) is one failed call, returned like any reply without a result."""
+        refusals = 0
+        while True:
+            reply = await self._ask_backend(role, kind, request)
+            for call in reply.calls:
+                self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
+                if call.error is None and call.attempts > 1:  # the retries' details are in the run's logs
+                    self.on_line(f"{role} {call.kind}: answered after {call.attempts} attempts")
+            failed: LLMCall | None = reply.failed_call
+            what = error_class(failed.error_kind) if failed is not None else None
+            if what != "transient":
+                self._provider_answered()
+            if what is None:
+                self._rejected_in_a_row = 0
+                return reply
+            assert failed is not None
+            if what == "fatal":
+                # A rejected key, an unknown model: every further call would fail the same way, so stop
+                # now instead of spending the budget on failures.
+                raise SearchError(f"the {role}'s LLM call failed and retrying cannot fix it: {failed.error}")
+            if what == "rejected":
+                refusals += 1
+                if refusals <= REFUSAL_RETRIES:
+                    self.on_line(f"the provider refused the {role}'s {kind} call ({(failed.error or '')[:160]}); "
+                                 "asking again (no round is spent on it)")
+                    await self._visible_sleep(role, kind, self.config.llm.backoff_base_s)
+                    continue
+                self._rejected_in_a_row += 1
+                if self._rejected_in_a_row >= REJECTED_LIMIT:
+                    raise SearchError(f"the provider refused {self._rejected_in_a_row} calls in a row; the last: "
+                                      f"{failed.error}")
+                return reply
+            wait = self._outage_wait(failed)
+            if self._spend_left() is not None:
+                return reply  # the budget ran out while the provider was failing: the caller gives its round back
+            await self._visible_sleep(role, kind, wait)
+
+    async def _ask_backend(self, role: str, kind: str, request: Any) -> Any:
         backend = self.backends.planner if role == "planner" else self.backends.coder
         self._llm_tokens += 1
         token = self._llm_tokens
         self.llm_in_flight[token] = (role, kind, time.monotonic())
         self.on_change(self)
         try:
-            reply = await (backend.plan(request) if role == "planner" else backend.code(request))
+            return await (backend.plan(request) if role == "planner" else backend.code(request))
         finally:
             self.llm_in_flight.pop(token, None)
-        for call in reply.calls:
-            self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
-            if call.error is None and call.attempts > 1:  # the retries' details are in the run's logs
-                self.on_line(f"{role} {call.kind}: answered after {call.attempts} attempts")
-        fatal = next((call for call in reply.calls if fatal_error(call)), None)
-        if fatal is not None:
-            # A rejected key, an unknown model: every further call would fail the same way, so stop
-            # now instead of spending the budget on failures.
-            raise SearchError(f"the {role}'s LLM call failed and retrying cannot fix it: {fatal.error}")
-        return reply
+
+    async def _visible_sleep(self, role: str, kind: str, seconds: float) -> None:
+        """Wait before asking again, shown in the live view as what this call waits for."""
+        self._llm_tokens += 1
+        token = self._llm_tokens
+        self.llm_in_flight[token] = (role, f"{kind}: retry after the provider failed", time.monotonic())
+        self.on_change(self)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.llm_in_flight.pop(token, None)
+
+    def _outage_wait(self, failed: LLMCall) -> float:
+        """Note one more failure of an outage (starting it, on the first); how long to wait before asking
+        again. SearchError once the outage has lasted longer than its allowance."""
+        llm = self.config.llm
+        now = time.monotonic()
+        self._outage_error = failed.error or failed.error_kind or "?"
+        if self.outage_since is None:
+            self.outage_since = now
+            self._outage_failures = 0
+            self.record(Outage(state="began", error=self._outage_error))
+            self.on_line(f"the LLM provider is failing ({self._outage_error[:160]}): waiting and asking again, "
+                         f"for up to {llm.outage_s:g} s; no round is spent on it")
+        self._outage_failures += 1
+        lasted = now - self.outage_since
+        if lasted >= llm.outage_s:
+            self.record(Outage(state="gave_up", error=self._outage_error, failed_calls=self._outage_failures,
+                               waited_s=lasted))
+            raise SearchError(f"the LLM provider kept failing for {lasted:.0f} s, longer than the outage allowance "
+                              f"(--outage-s {llm.outage_s:g}); last error: {self._outage_error[:200]}")
+        backoff = min(llm.backoff_max_s, llm.backoff_base_s * 2 ** min(self._outage_failures - 1, 16))
+        if failed.retry_after_s is not None:
+            backoff = max(backoff, min(failed.retry_after_s, llm.backoff_max_s))
+        return max(min(backoff, llm.outage_s - lasted), 0.0)
+
+    def _provider_answered(self) -> None:
+        if self.outage_since is None:
+            return
+        lasted = time.monotonic() - self.outage_since
+        self.record(Outage(state="ended", error=self._outage_error, failed_calls=self._outage_failures, waited_s=lasted))
+        self.on_line(f"the LLM provider answers again, after {lasted:.0f} s and {self._outage_failures} failed call(s)")
+        self.outage_since = None
+
+    # --- what prompts say ---------------------------------------------------------------------------
+
+    def facts(self) -> Facts:
+        """The device, the timing method and every scored workload's shapes and least work: once a session."""
+        if self._facts is None:
+            device = self.config.evaluation.device or "cpu"
+            shapes = []
+            for workload in self.task.workloads(self.workload_set, device):
+                try:
+                    cost = self.task.workload_cost(workload)
+                except TaskError:
+                    cost = None
+                shapes.append(WorkloadShape(name=workload.name, axes=dict(workload.axes), params=dict(workload.params),
+                                            flops=cost[0] if cost else None, bytes=cost[1] if cost else None))
+            mode = self.config.evaluation.mode
+            self._facts = Facts(device=self.infos[0] if self.infos else None,
+                                workload_set=self.task.workload_set_name(self.workload_set, device), workloads=shapes,
+                                timing_rule=self.config.evaluation.timing_for(device).rule(device, mode),
+                                fresh_inputs=mode == "fresh")
+        return self._facts
+
+    def _reference_source(self) -> str:
+        path = self.task.root / "reference.py"
+        return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+    def _rejections(self) -> list[str]:
+        """Planner edits not applied since the planner was last told, for its next prompt."""
+        fresh = [line for seq, line in self.view.plan_rejections if seq > self._told_seq]
+        if self.view.plan_rejections:
+            self._told_seq = self.view.plan_rejections[-1][0]
+        return fresh[-REJECTIONS_SHOWN:]
 
     def plan_request(self, kind: str, **fields: Any) -> PlanRequest:
         tree = self.tree()
         attempts = fields.get("attempts") or []
+        ks = self.config.search.ksearch
+        # The first plan may fill every cycle; later ones add a few actions each (K-Search: 3).
+        max_actions = max(self.config.search.width, ks.max_new_actions, 4) if kind == "initialize_tree" else ks.max_new_actions
         return PlanRequest(
             kind=kind, task=self.task.definition, tree=tree, hardware=self.hardware,  # type: ignore[arg-type]
             language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.seeds(),
-            max_actions=max(self.config.search.width, 4), noise=self._noise_value(),
-            prompt_budget_tokens=self._prompt_budget(), **fields,
+            max_actions=max_actions, noise=self._noise_value(), prompt_budget_tokens=self.config.llm.prompt_budget_tokens,
+            facts=self.facts(), rejected=self._rejections(), **fields,
         )
 
     def code_request(self, kind: str, **fields: Any) -> CodeRequest:
+        reference = self._reference_source() if kind == "generate_from_spec" else ""
         return CodeRequest(
             kind=kind, task=self.task.definition, tree=self.tree(), hardware=self.hardware,  # type: ignore[arg-type]
             language=self.config.search.language, seeds=self.seeds(), noise=self._noise_value(),
-            prompt_budget_tokens=self._prompt_budget(), **fields,
+            prompt_budget_tokens=self.config.llm.prompt_budget_tokens, facts=self.facts(), reference=reference,
+            **fields,
         )
-
-    def _prompt_budget(self) -> int:
-        return self.config.llm.prompt_budget_tokens or 100_000
 
     def _noise_value(self) -> float | None:
         noise = self.noise()
@@ -250,19 +390,34 @@ class Search:
             return reply, None
         tag = {"cycle": cycle, "plan_kind": request.kind, "focus": request.node_id, "source": reply.source,
                "notes": reply.notes, "version": request.tree.version}
-        report = await self.wm("apply", ops=reply.ops, system=False, tag=tag)
+        # Applied against the version it was written for: an op on something changed since is rejected on
+        # its own, and the planner is told in its next call.
+        report = await self.wm("apply", ops=reply.ops, system=False, base_version=request.tree.version,
+                               max_new=request.max_actions, tag=tag)
         rejected = [r for r in report["results"] if not r["ok"]]
         if rejected:
             self.on_line(f"planner ({request.kind}): {len(rejected)} of {len(reply.ops)} ops rejected: "
                          + "; ".join(f"{r['op']}: {r['reason']}" for r in rejected[:3]))
         return reply, report
 
-    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt:
-        """Ask the coder for round `round_`'s code and record the candidate (with code, or why none)."""
+    async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt | None:
+        """Ask the coder for round `round_`'s code and record the candidate (with code, or why none).
+        None, and the round given back, when the budget ran out while the provider was failing."""
         reply: CodeReply = await self._policy_call("coder", request.kind, request, where.key)
+        failed = error_class(reply.failed_call.error_kind) if reply.failed_call is not None else None
+        if failed == "transient":
+            self.give_back_round(round_)
+            return None
+        if failed == "rejected":
+            self.give_back_round(round_)
+            raise Refused(f"the provider refused the coder's {request.kind} call "
+                          f"{REFUSAL_RETRIES + 1} times: {reply.error or ''}"[:300])
         error = reply.error if reply.solution is None else None
         solution_id = None
-        if reply.solution is not None:
+        started_from = {s.id for s in (request.current, request.base) if s is not None}
+        if reply.solution is not None and reply.solution.id in started_from:
+            error = "the reply's code is the code it started from, unchanged: the action was not implemented"
+        elif reply.solution is not None:
             solution_id = self.store.save_solution(reply.solution)
             self._solutions[solution_id] = reply.solution
         elif error is None:
@@ -411,9 +566,13 @@ class Search:
 
     def budget_left(self) -> str | None:
         """None while the budget lasts, else why it ran out. Spend is counted from the event log."""
-        b, v = self.config.budget, self.view
-        if v.rounds_used + len(self._outstanding) >= b.rounds:
+        if self.view.rounds_used + len(self._outstanding) >= self.config.budget.rounds:
             return "rounds"
+        return self._spend_left()
+
+    def _spend_left(self) -> str | None:
+        """The budget without the rounds (a call that holds a round waits on these alone)."""
+        b, v = self.config.budget, self.view
         if b.max_cost_usd is not None and v.llm_cost_usd >= b.max_cost_usd:
             return "cost"
         if b.max_llm_tokens is not None and v.llm_tokens >= b.max_llm_tokens:

@@ -47,6 +47,15 @@ def waiting(search: Search) -> list[tuple[str, float]]:
     return sorted(items, key=lambda item: -item[1])
 
 
+def outage_line(search: Search) -> str | None:
+    """While the LLM provider is failing: for how long, and how long the run will wait."""
+    if search.outage_since is None:
+        return None
+    lasted = time.monotonic() - search.outage_since
+    return (f"the LLM provider has been failing for {lasted:.0f} s (the run waits up to {search.config.llm.outage_s:g} s; "
+            "no round is spent on failed calls)")
+
+
 def render(search: Search) -> Group:
     view, cfg = search.view, search.config
     minutes = max(search.wall_s() / 60.0, 1e-9)
@@ -66,6 +75,8 @@ def render(search: Search) -> Group:
     )
     parts: list[Table | Text] = [head, Text(f"run directory {search.store.root}", style="dim"), stats,
                                  Text(f"now: {search.phase}", style="dim")]
+    if (outage := outage_line(search)) is not None:
+        parts.append(Text(outage, style="yellow"))
     if search.working_on:
         cycles = Table("cycle", "working on", box=None, show_header=True, header_style="dim")
         for cycle_id, title in sorted(search.working_on.items()):
@@ -139,6 +150,8 @@ class PlainLines:
             if search is None or time.monotonic() - self._last_print < self.heartbeat_s:
                 continue
             waits = [(what, age) for what, age in waiting(search) if age >= self.heartbeat_s]
+            if (outage := outage_line(search)) is not None:
+                self._print(outage)
             if waits:
                 self._print("waiting for " + "; ".join(f"{what} ({age:.0f} s)" for what, age in waits[:4])
                             + (f" and {len(waits) - 4} more" if len(waits) > 4 else ""))

@@ -11,6 +11,7 @@ batch costs what it touches, not the size of the tree.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,13 @@ class OpRejected(Exception):
 class Batch:
     version: int
     solution_exists: Callable[[str], bool]
+    base: int | None = None
+    """The tree version a planner's batch was written against; None: the current one (no conflicts)."""
+    max_new: int | None = None
+    """How many new actions the batch may add (inserts and split alternatives); None: no limit."""
+    new_nodes: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What the op being applied did beyond the obvious (defaults filled in, parts skipped): said in its report."""
     refs: dict[str, str] = field(default_factory=dict)
     dead_refs: dict[str, int] = field(default_factory=dict)
     """Placeholders whose creating op was rejected -> that op's index, so later ops can say so."""
@@ -80,6 +88,50 @@ def _changed(batch: Batch, created: list[str] | None = None, removed: list[str] 
     return created or [], removed or []
 
 
+def _touch(item: Item, batch: Batch) -> None:
+    """Mark an item's status or planner-written fields as changed by this batch."""
+    item.changed_at_version = batch.version
+
+
+def _stale(item: Item, batch: Batch) -> bool:
+    """Changed by another edit after the version this batch was written against (not by this batch)."""
+    return batch.base is not None and batch.base < item.changed_at_version < batch.version
+
+
+def _check_fresh(item: Item, batch: Batch) -> None:
+    if _stale(item, batch):
+        now = f", now {item.status}" if hasattr(item, "status") else ""
+        raise OpRejected(f"{item.id} was changed (version {item.changed_at_version}{now}) after the version this reply "
+                         f"was written for ({batch.base}); not applied: plan it again against the tree as it is now")
+
+
+def _title_key(title: str) -> str:
+    return " ".join(re.sub(r"[^\w]+", " ", title.casefold()).split())
+
+
+def _check_new_actions(tree: Tree, parent: str, titles: list[str], batch: Batch) -> None:
+    """No two actions of one parent with the same title (concurrent planner calls propose the same idea),
+    and no more new actions in one batch than it may add."""
+    keys = [_title_key(t) for t in titles]
+    for key, title in zip(keys, titles, strict=True):
+        if keys.count(key) > 1:
+            raise OpRejected(f"the title {title!r} is given twice")
+        twin = next((n for n in tree.nodes.values() if n.parent == parent and _title_key(n.title) == key), None)
+        if twin is not None:
+            raise OpRejected(f"{parent} already has this action: {twin.id} {twin.title!r} ({twin.status}); "
+                             "update it instead of adding it again")
+    if batch.max_new is not None and batch.new_nodes + len(titles) > batch.max_new:
+        raise OpRejected(f"a reply may add at most {batch.max_new} new actions, and this op would be number "
+                         f"{batch.new_nodes + len(titles)}: not applied (propose it again later if still worth it)")
+
+
+def _note_defaults(action: BaseModel, batch: Batch, who: str = "") -> None:
+    missing = [name for name in ("difficulty", "score", "expected_speedup") if name not in action.model_fields_set]
+    if missing:
+        values = ", ".join(f"{name} {getattr(action, name):g}" for name in missing)
+        batch.notes.append(f"{who}defaults used for what was not given: {values}")
+
+
 # ------------------------------------------------------------------------------------- planner ops
 
 
@@ -88,6 +140,8 @@ def _insert(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
     if isinstance(parent, ActionNode) and parent.status in (NodeStatus.SPLIT, NodeStatus.CLOSED):
         raise OpRejected(f"{parent.id} is {parent.status}; insert under {parent.parent} or another action")
     _check_new_refs([op.ref], batch)
+    _check_new_actions(tree, parent.id, [op.title], batch)
+    _note_defaults(op, batch)
     return _changed(batch, [_add_node(tree, op, parent.id, batch)])
 
 
@@ -100,7 +154,9 @@ def _update(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
         if op.summary is None and op.note is None:
             raise OpRejected("nothing to update: give summary or note")
         if op.summary is not None:
+            _check_fresh(node, batch)
             node.summary.text = op.summary
+            _touch(node, batch)
         if op.note is not None:
             node.notes.append(Note(kind=NoteKind.NOTE, text=op.note, version=batch.version))
         return _changed(batch)
@@ -111,6 +167,8 @@ def _update(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
         raise OpRejected("nothing to update: give at least one field, a note or status")
     if op.status is not None and node.status is not NodeStatus.TOO_HARD:
         raise OpRejected(f"only a too_hard node can be reopened; {node.id} is {node.status}")
+    if changes or op.status is not None:
+        _check_fresh(node, batch)  # a note is evidence and may land on any version
     try:
         updated = ActionNode.model_validate({**node.model_dump(), **changes})
     except ValidationError as exc:
@@ -120,6 +178,8 @@ def _update(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
         updated.notes.append(Note(kind=NoteKind.NOTE, text="reopened by the planner", version=batch.version))
     if op.note is not None:
         updated.notes.append(Note(kind=NoteKind.NOTE, text=op.note, version=batch.version))
+    if changes or op.status is not None:
+        _touch(updated, batch)
     tree.nodes[node.id] = updated
     return _changed(batch)
 
@@ -133,10 +193,15 @@ def _split(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
             raise OpRejected(f"{node.id} has children; prune or re-plan them before splitting it")
     elif node.status is not NodeStatus.TOO_HARD:
         raise OpRejected(f"only an open or too_hard node can be split; {node.id} is {node.status}")
+    _check_fresh(node, batch)
     _check_new_refs([a.ref for a in op.alternatives], batch)
+    _check_new_actions(tree, node.parent, [a.title for a in op.alternatives], batch)
+    for i, alt in enumerate(op.alternatives):
+        _note_defaults(alt, batch, f"alternative {i}: ")
     created = [_add_node(tree, alt, node.parent, batch, split_from=node.id) for alt in op.alternatives]
     if node.status is NodeStatus.OPEN:
         node.status = NodeStatus.SPLIT
+        _touch(node, batch)
     text = f"split into {', '.join(created)}" + (f": {op.reason}" if op.reason else "")
     node.notes.append(Note(kind=NoteKind.SPLIT, text=text, version=batch.version))
     return _changed(batch, created)
@@ -146,6 +211,9 @@ def _mark_too_hard(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[s
     node = _resolve_action(tree, op.node, batch)
     if node.status not in (NodeStatus.OPEN, NodeStatus.LEASED, NodeStatus.TOO_HARD):
         raise OpRejected(f"only an open, leased or too_hard node can be marked too hard; {node.id} is {node.status}")
+    if node.status is not NodeStatus.TOO_HARD:
+        _check_fresh(node, batch)  # a reason added to a too-hard verdict is evidence, whatever the version
+        _touch(node, batch)
     node.status = NodeStatus.TOO_HARD
     tree.leases.pop(node.id, None)
     node.notes.append(Note(kind=NoteKind.TOO_HARD, text=op.reason, version=batch.version))
@@ -154,6 +222,7 @@ def _mark_too_hard(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[s
 
 def _prune(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
     node = _resolve_action(tree, op.node, batch)
+    _check_fresh(node, batch)
     doomed = subtree_ids(tree, node.id)
     for kind, statuses in (
         ("a solution", {NodeStatus.DONE}),
@@ -174,7 +243,10 @@ def _prune(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
 
 def _close(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
     item = _resolve_item(tree, op.target, batch)
+    if not isinstance(item, RootNode):
+        _check_fresh(item, batch)
     if isinstance(item, Hypothesis):
+        _touch(item, batch)
         item.status = op.verdict or "closed"
         if op.reason:
             (item.evidence_against if item.status == "refuted" else item.evidence_for).append(
@@ -187,6 +259,7 @@ def _close(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
         if not op.reason:
             raise OpRejected(f"closing question {item.id} needs its answer in reason")
         item.status, item.answer = "answered", op.reason
+        _touch(item, batch)
         return _changed(batch)
     if isinstance(item, RootNode):
         raise OpRejected("the root is the task itself and cannot be closed")
@@ -195,20 +268,35 @@ def _close(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
     if tree.children(item.id):
         raise OpRejected(f"{item.id} has children; prune them first or mark it too hard instead")
     item.status = NodeStatus.CLOSED
+    _touch(item, batch)
     item.notes.append(Note(kind=NoteKind.CLOSED, text=op.reason or "closed by the planner", version=batch.version))
     return _changed(batch)
 
 
 def _reprioritise(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
-    nodes = [_resolve_action(tree, ref, batch) for ref in op.scores]
-    not_open = [n.id for n in nodes if n.status is not NodeStatus.OPEN]
-    if not_open:
-        raise OpRejected(f"only open actions can be reprioritised; not open: {', '.join(not_open)}")
-    for node, score in zip(nodes, op.scores.values(), strict=True):
+    """Rescores what it can: an entry for a node that is not open, or that changed since the reply was
+    written, is skipped on its own (and said in the report), not the whole op."""
+    applied: list[tuple[ActionNode, float]] = []
+    skipped: list[str] = []
+    for ref, score in op.scores.items():
+        try:
+            node = _resolve_action(tree, ref, batch)
+            if node.status is not NodeStatus.OPEN:
+                raise OpRejected(f"{node.id} is {node.status}, not open")
+            _check_fresh(node, batch)
+        except OpRejected as exc:
+            skipped.append(f"{ref}: {exc}")
+            continue
+        applied.append((node, score))
+    if not applied:
+        raise OpRejected("no score could change: " + "; ".join(skipped))
+    for node, score in applied:
         if score != node.score:
             node.notes.append(Note(kind=NoteKind.NOTE, text=f"score {node.score:.2f} -> {score:.2f}: {op.reason}",
                                    version=batch.version))
             node.score = score
+            _touch(node, batch)
+    batch.notes += [f"not rescored: {line}" for line in skipped]
     return _changed(batch)
 
 
@@ -264,9 +352,16 @@ def _attach_solution(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list
         raise OpRejected(f"{target.id} is {target.status}; attach the solution to the action it implements")
     if target.solution is not None:
         old = target.solution
+        if old.evaluation.speedup is not None and (op.evaluation.speedup is None
+                                                   or op.evaluation.speedup <= old.evaluation.speedup):
+            # Two cycles that worked on one node (a lease that expired under a slow one): the faster stays.
+            raise OpRejected(f"{target.id} already holds solution {old.solution_id}, at least as fast "
+                             f"({_fmt_speedup(old.evaluation.speedup)} vs {_fmt_speedup(op.evaluation.speedup)})")
         text = f"replaced solution {old.solution_id} ({_fmt_speedup(old.evaluation.speedup)} vs baseline)"
         target.notes.append(Note(kind=NoteKind.NOTE, text=text, version=batch.version))
     target.solution = ref
+    if target.status is not NodeStatus.DONE:
+        _touch(target, batch)
     target.status = NodeStatus.DONE
     # Whoever held the lease is finished with the node, even if it is not the one reporting.
     tree.leases.pop(target.id, None)
@@ -314,9 +409,11 @@ _HANDLERS: dict[str, Handler] = {
 def _add_node(tree: Tree, action: ActionFields, parent: str, batch: Batch, split_from: str | None = None) -> str:
     node_id = f"n{tree.next_seq}"
     batch.owned.add(node_id)
+    batch.new_nodes += 1
     tree.nodes[node_id] = ActionNode(
         **action.model_dump(include=set(ActionFields.model_fields)),
         id=node_id, parent=parent, seq=tree.next_seq, split_from=split_from, created_at_version=batch.version,
+        changed_at_version=batch.version,
     )
     tree.next_seq += 1
     ref = getattr(action, "ref", None)

@@ -238,6 +238,8 @@ class OpResult(BaseModel):
     created: list[str] = Field(default_factory=list, description="Ids of the nodes, hypotheses or questions created.")
     removed: list[str] = Field(default_factory=list, description="Ids of the nodes the op pruned.")
     reason: str = Field(default="", description="One line saying why the op was rejected.")
+    notes: list[str] = Field(default_factory=list, description="What else the planner should know: defaults filled "
+                             "in, entries skipped.")
 
 
 class ApplyReport(BaseModel):
@@ -265,8 +267,16 @@ class ApplyReport(BaseModel):
                 ([f"created {' '.join(r.created)}"] if r.created else [])
                 + ([f"removed {' '.join(r.removed)}"] if r.removed else [])
             )
-            lines.append(f"op {r.index} {r.op}: ok" + (f" ({detail})" if detail else ""))
+            lines.append(f"op {r.index} {r.op}: ok" + (f" ({detail})" if detail else "")
+                         + "".join(f"; {note}" for note in r.notes))
         return "\n".join(lines)
+
+    def problems(self) -> list[str]:
+        """One line per op that was rejected or only partly applied: what the planner is told next time."""
+        out = [f"{r.op} (op {r.index}): REJECTED: {r.reason}" for r in self.results if not r.ok]
+        out += [f"{r.op} (op {r.index}): {note}" for r in self.results if r.ok for note in r.notes
+                if note.startswith("not ")]
+        return out
 
 
 def apply_ops(
@@ -275,18 +285,26 @@ def apply_ops(
     *,
     solution_exists: Callable[[str], bool],
     system: bool = True,
+    base_version: int | None = None,
+    max_new: int | None = None,
 ) -> tuple[Tree, ApplyReport]:
     """Apply `ops` in order to a copy of `tree`; return the new tree and a per-op report.
 
     Ops may be models or raw dicts straight from an LLM's JSON; `system=False` (a planner's batch)
-    rejects the system ops. The version goes up by one if any op changed the tree. A tree that
-    breaks an invariant after the batch is a bug in a handler and raises InvariantError.
+    rejects the system ops. `base_version`: the version the batch was written against; an op that
+    would edit an item changed since (by another batch, a lease, a finished cycle) is rejected on its
+    own. `max_new`: how many new actions the batch may add. The version goes up by one if any op
+    changed the tree. A tree that breaks an invariant after the batch is a bug in a handler and
+    raises InvariantError.
     """
     work = working_copy(tree)
-    batch = Batch(version=tree.version + 1, solution_exists=solution_exists)
+    batch = Batch(version=tree.version + 1, solution_exists=solution_exists,
+                  base=base_version if base_version is not None and base_version < tree.version else None,
+                  max_new=max_new)
     results = []
     for index, raw in enumerate(ops):
         name = _op_name(raw)
+        batch.notes = []
         try:
             if not system and name in SYSTEM_OPS:
                 raise OpRejected(f"{name} is done by the system, not by the planner")
@@ -298,7 +316,7 @@ def apply_ops(
             reason = one_line(exc, OP_NAMES) if isinstance(exc, ValidationError) else str(exc)
             results.append(OpResult(index=index, op=name, ok=False, reason=reason))
             continue
-        results.append(OpResult(index=index, op=name, ok=True, created=created, removed=removed))
+        results.append(OpResult(index=index, op=name, ok=True, created=created, removed=removed, notes=batch.notes))
     if batch.changed:
         work.version = batch.version
     # Handlers keep the invariants by construction; a violation here is their bug, not the

@@ -52,6 +52,15 @@ class Detail:
     frontier: int = 15
     collapse: bool = False  # fold subtrees away from the focus into one line each
     settled_items: bool = True  # show closed hypotheses and answered questions
+    group_folded: bool = False  # all folded subtrees of one parent in a single line
+    children: int | None = None  # children of the focus and the best node shown in full (the rest folded)
+    too_hard: int | None = None  # the most recent too-hard and closed actions listed (the rest counted)
+    hypotheses: int | None = None
+    questions: int | None = None
+    summary_chars: int | None = None
+    best: int = 5
+    tree: str = "full"  # full: the tree (folded as above); path: the focus's and the best's paths; count: one line
+    title_chars: int = TITLE_LIMIT
 
 
 LEVELS = (
@@ -59,32 +68,41 @@ LEVELS = (
     Detail(notes=1, note_chars=120, failure_chars=120),
     Detail(notes=1, note_chars=100, failure_chars=80, frontier=10, collapse=True),
     Detail(notes=0, note_chars=80, failure_chars=60, frontier=8, collapse=True, settled_items=False),
+    Detail(notes=0, note_chars=80, failure_chars=0, frontier=8, collapse=True, settled_items=False, group_folded=True,
+           children=12, too_hard=15, hypotheses=8, questions=5, summary_chars=1200),
+    Detail(notes=0, note_chars=60, failure_chars=0, frontier=6, collapse=True, settled_items=False, group_folded=True,
+           children=4, too_hard=8, hypotheses=4, questions=2, summary_chars=600, tree="path"),
+    Detail(notes=0, note_chars=50, failure_chars=0, frontier=3, collapse=True, settled_items=False, group_folded=True,
+           children=0, too_hard=4, hypotheses=2, questions=0, summary_chars=300, best=3, tree="count", title_chars=50),
 )
+"""From most to least detail. Every level shows the open frontier, the best so far and what was found
+too hard: a view gives up detail (notes, digests, subtrees far from the focus, old failures), never those."""
 
 
 def render_world_model(tree: Tree, *, focus: str | None = None, budget_chars: int | None = None,
                        max_difficulty: int = DEFAULT_MAX_DIFFICULTY,
                        relax_when_speedup_at_least: float | None = DEFAULT_RELAX_AT_SPEEDUP) -> str:
-    """The planner's view, at the most detail that fits `budget_chars` (None: the most detail)."""
+    """The planner's view, at the most detail that fits `budget_chars` (None: the most detail).
+
+    Folded, never cut: the tersest level (about 2,000 characters whatever the tree's size) is returned
+    even when it does not fit a smaller budget."""
     text = ""
     for level in LEVELS:
         text = _world_model(tree, focus, level, max_difficulty, relax_when_speedup_at_least)
         if budget_chars is None or len(text) <= budget_chars:
             return text
-    # Even the tersest view is too long: keep its head (summary, hypotheses, the focus's surroundings).
-    cut = max(budget_chars or 0, 200)
-    return text[: cut - 60] + "\n... (world model cut to fit the prompt budget)"
+    return text
 
 
 def _world_model(tree: Tree, focus: str | None, detail: Detail, max_difficulty: int, relax: float | None) -> str:
     sections = [
-        ("Kernel summary", render_summary(tree)),
+        ("Kernel summary", render_summary(tree, detail.summary_chars)),
         ("Hypotheses", render_hypotheses(tree, detail)),
         ("Questions", render_questions(tree, detail)),
         ("Action tree", render_tree(tree, detail=detail, focus=focus)),
         ("Open frontier", render_frontier(tree, limit=detail.frontier, max_difficulty=max_difficulty,
-                                          relax_when_speedup_at_least=relax)),
-        ("Best so far", render_best(tree)),
+                                          relax_when_speedup_at_least=relax, title_chars=detail.title_chars)),
+        ("Best so far", render_best(tree, detail.best)),
         ("Found too hard", render_failures(tree, detail)),
     ]
     return "\n\n".join(f"## {title}\n{body}" for title, body in sections)
@@ -93,14 +111,15 @@ def _world_model(tree: Tree, focus: str | None, detail: Detail, max_difficulty: 
 # --------------------------------------------------------------------------------------- sections
 
 
-def render_summary(tree: Tree) -> str:
+def render_summary(tree: Tree, text_chars: int | None = None) -> str:
     summary = tree.root.summary
     lines = []
     if summary.solution_id is None:
         lines.append("No measured best solution yet.")
     else:
         lines.append(f"Best solution {summary.solution_id}: {format_speedup(summary.speedup)} over the baseline.")
-    lines.append(summary.text or "(no description yet: write one with an `update` of node root, field `summary`)")
+    words = summary.text or "(no description yet: write one with an `update` of node root, field `summary`)"
+    lines.append(_trim(words, text_chars) if text_chars else words)
     if summary.time_ms:
         parts = []
         for name, ms in summary.time_ms.items():
@@ -112,9 +131,12 @@ def render_summary(tree: Tree) -> str:
 
 def render_hypotheses(tree: Tree, detail: Detail = LEVELS[0]) -> str:
     lines = []
-    for h in sorted(tree.hypotheses.values(), key=lambda h: int(h.id[1:])):
-        if h.status != "open" and not detail.settled_items:
-            continue
+    shown = [h for h in sorted(tree.hypotheses.values(), key=lambda h: int(h.id[1:]))
+             if h.status == "open" or detail.settled_items]
+    if detail.hypotheses is not None and len(shown) > detail.hypotheses:
+        lines.append(f"({len(shown) - detail.hypotheses} older hypotheses not shown)")
+        shown = shown[len(shown) - detail.hypotheses:]
+    for h in shown:
         line = f"{h.id} [{h.status}] {_trim(h.text, 200)}"
         if h.actions:
             line += f" (actions: {', '.join(h.actions)})"
@@ -126,7 +148,12 @@ def render_hypotheses(tree: Tree, detail: Detail = LEVELS[0]) -> str:
 
 def render_questions(tree: Tree, detail: Detail = LEVELS[0]) -> str:
     lines = []
-    for q in sorted(tree.questions.values(), key=lambda q: int(q.id[1:])):
+    shown = [q for q in sorted(tree.questions.values(), key=lambda q: int(q.id[1:]))
+             if q.status == "open" or detail.settled_items]
+    if detail.questions is not None and len(shown) > detail.questions:
+        lines.append(f"({len(shown) - detail.questions} older questions not shown)")
+        shown = shown[len(shown) - detail.questions:]
+    for q in shown:
         if q.status == "open":
             lines.append(f"{q.id} [open] {_trim(q.text, 200)}" + (f" (so far: {_trim(q.answer, 120)})" if q.answer else ""))
         elif detail.settled_items:
@@ -137,23 +164,64 @@ def render_questions(tree: Tree, detail: Detail = LEVELS[0]) -> str:
 def render_tree(tree: Tree, *, detail: Detail = LEVELS[0], focus: str | None = None) -> str:
     """The tree, children indented under their parent, each node with its notes and outcome.
 
-    With `detail.collapse`, a subtree of the root that holds neither the focus, the best solution,
-    running work nor a top frontier action is folded into one line that counts what it holds.
+    With `detail.collapse`, a subtree that holds neither the focus, the best solution, running work nor
+    a top frontier action is folded into one line that counts what it holds (with `group_folded`, all
+    such subtrees of one parent into a single line); `children` bounds the children of the focus and
+    of the best node shown in full. `tree="path"` shows only the paths to the focus and the best node;
+    `tree="count"` a single line of counts.
     """
+    if detail.tree == "count":
+        return f"{_root_line(tree.root)}\n  {_counts(tree, list(tree.nodes))} (folded to fit the prompt)"
     kids = children_index(tree)
     keep = _kept(tree, focus, detail, kids) if detail.collapse else None
+    if detail.tree == "path":
+        keep = _paths(tree, focus)
     lines = [_root_line(tree.root)]
 
     def walk(parent_id: str, depth: int) -> None:
+        folded: list[ActionNode] = []
         for child in kids.get(parent_id, []):
             if keep is not None and child.id not in keep:
-                lines.append("  " * depth + _folded(tree, child, kids))
+                if detail.group_folded:
+                    folded.append(child)
+                else:
+                    lines.append("  " * depth + _folded(tree, child, kids))
                 continue
             lines.extend("  " * depth + line for line in _node_block(tree, child, detail))
             walk(child.id, depth + 1)
+        if folded:
+            ids = [i for child in folded for i in _subtree(child, kids)]
+            lines.append("  " * depth + f"[folded: {len(folded)} more subtrees here, {_counts(tree, ids)}]")
 
     walk(ROOT_ID, 1)
     return "\n".join(lines)
+
+
+def _subtree(node: ActionNode, kids: dict[str, list[ActionNode]]) -> list[str]:
+    ids = [node.id]
+    for current in ids:  # grows while walked: breadth first
+        ids += [child.id for child in kids.get(current, [])]
+    return ids
+
+
+def _counts(tree: Tree, ids: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for i in ids:
+        status = tree.nodes[i].status.value
+        counts[status] = counts.get(status, 0) + 1
+    speedups = [s for i in ids if (s := solution_speedup(tree.nodes[i])) is not None]
+    best = f", best {format_speedup(max(speedups))}" if speedups else ""
+    what = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none"
+    return f"{len(ids)} actions: {what}{best}"
+
+
+def _paths(tree: Tree, focus: str | None) -> set[str]:
+    keep: set[str] = set()
+    best = best_solution(tree)
+    for anchor in (focus, best.id if best else None):
+        if anchor and anchor in tree.nodes:
+            keep.update(n.id for n in path_to(tree, anchor) if isinstance(n, ActionNode))
+    return keep
 
 
 def render_path(tree: Tree, node_id: str) -> str:
@@ -189,6 +257,7 @@ def render_frontier(
     limit: int = 15,
     max_difficulty: int = DEFAULT_MAX_DIFFICULTY,
     relax_when_speedup_at_least: float | None = DEFAULT_RELAX_AT_SPEEDUP,
+    title_chars: int = TITLE_LIMIT,
 ) -> str:
     """Open actions in selection order (gated ones marked), then the actions cycles are running now."""
     gate = difficulty_limit(
@@ -198,7 +267,7 @@ def render_frontier(
     lines = [f"{len(open_nodes)} open, best first; difficulty <= {gate} runs first:"]
     for node in open_nodes[:limit]:
         gated = f" [waits: difficulty {node.difficulty} > {gate}]" if node.difficulty > gate else ""
-        lines.append(f"  {_node_line(tree, node)} on {node.parent}{gated}")
+        lines.append(f"  {_node_line(tree, node, title_chars)} on {node.parent}{gated}")
     if len(open_nodes) > limit:
         lines.append(f"  ... and {len(open_nodes) - limit} more")
     if not open_nodes:
@@ -206,7 +275,10 @@ def render_frontier(
     running = sorted(tree.leases.values(), key=lambda held: tree.nodes[held.node_id].seq)
     if running:
         lines.append("In progress:")
-        lines += [f"  {held.node_id} {_title(tree.nodes[held.node_id])} ({held.holder})" for held in running]
+        lines += [f"  {held.node_id} {_title(tree.nodes[held.node_id], title_chars)} ({held.holder})"
+                  for held in running[:limit]]
+        if len(running) > limit:
+            lines.append(f"  ... and {len(running) - limit} more")
     return "\n".join(lines)
 
 
@@ -235,16 +307,21 @@ def render_best(tree: Tree, n: int = 5) -> str:
 def render_failures(tree: Tree, detail: Detail = LEVELS[0]) -> str:
     """Actions found too hard or closed, with why, so the planner does not propose them again."""
     lines = []
-    for node in sorted(tree.nodes.values(), key=lambda node: node.seq):
-        if node.status not in (NodeStatus.TOO_HARD, NodeStatus.CLOSED):
-            continue
+    failed = [n for n in sorted(tree.nodes.values(), key=lambda node: node.seq)
+              if n.status in (NodeStatus.TOO_HARD, NodeStatus.CLOSED)]
+    if detail.too_hard is not None and len(failed) > detail.too_hard:
+        older = failed[: len(failed) - detail.too_hard]
+        failed = failed[len(failed) - detail.too_hard:]
+        titles = "; ".join(_trim(n.title, 40) for n in older[-8:])
+        lines.append(f"({len(older)} earlier ones not shown in full; the latest of them: {titles})")
+    for node in failed:
         evidence = [
             _trim(note.text, detail.note_chars)
             for note in node.notes
             if note.kind in (NoteKind.TOO_HARD, NoteKind.NOTE, NoteKind.CLOSED)
         ][-2:]
         lines.append(
-            f"{node.id} [{node.status}] {_title(node)} (difficulty {node.difficulty}): "
+            f"{node.id} [{node.status}] {_title(node, detail.title_chars)} (difficulty {node.difficulty}): "
             + ("; ".join(evidence) or "no reason recorded")
         )
     return "\n".join(lines) if lines else "(no failed actions)"
@@ -274,22 +351,15 @@ def _kept(tree: Tree, focus: str | None, detail: Detail, kids: dict[str, list[Ac
         keep.update(n.id for n in path_to(tree, anchor) if isinstance(n, ActionNode))
     for around in (focus, best.id if best else None):
         if around and around in tree.nodes:
-            keep.update(c.id for c in kids.get(around, []))
+            children = kids.get(around, [])
+            if detail.children is not None:  # the latest ones; the rest fold with the other subtrees
+                children = children[len(children) - detail.children:] if detail.children else []
+            keep.update(c.id for c in children)
     return keep
 
 
 def _folded(tree: Tree, node: ActionNode, kids: dict[str, list[ActionNode]]) -> str:
-    ids = [node.id]
-    for current in ids:  # grows while walked: breadth first
-        ids += [child.id for child in kids.get(current, [])]
-    counts: dict[str, int] = {}
-    for i in ids:
-        status = tree.nodes[i].status.value
-        counts[status] = counts.get(status, 0) + 1
-    speedups = [s for i in ids if (s := solution_speedup(tree.nodes[i])) is not None]
-    best = f", best {format_speedup(max(speedups))}" if speedups else ""
-    what = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    return f"{node.id} {_title(node)} [folded: {len(ids)} actions: {what}{best}]"
+    return f"{node.id} {_title(node)} [folded: {_counts(tree, _subtree(node, kids))}]"
 
 
 def _node_block(tree: Tree, node: ActionNode, detail: Detail) -> list[str]:
@@ -323,12 +393,12 @@ def _root_line(root: RootNode) -> str:
     return f"root: {_trim(root.title, TITLE_LIMIT)} (seed {format_speedup(solution_speedup(root))} vs baseline)"
 
 
-def _node_line(tree: Tree, node: ActionNode) -> str:
+def _node_line(tree: Tree, node: ActionNode, title_chars: int = TITLE_LIMIT) -> str:
     facts = [f"d{node.difficulty}", f"score {node.score:.2f}"]
     if node.rating is not None:
         facts.append(f"rating {node.rating:g}")
     facts.append(f"expect {format_speedup(node.expected_speedup)}")
-    line = f"{node.id} [{node.status}] {_title(node)} ({', '.join(facts)})"
+    line = f"{node.id} [{node.status}] {_title(node, title_chars)} ({', '.join(facts)})"
     if node.author != "planner":
         line += f" (added by the {node.author})"
     if node.solution is not None:
@@ -345,8 +415,8 @@ def _node_line(tree: Tree, node: ActionNode) -> str:
     return line
 
 
-def _title(node: ActionNode) -> str:
-    return _trim(node.title, TITLE_LIMIT)
+def _title(node: ActionNode, limit: int = TITLE_LIMIT) -> str:
+    return _trim(node.title, limit)
 
 
 def _trim(text: str, limit: int) -> str:

@@ -106,7 +106,7 @@ def lease(tree: Tree, node_ids: Iterable[str], holder: str, now: float, ttl: flo
             raise LeaseError(f"{node_id} is already leased to {out.leases[node_id].holder}")
         if not _is_frontier(out, node):
             raise LeaseError(f"{node_id} is not on the frontier (status {node.status}, parent {node.parent})")
-        out.nodes[node_id] = node.model_copy(update={"status": NodeStatus.LEASED})
+        out.nodes[node_id] = node.model_copy(update={"status": NodeStatus.LEASED, "changed_at_version": tree.version + 1})
         out.leases[node_id] = Lease(node_id=node_id, holder=holder, granted_at=now, expires_at=now + ttl)
     return _bumped(out, tree, changed=bool(ids))
 
@@ -151,7 +151,8 @@ def release(tree: Tree, node_ids: Iterable[str], holder: str) -> Tree:
     for node_id in ids:
         _held(out, node_id, holder)
         del out.leases[node_id]
-        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN})
+        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN,
+                                                                   "changed_at_version": tree.version + 1})
     return _bumped(out, tree, changed=bool(ids))
 
 
@@ -166,8 +167,19 @@ def expire_leases(tree: Tree, now: float) -> tuple[Tree, list[str]]:
     out = _shallow(tree)
     for node_id in expired:
         del out.leases[node_id]
-        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN})
+        out.nodes[node_id] = out.nodes[node_id].model_copy(update={"status": NodeStatus.OPEN,
+                                                                   "changed_at_version": tree.version + 1})
     return _bumped(out, tree, changed=bool(expired)), expired
+
+
+def held_by(tree: Tree, node_ids: Iterable[str], holder: str) -> tuple[list[str], list[str]]:
+    """(ids `holder` still holds, ids it does not: expired, or leased to another cycle since)."""
+    held: list[str] = []
+    lost: list[str] = []
+    for node_id in _unique(node_ids):
+        current = tree.leases.get(node_id)
+        (held if current is not None and current.holder == holder else lost).append(node_id)
+    return held, lost
 
 
 def leases_of(tree: Tree, holder: str) -> list[str]:

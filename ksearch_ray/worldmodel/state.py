@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ksearch_ray.worldmodel.ops import apply_ops
-from ksearch_ray.worldmodel.select import expire_leases, release, renew, select_and_lease
+from ksearch_ray.worldmodel.select import expire_leases, held_by, release, renew, select_and_lease
 from ksearch_ray.worldmodel.tree import Tree
 
 
@@ -25,7 +25,8 @@ class WorldModelState:
         tree = self.tree
         if name == "apply":
             self.tree, report = apply_ops(tree, args["ops"], solution_exists=self.solution_exists,
-                                          system=args.get("system", True))
+                                          system=args.get("system", True), base_version=args.get("base_version"),
+                                          max_new=args.get("max_new"))
             return report.model_dump(mode="json")
         if name == "select_and_lease":
             self.tree, ids = select_and_lease(
@@ -34,11 +35,15 @@ class WorldModelState:
             )
             return ids
         if name == "renew":
-            self.tree = renew(tree, args["ids"], args["holder"], args["now"], args["ttl"])
-            return None
+            # A lease that expired (and perhaps went to another cycle) is not renewed: the caller learns
+            # which it lost instead of crashing on it.
+            held, lost = held_by(tree, args["ids"], args["holder"])
+            self.tree = renew(tree, held, args["holder"], args["now"], args["ttl"])
+            return lost
         if name == "release":
-            self.tree = release(tree, args["ids"], args["holder"])
-            return None
+            held, lost = held_by(tree, args["ids"], args["holder"])
+            self.tree = release(tree, held, args["holder"])
+            return lost
         if name == "expire":
             self.tree, expired = expire_leases(tree, args["now"])
             return expired

@@ -44,6 +44,11 @@ Unit = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Speedup = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Rating = Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)]
 
+DEFAULT_DIFFICULTY = 3
+DEFAULT_SCORE = 0.5
+DEFAULT_EXPECTED_SPEEDUP = 1.1
+"""What an action gets for an estimate its planner left out (the op says so in its report)."""
+
 
 class WorldModelError(Exception):
     """Misuse of the world model by the program (not by the planner: its mistakes become rejected ops)."""
@@ -120,9 +125,10 @@ class ActionFields(BaseModel):
 
     title: str = Field(min_length=1, max_length=200, description="A few words naming the optimization.")
     description: str = Field(default="", description="What to change in the code, concretely.")
-    difficulty: Difficulty
-    score: Unit = Field(description="Planner's estimate of how promising the action is, 0..1.")
-    expected_speedup: Speedup = Field(description="Predicted speedup over the parent's solution.")
+    # Defaults, so that a planner that leaves out an estimate loses the estimate, not the action.
+    difficulty: Difficulty = DEFAULT_DIFFICULTY
+    score: Unit = Field(default=DEFAULT_SCORE, description="Planner's estimate of how promising the action is, 0..1.")
+    expected_speedup: Speedup = Field(default=DEFAULT_EXPECTED_SPEEDUP, description="Predicted speedup over the parent's solution.")
     rationale: str = Field(default="", description="Why the planner expects it to help.")
     rating: Rating | None = Field(default=None, description="Planner's 0-10 rating, if it gave one.")
     confidence: Unit | None = Field(default=None, description="Planner's confidence in its estimate, 0..1.")
@@ -139,6 +145,9 @@ class ActionNode(ActionFields):
     notes: list[Note] = Field(default_factory=list, description="Evidence: reasons, predicted vs measured.")
     split_from: str | None = Field(default=None, description="Id of the split node this one replaces.")
     created_at_version: int = Field(ge=0, description="Tree version whose batch created the node.")
+    changed_at_version: int = Field(
+        default=0, ge=0, description="Tree version of the last change to its status or planner-written fields: a "
+        "planner batch written against an older version may not edit it.")
     outcome: Outcome | None = Field(default=None, description="What the cycles on this action observed.")
     author: str = Field(default="planner", description="'planner', or 'system' for actions the driver added itself.")
 
@@ -197,6 +206,7 @@ class Hypothesis(BaseModel):
     evidence_against: list[Evidence] = Field(default_factory=list)
     actions: list[str] = Field(default_factory=list, description="Action nodes that test or exploit it.")
     created_at_version: int = 0
+    changed_at_version: int = Field(default=0, description="Tree version of its last change of status.")
 
 
 class Question(BaseModel):
@@ -209,6 +219,7 @@ class Question(BaseModel):
     status: QuestionStatus = "open"
     answer: str = ""
     created_at_version: int = 0
+    changed_at_version: int = Field(default=0, description="Tree version of its last change of status.")
 
 
 class RootNode(BaseModel):
@@ -222,6 +233,7 @@ class RootNode(BaseModel):
     solution: SolutionRef | None = Field(default=None, description="The seed kernel, if the search has one.")
     notes: list[Note] = Field(default_factory=list)
     summary: KernelSummary = Field(default_factory=KernelSummary, description="The current best kernel, summarised.")
+    changed_at_version: int = Field(default=0, description="Tree version of the last rewrite of the summary's text.")
 
 
 class Lease(BaseModel):

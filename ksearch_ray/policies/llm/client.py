@@ -7,8 +7,14 @@ client, which is built inside the actor that uses it.
 
 Retries follow tenacity's policy (exponential backoff with jitter, a server's Retry-After
 honoured up to the cap), with litellm's and the OpenAI SDK's own retries off so that every HTTP
-request is counted once, in `LLMCall.attempts`. The call interface lives in `llm.types` and the
-response cache in `llm.store`; every public name of those is importable from here too.
+request is counted once, in `LLMCall.attempts`. Failures are classified by litellm's exception
+types (`classify_error`): the provider's passing troubles (retried), errors that never clear (the
+run stops), and refusals of one request. A parameter the model refuses is dropped for that model
+and the request sent again. Replies stream by default (a proxy that cuts idle connections cannot
+cut a long reasoning call), and are read where the model put them: the content, else a tool call's
+arguments, else the reasoning. Every token billed is in the call's record, a cut stream's
+included (estimated). The call interface lives in `llm.types` and the response cache in
+`llm.store`; every public name of those is importable from here too.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ import json
 import logging
 import os
 import random
+import re
 import time
-from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import tenacity
 
@@ -68,79 +75,102 @@ def request_hash(parameters: dict[str, Any], messages: list[Message]) -> str:
 # Error classification
 # ---------------------------------------------------------------------------------------------
 
+# Words in a 400's message that say what was refused (litellm maps a provider's 400 to one class; the
+# message says why). Lower case.
+_CONTENT_POLICY = ("content_policy", "content policy", "content management policy", "content_filter",
+                   "content filter", "safety system", "flagged", "responsibleaipolicyviolation")
+_QUOTA = ("insufficient_quota", "exceeded your current quota", "quota exceeded", "billing", "credit balance",
+          "out of credits", "payment required")
+_PARAM_REFUSED = ("unsupported", "not supported", "does not support", "unrecognized", "unknown parameter",
+                  "unknown field", "invalid parameter", "extra inputs are not permitted", "not permitted",
+                  "is not allowed", "only the default")
+REFUSABLE_PARAMS = ("temperature", "max_tokens", "reasoning_effort", "response_format", "stream_options", "stream")
+"""Parameters a model may refuse; each is dropped for that model and the call sent again."""
 
-def _cause_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
 
-
-def _retry_after_s(chain: list[BaseException]) -> float | None:
-    for exc in chain:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-        if headers is None:
-            continue
-        if (ms := headers.get("retry-after-ms")) is not None:
-            try:
-                return float(ms) / 1000
-            except ValueError:
-                pass  # fall through to the seconds header
-        if (seconds := headers.get("retry-after")) is not None:
-            try:
-                return float(seconds)
-            except ValueError:
-                return None  # an HTTP-date; our own backoff is good enough
+def _retry_after_s(exc: BaseException) -> float | None:
+    # litellm keeps the provider's headers on its exception (its own `response` is a stand-in without them).
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    headers = {str(k).lower(): v for k, v in dict(headers).items()}
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return float(ms) / 1000
+        except ValueError:
+            pass  # fall through to the seconds header
+    if (seconds := headers.get("retry-after")) is not None:
+        try:
+            return float(seconds)
+        except ValueError:
+            return None  # an HTTP-date; our own backoff is good enough
     return None
 
 
-def classify_error(exc: BaseException) -> LLMError:
-    """Turn whatever litellm raised into an LLMError with an honest retryable flag.
+def refused_param(message: str, sent: set[str]) -> str | None:
+    """The parameter a 400 says the model does not take, when it names one we sent."""
+    text = message.lower()
+    if not any(marker in text for marker in _PARAM_REFUSED):
+        return None
+    if "json_schema" in text and "response_format" in sent:
+        return "response_format"
+    named = [p for p in REFUSABLE_PARAMS if p in sent and re.search(rf"\b{p}\b", text)]
+    # "max_tokens ... use max_completion_tokens": max_tokens is the refused one
+    return named[0] if named else None
 
-    litellm reports every failure as one of its own exception classes, but their status codes do
-    not always mean an HTTP status: a refused connection, an unparseable body and a missing API
-    key all arrive as InternalServerError(500). So the cause chain decides: a real HTTP response
-    shows up as httpx.HTTPStatusError in it.
-    """
-    import httpx
-    import openai
 
-    chain = list(_cause_chain(exc))
+def classify_error(exc: BaseException, sent: set[str] | None = None) -> LLMError:
+    """Turn whatever litellm raised into an LLMError with an honest class, by litellm's exception types
+    (the provider's 400 is sorted further by what its message says was refused)."""
+    import litellm
+
+    errors = litellm.exceptions
     top = f"{type(exc).__name__}: {exc}"
-
-    def has(*types: type[BaseException]) -> bool:
-        return any(isinstance(e, types) for e in chain)
-
-    # Timeouts first: openai's timeout error is a subclass of its connection error.
-    if has(openai.APITimeoutError, httpx.TimeoutException, TimeoutError):
-        return LLMError("timeout", top, retryable=True, status_code=408)
-    if has(openai.APIConnectionError, httpx.TransportError, ConnectionError):
-        return LLMError("connection", top, retryable=True)
-
-    if any(type(e).__name__ == "ContextWindowExceededError" for e in chain):
-        return LLMError("context_window", top, retryable=False, status_code=400)
-    http_status = next((e.response.status_code for e in chain if isinstance(e, httpx.HTTPStatusError)), None)
-    if http_status == 429:
-        return LLMError(
-            "rate_limit", top, retryable=True, status_code=429, retry_after_s=_retry_after_s(chain)
-        )
-    if http_status is not None and (http_status in (408, 409) or http_status >= 500):
-        return LLMError(
-            "server", top, retryable=True, status_code=http_status, retry_after_s=_retry_after_s(chain)
-        )
-    if http_status in (401, 403):
-        return LLMError("auth", top, retryable=False, status_code=http_status)
-    if http_status is not None:
-        return LLMError("bad_request", top, retryable=False, status_code=http_status)
-    if has(json.JSONDecodeError):
-        # A 200 whose body does not parse: a proxy or server hiccup, worth another try.
-        return LLMError("malformed_response", top, retryable=True)
-    # Raised without an HTTP exchange (bad parameters, missing credentials, unknown provider):
-    # retrying cannot help.
+    text = str(exc).lower()
     status = getattr(exc, "status_code", None)
-    return LLMError("client", top, retryable=False, status_code=status if isinstance(status, int) else None)
+    status = status if isinstance(status, int) else None
+    if isinstance(exc, LLMError):
+        return exc
+    # Timeouts first: litellm's Timeout is a subclass of its connection error.
+    if isinstance(exc, errors.Timeout | TimeoutError):
+        return LLMError("timeout", top, retryable=True, status_code=408)
+    if isinstance(exc, errors.APIConnectionError | errors.MidStreamFallbackError):
+        return LLMError("connection", top, retryable=True)
+    if isinstance(exc, errors.ContextWindowExceededError):
+        return LLMError("context_window", top, retryable=False, status_code=400)
+    if isinstance(exc, errors.ContentPolicyViolationError):
+        return LLMError("content_policy", top, retryable=False, status_code=status)
+    if isinstance(exc, errors.RateLimitError):
+        if any(marker in text for marker in _QUOTA):
+            return LLMError("quota", top, retryable=False, status_code=429)
+        return LLMError("rate_limit", top, retryable=True, status_code=429, retry_after_s=_retry_after_s(exc))
+    if isinstance(exc, errors.BudgetExceededError | errors.PaymentRequiredError):
+        return LLMError("quota", top, retryable=False, status_code=status)
+    if isinstance(exc, errors.AuthenticationError | errors.PermissionDeniedError):
+        return LLMError("auth", top, retryable=False, status_code=status)
+    if isinstance(exc, errors.NotFoundError):
+        return LLMError("not_found", top, retryable=False, status_code=status)
+    if isinstance(exc, errors.UnsupportedParamsError | errors.BadRequestError | errors.UnprocessableEntityError):
+        param = refused_param(str(exc), sent or set())
+        if param is not None or isinstance(exc, errors.UnsupportedParamsError):
+            return LLMError("unsupported_param", top, retryable=False, status_code=status, param=param)
+        if any(marker in text for marker in _CONTENT_POLICY):
+            return LLMError("content_policy", top, retryable=False, status_code=status)
+        if any(marker in text for marker in _QUOTA):
+            return LLMError("quota", top, retryable=False, status_code=status)
+        return LLMError("bad_request", top, retryable=False, status_code=status)
+    if isinstance(exc, errors.ServiceUnavailableError | errors.InternalServerError | errors.BadGatewayError):
+        # litellm reports a refused connection as an InternalServerError: retryable either way.
+        kind: ErrorKind = "connection" if any(m in text for m in ("connection error", "cannot connect",
+                                                                  "connection refused")) else "server"
+        return LLMError(kind, top, retryable=True, status_code=status, retry_after_s=_retry_after_s(exc))
+    if isinstance(exc, errors.APIError | errors.APIResponseValidationError | json.JSONDecodeError):
+        if status is not None and status >= 500 or status in (408, 409):
+            return LLMError("server", top, retryable=True, status_code=status, retry_after_s=_retry_after_s(exc))
+        # A 200 whose body does not parse, or a stream that broke: a proxy or server hiccup, worth another try.
+        return LLMError("malformed_response", top, retryable=True, status_code=status)
+    # Raised without an HTTP exchange (bad parameters, unknown provider): retrying cannot help.
+    return LLMError("client", top, retryable=False, status_code=status)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,6 +185,62 @@ def _import_litellm() -> Any:
 
     litellm.suppress_debug_info = True  # otherwise every exception also prints a banner to stdout
     return litellm
+
+
+@dataclass
+class _Answer:
+    """What one response (or one stream) said, whatever its shape."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_arguments: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+
+    def text(self) -> tuple[str, Literal["content", "reasoning", "tool_call"]]:
+        """The reply to read: the content; else a tool call's arguments (a model that answers through a
+        tool); else the reasoning (a server that put the whole answer there and left content null)."""
+        if self.content.strip():
+            return self.content, "content"
+        if self.tool_arguments:
+            return "\n".join(tool_text(a) for a in self.tool_arguments), "tool_call"
+        if self.reasoning.strip():
+            return self.reasoning, "reasoning"
+        return self.content, "content"
+
+
+def tool_text(arguments: str) -> str:
+    """A tool call's JSON arguments as a reply: ops stay JSON; code (in `code`, `source`, ... or
+    `files`) becomes the fenced blocks the parser reads."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict):
+        files = value.get("files")
+        if isinstance(files, dict) and all(isinstance(v, str) for v in files.values()):
+            return "\n\n".join(f"### file: {name}\n```\n{source}\n```" for name, source in files.items())
+        for key in ("code", "source", "kernel", "solution", "content", "program"):
+            if isinstance(value.get(key), str):
+                prose = value.get("explanation") or value.get("description") or ""
+                return f"{prose}\n\n```\n{value[key]}\n```".strip()
+    return arguments if isinstance(value, dict | list) else str(value)
+
+
+def _unpack(response: Any) -> _Answer:
+    choice = response.choices[0]
+    message = choice.message
+    usage = getattr(response, "usage", None)
+    tools = [call.function.arguments for call in (getattr(message, "tool_calls", None) or [])
+             if getattr(call, "function", None) is not None and call.function.arguments]
+    return _Answer(
+        content=message.content or "", reasoning=getattr(message, "reasoning_content", None) or "",
+        tool_arguments=tools, finish_reason=choice.finish_reason,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+    )
 
 
 class LiteLLMClient:
@@ -175,6 +261,9 @@ class LiteLLMClient:
         self._rng = rng or random.Random()
         self._semaphore = asyncio.Semaphore(config.concurrency)
         self._litellm: Any = None
+        self.refused: set[str] = set()
+        """Parameters this model refused: not sent again (a refused max_tokens goes as max_completion_tokens)."""
+        self._context: int | None | bool = False  # False: not looked up yet
 
     async def complete(self, kind: str, messages: list[Message], *, response_format: dict[str, Any] | None = None
                        ) -> LLMReply:
@@ -198,30 +287,47 @@ class LiteLLMClient:
             )
             return LLMReply(text=hit.text, call=call)
 
+        ledger = _Ledger()
         try:
-            response, attempts = await self._attempt_with_retries(kind, messages, response_format)
+            answer, attempts = await self._attempt_with_retries(kind, messages, response_format, ledger)
         except LLMError as error:
+            cost_usd, cost_known = self._cost(ledger.prompt_tokens, ledger.completion_tokens)
             error.call = base.model_copy(
                 update={
                     "attempts": error.attempts,
                     "error": str(error),
                     "error_kind": error.kind,
+                    "retry_after_s": error.retry_after_s,
                     "latency_s": time.monotonic() - started,
+                    "prompt_tokens": ledger.prompt_tokens,
+                    "completion_tokens": ledger.completion_tokens,
+                    "tokens_estimated": ledger.estimated,
+                    "cost_usd": cost_usd,
+                    "cost_known": cost_known,
+                    "dropped_params": sorted(ledger.dropped),
+                    "streamed": ledger.streamed,
                 }
             )
             raise
 
-        text, finish_reason, prompt_tokens, completion_tokens = _unpack(response)
-        cost_usd, cost_known = self._cost(response)
+        text, answer_from = answer.text()
+        prompt_tokens = ledger.prompt_tokens + answer.prompt_tokens
+        completion_tokens = ledger.completion_tokens + answer.completion_tokens
+        cost_usd, cost_known = self._cost(prompt_tokens, completion_tokens)
         call = base.model_copy(
             update={
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "cost_usd": cost_usd,
                 "cost_known": cost_known,
-                "finish_reason": finish_reason,
+                "finish_reason": answer.finish_reason,
                 "attempts": attempts,
                 "latency_s": time.monotonic() - started,
+                "dropped_params": sorted(ledger.dropped),
+                "tokens_estimated": ledger.estimated or answer.estimated,
+                "streamed": ledger.streamed,
+                "reasoning_chars": len(answer.reasoning),
+                "answer_from": answer_from,
             }
         )
         if self.cache:
@@ -235,14 +341,17 @@ class LiteLLMClient:
                     completion_tokens=completion_tokens,
                     cost_usd=cost_usd,
                     cost_known=cost_known,
-                    finish_reason=finish_reason,
+                    finish_reason=answer.finish_reason,
                 )
             )
         return LLMReply(text=text, call=call)
 
-    async def _attempt_with_retries(self, kind: str, messages: list[Message], response_format: dict[str, Any] | None
-                                    ) -> tuple[Any, int]:
-        """(response, requests sent); the final LLMError carries the number of requests in `attempts`."""
+    async def _attempt_with_retries(self, kind: str, messages: list[Message], response_format: dict[str, Any] | None,
+                                    ledger: _Ledger) -> tuple[_Answer, int]:
+        """(answer, requests sent); the final LLMError carries the number of requests in `attempts`.
+
+        A parameter the model refuses is dropped for it and the request sent again at once (not counted
+        among the retries: nothing was wrong with the provider)."""
         sent = 0
 
         def wait(state: tenacity.RetryCallState) -> float:
@@ -264,14 +373,24 @@ class LiteLLMClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    sent += 1
-                    try:
-                        response = await self._attempt(messages, response_format)
-                    except LLMError as error:
-                        if not error.sent_request:
-                            sent -= 1
-                        raise
-            return response, sent
+                    for _ in range(len(REFUSABLE_PARAMS) + 1):
+                        sent += 1
+                        try:
+                            answer = await self._attempt(messages, response_format, ledger)
+                            break
+                        except LLMError as error:
+                            if not error.sent_request:
+                                sent -= 1
+                            # The parameter named was sent with this request (refused_param only names
+                            # those), so it goes at once; a concurrent call may have learnt it already.
+                            if error.kind == "unsupported_param" and error.param:
+                                if error.param not in self.refused:
+                                    log.warning("%s refuses %s: sending it no more (%s)", self.model, error.param, error)
+                                self.refused.add(error.param)
+                                ledger.dropped.add(error.param)
+                                continue
+                            raise
+            return answer, sent
         except LLMError as error:
             error.attempts = sent
             raise
@@ -290,6 +409,38 @@ class LiteLLMClient:
         if self._litellm is None:
             self._litellm = _import_litellm()
         return self._litellm
+
+    def context_tokens(self) -> int | None:
+        """The model's context window: litellm's model map, else what an OpenAI-compatible server says
+        of it (vLLM's /models lists `max_model_len`), else None."""
+        if self._context is False:
+            self._context = self._lookup_context()
+        return self._context if isinstance(self._context, int) else None
+
+    def _lookup_context(self) -> int | None:
+        litellm = self._litellm_module()
+        try:
+            info = litellm.get_model_info(self.model)
+            window = info.get("max_input_tokens") or info.get("max_tokens")
+            if window:
+                return int(window)
+        except Exception:  # noqa: BLE001  (litellm raises for any model it has no entry for)
+            log.debug("litellm has no context window for %s", self.model)
+        if not self.config.api_base:
+            return None
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.config.api_base.rstrip("/") + "/models", timeout=10) as response:
+                listing = json.load(response)
+        except (OSError, ValueError) as exc:
+            log.debug("no model listing at %s: %s", self.config.api_base, exc)
+            return None
+        name = self.model.split("/", 1)[-1]
+        for entry in listing.get("data") or []:
+            if isinstance(entry, dict) and entry.get("id") in (name, self.model) and entry.get("max_model_len"):
+                return int(entry["max_model_len"])
+        return None
 
     def _api_key(self, litellm: Any) -> str | None:
         cfg = self.config
@@ -316,8 +467,7 @@ class LiteLLMClient:
             )
         return None
 
-    async def _attempt(self, messages: list[Message], response_format: dict[str, Any] | None = None) -> Any:
-        litellm = self._litellm_module()
+    def _kwargs(self, litellm: Any, messages: list[Message], response_format: dict[str, Any] | None) -> dict[str, Any]:
         cfg = self.config
         kwargs: dict[str, Any] = {
             "model": cfg.model,
@@ -334,41 +484,113 @@ class LiteLLMClient:
             kwargs["api_base"] = cfg.api_base
         if (api_key := self._api_key(litellm)) is not None:
             kwargs["api_key"] = api_key
-        for name in ("temperature", "max_tokens", "reasoning_effort"):
-            if (value := getattr(cfg, name)) is not None:
+        for name in ("temperature", "reasoning_effort"):
+            if (value := getattr(cfg, name)) is not None and name not in self.refused:
                 kwargs[name] = value
-        if response_format is not None:
+        if cfg.max_tokens is not None:
+            # Reasoning models take max_completion_tokens (their reasoning counts against it).
+            kwargs["max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"] = cfg.max_tokens
+        if response_format is not None and "response_format" not in self.refused:
             kwargs["response_format"] = response_format
+        if cfg.stream and "stream" not in self.refused:
+            kwargs["stream"] = True
+            if "stream_options" not in self.refused:
+                kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
 
+    async def _attempt(self, messages: list[Message], response_format: dict[str, Any] | None, ledger: _Ledger
+                       ) -> _Answer:
+        litellm = self._litellm_module()
+        cfg = self.config
+        kwargs = self._kwargs(litellm, messages, response_format)
+        sent = set(kwargs)
+        stream = bool(kwargs.get("stream"))
+        ledger.streamed = ledger.streamed or stream
+        received = _Answer()
         async with self._semaphore:
             try:
                 # A guard above litellm's own timeout, for provider paths that do not honour it.
                 async with asyncio.timeout(cfg.timeout_s * 1.1 + 1.0):
-                    return await litellm.acompletion(**kwargs)
+                    response = await litellm.acompletion(**kwargs)
+                    if not stream:
+                        return _unpack(response)
+                    async for chunk in response:
+                        _add_chunk(received, chunk)
+                    said = received.content or received.reasoning or received.tool_arguments
+                    if received.finish_reason is None or not (said or received.prompt_tokens):
+                        # The stream was cut, or the body was not a stream at all (litellm then makes up
+                        # an empty reply that "stopped").
+                        raise LLMError("malformed_response", f"the reply stream ended without an answer "
+                                       f"({len(received.content) + len(received.reasoning)} characters, finish "
+                                       f"reason {received.finish_reason})", retryable=True)
+                    if received.prompt_tokens == 0 and received.completion_tokens == 0:
+                        _estimate(received, messages)
+                    return received
             except Exception as exc:  # the LLM boundary: every failure becomes a classified LLMError
-                error = classify_error(exc)
+                error = classify_error(exc, sent)
                 if error.kind == "client":
                     log.warning("unexpected LLM client failure", exc_info=exc)
+                if received.content or received.reasoning or received.tool_arguments:
+                    # A stream cut part way: the provider bills what it generated; count it, estimated.
+                    _estimate(received, messages)
+                    ledger.add(received)
                 raise error from exc
 
-    def _cost(self, response: Any) -> tuple[float, bool]:
-        litellm = self._litellm_module()
+    def _cost(self, prompt_tokens: int, completion_tokens: int) -> tuple[float, bool]:
         if self.config.price_per_mtok is not None:
             # The user's price wins: it is the one they budget with.
-            _, _, prompt_tokens, completion_tokens = _unpack(response)
             per_in, per_out = self.config.price_per_mtok
             return (prompt_tokens * per_in + completion_tokens * per_out) / 1e6, True
+        litellm = self._litellm_module()
         try:
-            return float(litellm.completion_cost(completion_response=response)), True
-        except litellm.exceptions.ModelNotMappedError:
+            cost_in, cost_out = litellm.cost_per_token(model=self.model, prompt_tokens=prompt_tokens,
+                                                       completion_tokens=completion_tokens)
+            return float(cost_in) + float(cost_out), True
+        except Exception:  # noqa: BLE001  (litellm raises for models it has no price for, of several types)
             # Local servers and new models have no price; count tokens, report the cost as unknown.
             return 0.0, False
 
 
-def _unpack(response: Any) -> tuple[str, str | None, int, int]:
-    choice = response.choices[0]
-    text = choice.message.content or ""
-    usage = getattr(response, "usage", None)
-    prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-    completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-    return text, choice.finish_reason, prompt_tokens, completion_tokens
+@dataclass
+class _Ledger:
+    """Tokens of one call's attempts that did not give the answer (a cut stream), and what was dropped."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+    streamed: bool = False
+    dropped: set[str] = field(default_factory=set)
+
+    def add(self, answer: _Answer) -> None:
+        self.prompt_tokens += answer.prompt_tokens
+        self.completion_tokens += answer.completion_tokens
+        self.estimated = self.estimated or answer.estimated
+
+
+def _add_chunk(answer: _Answer, chunk: Any) -> None:
+    usage = getattr(chunk, "usage", None)
+    if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
+        answer.prompt_tokens = int(usage.prompt_tokens or 0)
+        answer.completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    for choice in getattr(chunk, "choices", None) or []:
+        delta = getattr(choice, "delta", None)
+        if delta is not None:
+            answer.content += getattr(delta, "content", None) or ""
+            answer.reasoning += getattr(delta, "reasoning_content", None) or ""
+            for call in getattr(delta, "tool_calls", None) or []:
+                index = getattr(call, "index", 0) or 0
+                while len(answer.tool_arguments) <= index:
+                    answer.tool_arguments.append("")
+                function = getattr(call, "function", None)
+                answer.tool_arguments[index] += (getattr(function, "arguments", None) or "") if function else ""
+        if getattr(choice, "finish_reason", None):
+            answer.finish_reason = choice.finish_reason
+
+
+def _estimate(answer: _Answer, messages: list[Message]) -> None:
+    """Tokens of an answer whose usage never came (3 characters a token, as prompts are budgeted)."""
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in messages)
+    answer.prompt_tokens = answer.prompt_tokens or prompt_chars // 3
+    answer.completion_tokens = answer.completion_tokens or (
+        len(answer.content) + len(answer.reasoning) + sum(len(a) for a in answer.tool_arguments)) // 3
+    answer.estimated = True

@@ -20,13 +20,31 @@ __all__ = ["LLMConfig"]  # the run configuration's llm section
 Message = dict[str, Any]
 
 ErrorKind = Literal[
-    "rate_limit", "timeout", "connection", "server", "malformed_response", "auth", "bad_request", "client",
-    "context_window", "unsupported",
+    # the provider's reasons, which pass: the call is retried, and no round is spent on it
+    "rate_limit", "timeout", "connection", "server", "malformed_response",
+    # reasons that never clear: the run stops at once
+    "auth", "not_found", "quota", "client",
+    # this request refused: one failed call, the run goes on
+    "bad_request", "content_policy", "context_window", "unsupported_param", "unsupported",
 ]
-FATAL_ERROR_KINDS: frozenset[str] = frozenset({"auth", "bad_request", "client"})
-"""Failures no retry and no other prompt can fix (a rejected key, an unknown model, a request the
-provider refuses): a search stops on them, loudly, instead of burning its budget on failures.
-A prompt too long for the model's context is not among them: the next prompt may fit."""
+TRANSIENT_ERROR_KINDS: frozenset[str] = frozenset({"rate_limit", "timeout", "connection", "server", "malformed_response"})
+"""Failures of the provider that pass (an outage, a rate limit, a slow or cut connection): the call is
+retried, within the outage allowance, and spends no round."""
+FATAL_ERROR_KINDS: frozenset[str] = frozenset({"auth", "not_found", "quota", "client"})
+"""Failures no retry can fix (a rejected key, an unknown model, an exhausted quota, a request litellm
+cannot even send): a search stops on them, loudly, instead of burning its budget on failures."""
+ErrorClass = Literal["transient", "fatal", "rejected"]
+
+
+def error_class(kind: str | None) -> ErrorClass | None:
+    """transient (wait and retry), fatal (stop the run) or rejected (this request: one failed call)."""
+    if kind is None:
+        return None
+    if kind in TRANSIENT_ERROR_KINDS:
+        return "transient"
+    if kind in FATAL_ERROR_KINDS:
+        return "fatal"
+    return "rejected"
 
 
 class LLMCall(BaseModel):
@@ -52,6 +70,17 @@ class LLMCall(BaseModel):
     )
     error: str | None = Field(default=None, description="None on success, else one line: '<kind>: <reason>'.")
     error_kind: str | None = Field(default=None, description="The ErrorKind of a failed call.")
+    retry_after_s: float | None = Field(default=None, description="A failed call's Retry-After, as the server said it.")
+    dropped_params: list[str] = Field(
+        default_factory=list, description="Parameters the model refused during this call: dropped for it from now on "
+        "(max_tokens renamed max_completion_tokens).")
+    tokens_estimated: bool = Field(
+        default=False, description="Some tokens are estimated (3 characters a token): a stream cut before its usage.")
+    streamed: bool = False
+    reasoning_chars: int = Field(default=0, description="Characters of reasoning the model returned beside its answer.")
+    answer_from: Literal["content", "reasoning", "tool_call"] = Field(
+        default="content", description="Where the reply's text was found: the content, the reasoning (content was "
+        "empty) or a tool call's arguments.")
     finish_reason: str | None = Field(
         default=None, description="'length' means the reply was cut off by max_tokens."
     )
@@ -64,6 +93,10 @@ class LLMCall(BaseModel):
 
 def fatal_error(call: LLMCall) -> bool:
     return call.error_kind in FATAL_ERROR_KINDS
+
+
+def transient_error(call: LLMCall) -> bool:
+    return call.error_kind in TRANSIENT_ERROR_KINDS
 
 
 class LLMReply(BaseModel):
@@ -83,8 +116,10 @@ class LLMError(Exception):
         status_code: int | None = None,
         retry_after_s: float | None = None,
         sent_request: bool = True,
+        param: str | None = None,
     ) -> None:
         self.kind = kind
+        self.param = param  # unsupported_param: the parameter the model refused
         self.message = clip(message, 300)  # one line, bounded: it lands in logs and records
         self.retryable = retryable
         self.status_code = status_code
@@ -98,3 +133,7 @@ class LLMError(Exception):
 class LLMClient(Protocol):
     async def complete(self, kind: str, messages: list[Message], *, response_format: dict[str, Any] | None = None
                        ) -> LLMReply: ...
+
+    def context_tokens(self) -> int | None:
+        """The model's context window in tokens, where it can be known (litellm's model map, the server)."""
+        ...

@@ -1,13 +1,15 @@
 """The stand-in's play: read a ksearch prompt as a planner or coder would, and answer like one.
 
-It is an honest actor, not an oracle: it knows nothing of the task beyond the prompt. It reads the
-tunables a kernel declares (`NAME = value  # tunable: [choices]`) and proposes actions that change
-them, and a few risky actions whose first implementation is broken in a known way (a syntax error,
-a wrong result, a crash, a hang); a debug attempt fixes the breakage. Which tunable values are
-faster it never knows: the search measures. Its habits are those of real models: now and then a
-reply in another JSON shape (an object holding `ops` and `actions`, `parent_id` for `parent`, bare
-action records), prose without the JSON, a broken JSON block, or prose without code. Every choice
-is a function of the prompt text and the stand-in's seed, so the same prompt gets the same answer.
+It is an honest actor, not an oracle: it reads only the prompt's text, as a model does, and knows
+nothing of the task beyond it. As a planner it reads the tunables the kernel in the prompt declares
+(`NAME = value  # tunable: [choices]`) and proposes, in words, actions that change them ("Set BLOCK_M
+to 128"), and a few bold rewrites; it leaves out ideas the world model already holds and keeps to
+the number of new actions the prompt allows. As a coder it reads the action it is asked to
+implement and the code it is shown (the parent's, the best attempt's, the failed one's, the
+reference's), writes the change, and now and then a broken first draft, which it debugs from the
+error text the next prompt shows. Which tunable values are faster it never knows: the search
+measures. Its habits drift from the formats as real models do (`habits.Habits`). Every choice is a
+function of the prompt text and the stand-in's seed, so the same prompt gets the same answer.
 """
 
 from __future__ import annotations
@@ -16,28 +18,19 @@ import contextlib
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from ksearch_ray.policies.standin.code import break_code, fix_code, from_reference, interface
+from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.taskspec.tunables import TunableError, read_tunables, rewrite_tunables
 
-VARIANT = re.compile(r"standin-variant:\s*(\{.*?\})\s*$", re.MULTILINE)
-NODE_LINE = re.compile(r"^\s*(n\d+) \[(\w+)\] ", re.MULTILINE)
-BREAKAGES = ("syntax", "wrong", "crash", "hang")
-PERSISTENT = ("crash", "hang")
-"""Breakages a debug attempt does not get rid of: some actions cannot be made to work."""
+__all__ = ["Habits", "Player", "section"]
 
-
-@dataclass
-class Habits:
-    """How often the stand-in drifts from the format, in percent of replies (deterministic per prompt)."""
-
-    other_shape: int = 20
-    prose_only: int = 8
-    broken_json: int = 6
-    coder_prose_only: int = 6
-    breakage_actions: int = 2  # risky actions per initial plan
-    risky_changes: int = 10  # changes of its own choosing (no planned action) that are broken drafts
+PLAN_KINDS = ("initialize_tree", "propose_actions", "refine", "too_hard")
+SET_ACTION = re.compile(r"Set (\w+) to (.+?)\s*$", re.MULTILINE)
+BOLD = "bold rewrite"
+"""Words in an action that tell the coder its first draft will be a risky one."""
+CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)\n```", re.DOTALL)
 
 
 def _roll(text: str, salt: str, seed: int) -> int:
@@ -69,7 +62,7 @@ def section(text: str, heading: str) -> str:
 
 
 def first_code(text: str) -> str | None:
-    match = re.search(r"```(?:python|py)?\n(.*?)\n```", text, re.DOTALL)
+    match = CODE_BLOCK.search(text)
     return match.group(1) if match else None
 
 
@@ -82,15 +75,11 @@ def focus_id(text: str, *headings: str) -> str | None:
     return None
 
 
-def _variant(action_text: str) -> dict[str, Any]:
-    match = VARIANT.search(action_text)
-    if not match:
-        return {}
+def _value(text: str) -> Any:
     try:
-        value = json.loads(match.group(1))
+        return json.loads(text)
     except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return text.strip().strip("'\"")
 
 
 class Player:
@@ -99,11 +88,11 @@ class Player:
         self.habits = habits or Habits()
 
     def answer(self, messages: list[dict[str, Any]], structured: bool) -> str:
-        first = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        first = next((str(m["content"]) for m in messages if m.get("role") == "user"), "")
         kind_match = re.search(r"^Call: (\w+)", first, re.MULTILINE)
         kind = kind_match.group(1) if kind_match else "unknown"
         reask = len([m for m in messages if m.get("role") == "user"]) > 1
-        if kind in ("initialize_tree", "propose_actions", "refine", "too_hard"):
+        if kind in PLAN_KINDS:
             return self._plan(kind, first, structured, reask)
         return self._code(kind, first)
 
@@ -114,17 +103,22 @@ class Player:
             "initialize_tree": self._initialize, "propose_actions": self._propose,
             "refine": self._refine, "too_hard": self._too_hard,
         }[kind](text)
+        h = self.habits
+        if _roll(text, "missing-fields", self.seed) < h.missing_fields:
+            for op in ops:  # a model that gives the idea and leaves out the estimates
+                if op["op"] == "insert":
+                    op.pop("expected_speedup", None)
+                    op.pop("difficulty", None)
         if structured:
             return json.dumps({"ops": ops})
         roll = _roll(text, "plan-shape", self.seed)
-        h = self.habits
         if not reask and roll < h.prose_only:
             return "I would keep tuning the block sizes and look at the memory traffic next."
         if not reask and roll < h.prose_only + h.broken_json:
-            return "Edits:\n```json\n" + json.dumps(ops)[:-1] + ",]\n```"
+            return "Edits:\n```json\n" + json.dumps({"ops": ops})[:-2] + ",]}\n```"
         if not reask and roll < h.prose_only + h.broken_json + h.other_shape:
             return "Here is my plan.\n```json\n" + json.dumps(self._other_shape(ops)) + "\n```"
-        return "Plan below.\n```json\n" + json.dumps(ops, indent=1) + "\n```"
+        return "Plan below.\n```json\n" + json.dumps({"ops": ops}, indent=1) + "\n```"
 
     def _other_shape(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """How other models answer: inserts as bare records in `actions`, `parent_id` for `parent`."""
@@ -139,38 +133,77 @@ class Player:
             others.append(renamed)
         return {"ops": others, "actions": inserts}
 
-    def _proposals(self, code: str | None, parent: str, limit: int, *, breakages: int = 0) -> list[dict[str, Any]]:
+    @staticmethod
+    def _limit(text: str, default: int) -> int:
+        """New actions this reply may add, as the prompt says."""
+        said = re.search(r"may add at most (\d+) new actions", text) or re.search(r"Propose up to (\d+)", text)
+        return int(said.group(1)) if said else default
+
+    @staticmethod
+    def _known_titles(text: str, parent: str) -> set[str]:
+        """Titles of the actions the world model already holds under `parent` (done, open, closed or too
+        hard), as its action tree shows them indented under it: not proposed again there."""
+        tree = section(text, "World model")
+        lines = tree.splitlines()
+        if parent == "root":
+            start, depth = next((i for i, line in enumerate(lines) if line.startswith("root: ")), -1), 0
+        else:
+            start = next((i for i, line in enumerate(lines) if re.match(rf"\s*{parent} \[", line)), -1)
+            depth = len(lines[start]) - len(lines[start].lstrip()) if start >= 0 else 0
+        known = set()
+        for line in lines[start + 1:] if start >= 0 else []:
+            indent = len(line) - len(line.lstrip())
+            if line.strip() and indent <= depth:
+                break
+            match = re.match(r"\s*n\d+ \[\w+\] (.+?) \(d\d", line)
+            if match and indent == depth + 2:
+                known.add(match.group(1).strip().casefold())
+        return known
+
+    def _proposals(self, text: str, code: str | None, parent: str, limit: int, *, bold: int = 0) -> list[dict[str, Any]]:
+        known = self._known_titles(text, parent)
         ops: list[dict[str, Any]] = []
         try:
             tunables = read_tunables(code or "")
         except TunableError:
             tunables = {}
+        ideas: list[tuple[str, str, str, bool]] = []
+        for i in range(bold):
+            title = f"Restructure the hot loop, variant {i + 1} ({BOLD})"
+            ideas.append((title, "A bold restructuring of the main computation; its first draft may not work.",
+                          "bolder changes find what tunables cannot", True))
         for tunable in tunables.values():
             for choice in tunable.choices:
-                if choice == tunable.value or len(ops) >= limit:
+                if choice == tunable.value:
                     continue
-                ops.append(self._insert(parent, f"Set {tunable.name} to {choice!r}", {"set": {tunable.name: choice}},
-                                        f"{tunable.name} is a tunable of this kernel; the measurements will say if {choice!r} is faster"))
-        for breakage in BREAKAGES[:breakages]:
-            ops.append(self._insert(parent, f"Risky rewrite ({breakage})", {"break": breakage},
-                                    "a bolder restructuring; its first draft may not work"))
+                ideas.append((f"Set {tunable.name} to {choice!r}",
+                              f"Change the tunable {tunable.name} from {tunable.value!r} to {choice!r}.",
+                              f"{tunable.name} is a tunable of this kernel; the measurements will say if {choice!r} is faster",
+                              False))
+        if not tunables and code is None:  # no code to read: ideas a model would have from the task alone
+            ideas += [("Port the reference computation as the kernel", "Write the kernel as the reference computes it.",
+                       "a correct first kernel to build on", False),
+                      ("Run the matrix products in TF32", "Allow TF32 in the matrix products.",
+                       "tensor cores, within the tolerance", False)]
+        # The bold ideas first, then the tunable changes in an order of the stand-in's own.
+        bold_ideas = [i for i in ideas if i[3]]
+        plain = sorted((i for i in ideas if not i[3]), key=lambda i: _roll(text + i[0], "order", self.seed))
+        for title, description, rationale, risky in [*bold_ideas, *plain]:
+            if len(ops) >= limit:
+                break
+            if title.casefold() in known:
+                continue
+            ops.append({
+                "op": "insert", "parent": parent, "title": title, "description": description,
+                # Bold ideas look promising before they are tried: the planner ranks them first.
+                "difficulty": 2 if risky else 1, "score": 0.7 if risky else 0.6, "expected_speedup": 1.1,
+                "rationale": rationale,
+            })
         return ops
-
-    @staticmethod
-    def _insert(parent: str, title: str, variant: dict[str, Any], rationale: str) -> dict[str, Any]:
-        return {
-            "op": "insert", "parent": parent, "title": title,
-            "description": f"{title}.\nstandin-variant: {json.dumps(variant, sort_keys=True)}",
-            # Bold ideas look promising before they are tried: the planner ranks them first.
-            "difficulty": 2 if "break" in variant else 1, "score": 0.7 if "break" in variant else 0.6,
-            "expected_speedup": 1.1, "rationale": rationale,
-        }
 
     def _initialize(self, text: str) -> list[dict[str, Any]]:
         code = first_code(section(text, "Starting point"))
-        wanted = re.search(r"Propose up to (\d+)", text)
-        limit = int(wanted.group(1)) if wanted else 6
-        ops = self._proposals(code, "root", limit, breakages=self.habits.breakage_actions)
+        ops = self._proposals(text, code, "root", self._limit(text, 6), bold=self.habits.breakage_actions)
         ops += [
             {"op": "update", "node": "root", "summary": "The starting kernel, as given; its tunables are untried."},
             {"op": "add_hypothesis", "text": "The tunables are far from their best values", "ref": "h"},
@@ -180,7 +213,8 @@ class Player:
 
     def _propose(self, text: str) -> list[dict[str, Any]]:
         node = focus_id(text, "Node to expand") or "root"
-        return self._proposals(first_code(section(text, "Its code")), node, 4, breakages=1)
+        code = first_code(section(text, "Its code"))
+        return self._proposals(text, code, node, self._limit(text, 3), bold=1)
 
     def _refine(self, text: str) -> list[dict[str, Any]]:
         node = focus_id(text, "The action just implemented") or "root"
@@ -194,7 +228,7 @@ class Player:
         if hypotheses:
             ops.append({"op": "annotate", "target": hypotheses[0], "stance": "for" if rating > 5 else "against",
                         "text": f"{node}: {speedups[-1] if speedups else '?'}x over its parent"})
-        ops += self._proposals(first_code(section(text, "Best code of this action")), node, 3)
+        ops += self._proposals(text, first_code(section(text, "Best code of this action")), node, self._limit(text, 3))
         return ops
 
     def _too_hard(self, text: str) -> list[dict[str, Any]]:
@@ -205,7 +239,7 @@ class Player:
         ops: list[dict[str, Any]] = [{"op": "mark_too_hard", "node": node, "reason": reason}]
         if _roll(text, "split", self.seed) < 50:
             ops.append({"op": "split", "node": node, "reason": "smaller steps", "alternatives": [
-                {"title": "A smaller first step", "description": "the same goal, one change at a time.\nstandin-variant: {}",
+                {"title": f"A smaller first step towards {node}", "description": "the same goal, one change at a time.",
                  "difficulty": 1, "score": 0.3, "expected_speedup": 1.02},
             ]})
         return ops
@@ -213,70 +247,121 @@ class Player:
     # --- coder ------------------------------------------------------------------------------------
 
     def _code(self, kind: str, text: str) -> str:
-        if _roll(text, "code-shape", self.seed) < self.habits.coder_prose_only:
+        h = self.habits
+        if _roll(text, "code-shape", self.seed) < h.coder_prose_only:
             return "The right approach is to restructure the loads; I will leave that for the next attempt."
-        base = (first_code(section(text, "Attempt that failed")) or first_code(section(text, "Best attempt so far (passes)"))
-                or first_code(section(text, "Current solution")) or first_code(section(text, "Parent program")))
+        entry, _, _ = interface(section(text, "Interface"))
         action = section(text, "Action to implement") or section(text, "Action being implemented")
-        entry = re.search(r"def (\w+)\(", section(text, "Interface"))
-        entry_name = entry.group(1) if entry else "run"
-        if base is None:
-            return "I cannot write this kernel from the specification alone without a starting point."
-        source = _unbreak(base)
-        # No planned action (evolve, refine, the system's "improve further"): it picks a change itself.
-        own = VARIANT.search(action) is None
-        variant = self._own_change(kind, text, source) if own else _variant(action)
-        if variant.get("set"):
-            with contextlib.suppress(TunableError):  # a tunable the code no longer has: leave it
-                source = rewrite_tunables(source, variant["set"])
-        breakage = variant.get("break")
-        if breakage and (own or kind in ("generate_from_base", "generate_from_spec") or breakage in PERSISTENT):
-            source = _break(source, breakage, entry_name)
-            what = f"A draft of the risky rewrite ({breakage})."
-        elif kind == "debug":
-            what = "The last attempt failed; this version removes the faulty change."
+        if kind == "debug":
+            source, what = self._debug(text, entry)
         else:
-            what = f"Applies {json.dumps(variant.get('set') or {})} to the current code."
-        return f"{what}\n\n```python\n{source.rstrip()}\n```\n"
+            source, what = self._write(kind, text, action, entry)
+        if source is None:
+            return what
+        return self._shaped(text, what, source)
 
+    def _base(self, kind: str, text: str) -> str | None:
+        """The code the call works from, as the prompt shows it."""
+        for heading in ("Best attempt so far (passes)", "Current solution", "Parent program"):
+            code = first_code(section(text, heading))
+            if code is not None:
+                return code
+        if kind == "generate_from_spec":
+            reference = first_code(section(text, "Reference implementation"))
+            if reference is not None:
+                return from_reference(reference, section(text, "Interface"))
+        return None
+
+    def _write(self, kind: str, text: str, action: str, entry: str) -> tuple[str | None, str]:
+        base = self._base(kind, text)
+        if base is None:
+            return None, "I cannot write this kernel without the reference or a starting point in front of me."
+        source, what = base, "Writes the reference computation as the kernel." if kind == "generate_from_spec" else ""
+        planned = SET_ACTION.search(action.splitlines()[0]) if action else None
+        if planned and kind == "improve":  # the action is in the best attempt already: something more
+            planned = None
+        change: dict[str, Any] = {}
+        if planned:
+            change = {planned.group(1): _value(planned.group(2))}
+        elif "TF32" in action and "allow_tf32 = False" in source:
+            source = source.replace("allow_tf32 = False", "allow_tf32 = True")
+            what = "Allows TF32 in the matrix products."
+        elif kind != "generate_from_spec" or not action:
+            change = self._own_change(kind, text, source)
+        if change:
+            with contextlib.suppress(TunableError):  # a tunable the code no longer has: leave it
+                source = rewrite_tunables(source, change)
+            what = f"Sets {', '.join(f'{k} to {v!r}' for k, v in change.items())}."
+        first = kind in ("generate_from_base", "generate_from_spec")
+        # A bold action's first draft is broken; any draft now and then; a change of its own choosing too.
+        draft = (BOLD in action and first) or _roll(text, "broken-draft", self.seed) < self.habits.broken_code or (
+            not planned and not first and _roll(text, "own-risky", self.seed) < self.habits.risky_changes)
+        if draft:
+            broken = self._break(text, source, entry)
+            if broken != source:
+                return broken, (what + " " if what else "") + "A first draft of a bolder restructuring."
+        return source, what or "Applies the change to the current code."
+
+    def _break(self, text: str, source: str, entry: str) -> str:
+        kinds = self.habits.breakages or ["syntax"]
+        how = kinds[_roll(text, "breakage", self.seed) % len(kinds)]
+        broken = break_code(source, how, entry, _roll(text, "where", self.seed))
+        return broken if broken != source else break_code(source, "syntax", entry, 0)
+
+    def _debug(self, text: str, entry: str) -> tuple[str | None, str]:
+        """Fix the failed attempt from its evaluation's text; with no code to fix, start again from the
+        last code that passed."""
+        failed = section(text, "Attempt that failed")
+        code = first_code(failed.split("Its evaluation:", 1)[0])
+        if code is None:
+            passed = first_code(section(text, "Last code that passed"))
+            if passed is None:
+                return None, "I cannot see any code to work from."
+            action = section(text, "Action being implemented")
+            planned = SET_ACTION.search(action.splitlines()[0]) if action else None
+            if planned:
+                with contextlib.suppress(TunableError):
+                    passed = rewrite_tunables(passed, {planned.group(1): _value(planned.group(2))})
+            return passed, "The last reply had no code; this applies the action to the last code that passed."
+        evidence = failed.split("Its evaluation:", 1)[1] if "Its evaluation:" in failed else failed
+        fixed = fix_code(code, evidence)
+        if fixed is None:
+            # Nothing in the error says what to change: a crash or a hang it cannot see into.
+            return code, "I could not find the cause in the error; trying the same code again."
+        return fixed, "The error points at the line changed here; this fixes it and keeps the action."
 
     def _own_change(self, kind: str, text: str, source: str) -> dict[str, Any]:
-        """A change of its own: now and then a risky draft (never when debugging), else one tunable set to
-        another of its choices, often one an inspiration in the prompt has."""
+        """A tunable change of its own: often one an inspiration in the prompt has, never one the latest
+        failed attempt made."""
         try:
             tunables = read_tunables(source)
         except TunableError:
             tunables = {}
-        roll = _roll(text, "own-change", self.seed)
-        if kind != "debug" and roll < self.habits.risky_changes:
-            return {"break": ("syntax", "wrong")[roll % 2]}
+        tried = set(re.findall(r"^\+(\w+) = (.+?)\s+# tunable", section(text, "The latest attempt, which failed"),
+                               re.MULTILINE))
         borrowed: list[tuple[str, Any]] = []
-        for code in re.findall(r"```(?:python|py)?\n(.*?)\n```", section(text, "Inspirations"), re.DOTALL):
+        for code in CODE_BLOCK.findall(section(text, "Inspirations")):
             with contextlib.suppress(TunableError):
                 borrowed += [(n, t.value) for n, t in read_tunables(code).items()
                              if n in tunables and t.value != tunables[n].value and t.value in tunables[n].choices]
-        options = [(t.name, c) for t in tunables.values() for c in t.choices if c != t.value]
+        options = [(t.name, c) for t in tunables.values() for c in t.choices
+                   if c != t.value and (t.name, repr(c)) not in tried and (t.name, json.dumps(c)) not in tried]
+        roll = _roll(text, "own-change", self.seed)
         pool = borrowed if borrowed and roll % 2 == 0 else options
         if not pool:
             return {}
         name, value = pool[_roll(text, "own-pick", self.seed) % len(pool)]
-        return {"set": {name: value}}
+        return {name: value}
 
-
-BREAK_MARK = "# standin-breakage"
-
-
-def _break(source: str, how: str, entry: str) -> str:
-    if how == "syntax":
-        return source + f"\n{BREAK_MARK}\ndef _draft(:\n    pass\n"
-    body = {
-        "wrong": "    out = _standin_original(*args)\n    return tuple(o * 1.5 for o in out) if isinstance(out, tuple) else out * 1.5",
-        "crash": "    import os\n    os.abort()",
-        "hang": "    while True:\n        pass",
-    }[how]
-    return source + f"\n{BREAK_MARK}\n_standin_original = {entry}\n\n\ndef {entry}(*args):\n{body}\n"
-
-
-def _unbreak(source: str) -> str:
-    """The code without a breakage the stand-in added to it earlier."""
-    return source.split(f"\n{BREAK_MARK}\n", 1)[0] + "\n" if BREAK_MARK in source else source
+    def _shaped(self, text: str, what: str, source: str) -> str:
+        """The reply around the code, in the format asked for or, now and then, drifting from it."""
+        body = source.rstrip()
+        roll = _roll(text, "code-drift", self.seed)
+        if roll < self.habits.code_drift:
+            shape = roll % 3
+            if shape == 0:
+                return f"{what}\n\n```\n{body}\n```\n"
+            if shape == 1:
+                return f"{what}\n\n~~~python\n{body}\n~~~\n"
+            return f"{what}\n\n```python\n{body}\n```\n\nUse it as before:\n\n```python\nresult = kernel(data)\n```\n"
+        return f"{what}\n\n```python\n{body}\n```\n"

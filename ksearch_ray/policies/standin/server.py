@@ -2,15 +2,19 @@
 
 For tests and demos without an LLM: `ksearch standin --port 8000`, then
 `ksearch run --task trimul --model hosted_vllm/standin --api-base http://127.0.0.1:8000/v1`.
-Like a real provider it sometimes refuses with a 429 (and a Retry-After) before it answers, and
-it honours `response_format` (JSON-schema replies) when asked. It records every request it got,
-so tests can read the prompts a run sent.
+As a provider it has the habits `habits.Habits` names, each configurable: latency, 429s with a
+Retry-After, outages (503s for a while), a temperature it refuses, content-policy refusals, a
+context window, replies with `content: null` and the answer in `reasoning_content`, replies given
+only as a tool call, replies cut at the length limit (continued when asked), an exhausted quota.
+It streams when asked (server-sent events, usage last), honours `response_format` (JSON-schema
+replies), and records every request it got, so tests can read the prompts a run sent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import threading
 import time
 import uuid
@@ -18,7 +22,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ksearch_ray.policies.standin.player import Habits, Player
+from ksearch_ray.policies.standin.habits import Habits
+from ksearch_ray.policies.standin.player import Player
+
+CONTINUE_MARK = "Your reply was cut off at the length limit"
+"""How the client asks for the rest of a cut reply (`llm.policy.CONTINUE`)."""
 
 
 @dataclass
@@ -35,17 +43,42 @@ class Exchange:
         return "\n".join(str(m.get("content", "")) for m in self.body.get("messages", []))
 
 
+@dataclass
+class Answer:
+    """What one request gets: an HTTP status with an error, or a reply and how it is shaped."""
+
+    status: int
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    text: str = ""
+    finish_reason: str = "stop"
+    as_reasoning: bool = False
+    as_tool_call: bool = False
+    delay_s: float = 0.0
+    prompt_tokens: int = 0
+
+
 class StandIn:
     """`with StandIn() as server:` serves on 127.0.0.1 (port 0 = any free port) until the block ends."""
 
-    def __init__(self, port: int = 0, *, seed: int = 0, habits: Habits | None = None, rate_limit_every: int = 9,
-                 latency_s: float = 0.0):
-        self.player = Player(seed, habits)
-        self.rate_limit_every = rate_limit_every
-        self.latency_s = latency_s
+    def __init__(self, port: int = 0, *, seed: int = 0, habits: Habits | None = None,
+                 rate_limit_every: int | None = None, latency_s: float | None = None):
+        habits = habits or Habits()
+        changes: dict[str, Any] = {}
+        if rate_limit_every is not None:
+            changes["rate_limit_every"] = rate_limit_every
+        if latency_s is not None:
+            changes["latency_s"] = (latency_s, latency_s)
+        self.habits = habits.model_copy(update=changes)
+        self.player = Player(seed, self.habits)
+        self.seed = seed
         self.exchanges: list[Exchange] = []
+        self.started = time.monotonic()
+        self.first_chat: float | None = None  # outages are timed from the first chat request
         self._limited: set[str] = set()
+        self._chats = 0
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -55,10 +88,12 @@ class StandIn:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
     def start(self) -> StandIn:
+        self.started = time.monotonic()
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        self._closing.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
@@ -69,34 +104,127 @@ class StandIn:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def respond(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """(status, JSON body, headers) for one chat request."""
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._closing.wait(seconds)
+
+    def models(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"id": "standin", "object": "model"}
+        if self.habits.context_tokens:
+            entry["max_model_len"] = self.habits.context_tokens  # as vLLM lists it
+        return {"object": "list", "data": [entry]}
+
+    # --- one request --------------------------------------------------------------------------------
+
+    def respond(self, body: dict[str, Any]) -> Answer:
+        """What one chat request gets, by the habits, in order: quota, outage, a refused parameter, the
+        context window, a content policy, a rate limit; then the player's reply, shaped."""
+        h = self.habits
         messages = body.get("messages") or []
         key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+        roll = int(key[:8], 16) % 100
+        rng = random.Random(f"{self.seed}:{key}")
+        prompt_chars = sum(len(str(m.get("content") or "")) for m in messages)
         with self._lock:
+            self._chats += 1
+            calls = self._chats
             first_time = key not in self._limited
             self._limited.add(key)
-        if self.rate_limit_every and first_time and int(key[:8], 16) % self.rate_limit_every == 0:
-            self._record(Exchange(body, 429))
-            error = {"error": {"message": "Rate limit reached for requests (stand-in)", "type": "rate_limit", "code": 429}}
-            return 429, error, {"Retry-After": "0"}
-        structured = (body.get("response_format") or {}).get("type") == "json_schema"
-        text = self.player.answer(messages, structured)
-        self._record(Exchange(body, 200, text))
-        if self.latency_s:
-            time.sleep(self.latency_s)
-        prompt_tokens = sum(len(str(m.get("content", ""))) for m in messages) // 4
-        return 200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "standin"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text) // 4,
-                      "total_tokens": prompt_tokens + len(text) // 4},
-        }, {}
+        with self._lock:
+            self.first_chat = self.first_chat if self.first_chat is not None else time.monotonic()
+        now = time.monotonic() - self.first_chat
 
-    def _record(self, exchange: Exchange) -> None:
+        def refuse(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Answer:
+            return Answer(status, {"error": {"message": message, "type": kind, "code": kind}}, headers or {})
+
+        if h.quota_after is not None and calls > h.quota_after:
+            return refuse(429, "You exceeded your current quota, please check your plan and billing details.",
+                          "insufficient_quota")
+        if any(start <= now < end for start, end in h.outages):
+            return refuse(503, "The server is overloaded or down for maintenance (stand-in outage).", "server_error")
+        if h.refuse_temperature and "temperature" in body:
+            return refuse(400, "Unsupported value: 'temperature' does not support this value with this model. "
+                               "Only the default (1) value is supported.", "invalid_request_error")
+        if h.context_tokens is not None and prompt_chars // 3 > h.context_tokens:
+            return refuse(400, f"This model's maximum context length is {h.context_tokens} tokens. However, your "
+                               f"messages resulted in {prompt_chars // 3} tokens. Please reduce the length of the "
+                               "messages.", "invalid_request_error")
+        if roll < h.content_policy and first_time:
+            return refuse(400, "Your request was rejected as a result of our safety system (content_policy_violation).",
+                          "invalid_request_error")
+        if h.rate_limit_every and first_time and int(key[8:16], 16) % h.rate_limit_every == 0:
+            return refuse(429, "Rate limit reached for requests (stand-in)", "rate_limit",
+                          {"Retry-After": f"{h.retry_after_s:g}"})
+        structured = (body.get("response_format") or {}).get("type") == "json_schema"
+        continued = bool(messages) and CONTINUE_MARK in str(messages[-1].get("content") or "")
+        if continued:  # the rest of a reply it cut: the same answer to the same question, from where it stopped
+            original = [m for m in messages[:-2]]
+            full = self.player.answer(original, structured)
+            text, finish = full[len(str(messages[-2].get("content") or "")):], "stop"
+        else:
+            text, finish = self.player.answer(messages, structured), "stop"
+            if (int(key[16:24], 16) % 100) < h.truncate and len(text) > 40:
+                text, finish = text[: len(text) * 6 // 10], "length"
+        low, high = h.latency_s
+        shape = int(key[24:32], 16) % 100
+        return Answer(200, text=text, finish_reason=finish, delay_s=rng.uniform(low, high) if high > 0 else 0.0,
+                      as_reasoning=shape < h.reasoning and not structured,
+                      as_tool_call=h.reasoning <= shape < h.reasoning + h.tool_calls,
+                      prompt_tokens=prompt_chars // 4)
+
+    def record(self, exchange: Exchange) -> None:
         with self._lock:
             self.exchanges.append(exchange)
+
+
+def _completion(answer: Answer, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text}
+    if answer.as_reasoning:
+        message = {"role": "assistant", "content": None, "reasoning_content": answer.text}
+    elif answer.as_tool_call:
+        message = {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function", "function": {"name": "answer", "arguments": _tool_arguments(answer.text)}}]}
+    completion = len(answer.text) // 4
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+        "model": model, "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason}],
+        "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": completion,
+                  "total_tokens": answer.prompt_tokens + completion},
+    }
+
+
+def _tool_arguments(text: str) -> str:
+    """A reply as a tool call: plans as their JSON, code as {"explanation", "code"}."""
+    block = text.split("```", 2)
+    if len(block) == 3:
+        tag, _, code = block[1].partition("\n")
+        if tag.strip() == "json":
+            return code.strip()
+        return json.dumps({"explanation": block[0].strip(), "code": code})
+    return json.dumps({"explanation": text})
+
+
+def _chunks(answer: Answer, model: str, usage: bool) -> list[dict[str, Any]]:
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if answer.as_tool_call:
+        out.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                          "function": {"name": "answer", "arguments": _tool_arguments(answer.text)}}]}))
+    else:
+        key = "reasoning_content" if answer.as_reasoning else "content"
+        size = max(len(answer.text) // 8, 64)
+        out += [chunk({key: answer.text[i:i + size]}) for i in range(0, len(answer.text), size)]
+    out.append(chunk({}, answer.finish_reason))
+    if usage:
+        completion = len(answer.text) // 4
+        out.append(head | {"choices": [], "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": completion,
+                                                    "total_tokens": answer.prompt_tokens + completion}})
+    return out
 
 
 def _handler(server: StandIn) -> type[BaseHTTPRequestHandler]:
@@ -108,7 +236,7 @@ def _handler(server: StandIn) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
             if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+                self._send(200, server.models())
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -122,8 +250,34 @@ def _handler(server: StandIn) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send(400, {"error": {"message": "the request body is not JSON"}})
                 return
-            status, payload, headers = server.respond(body)
-            self._send(status, payload, headers)
+            answer = server.respond(body)
+            server.record(Exchange(body, answer.status, answer.text))
+            if answer.error is not None:
+                self._send(answer.status, answer.error, answer.headers)
+                return
+            server.sleep(answer.delay_s)
+            model = str(body.get("model", "standin"))
+            if body.get("stream"):
+                self._stream(_chunks(answer, model, bool((body.get("stream_options") or {}).get("include_usage"))))
+            else:
+                self._send(200, _completion(answer, model))
+
+        def _stream(self, chunks: list[dict[str, Any]]) -> None:
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    server.sleep(server.habits.stream_chunk_s)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up; nothing to tell it
 
         def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()

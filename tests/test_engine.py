@@ -29,10 +29,16 @@ def planner() -> ScriptedPolicy:
 
 
 def coder(*tags: str) -> ScriptedPolicy:
+    """The tags in turn; then the last one again, each time as new code (a model writes something new)."""
     queue = list(tags)
+    again = iter(range(1, 10_000))
 
     def code(request: CodeRequest) -> CodeReply:
-        return CodeReply(solution=kernel(queue.pop(0) if queue else tags[-1]))
+        if queue:
+            return CodeReply(solution=kernel(queue.pop(0)))
+        solution = kernel(tags[-1])
+        entry = solution.sources["k.py"] + f"# again {next(again)}\n"
+        return CodeReply(solution=solution.model_copy(update={"sources": {"k.py": entry}}))
     return ScriptedPolicy(code=code)
 
 

@@ -109,6 +109,14 @@ def test_an_outage_spends_no_round_and_the_run_finishes_once_the_provider_answer
     assert_no_round_spent_on_failed_calls(search)
     assert_the_ledger_counts_every_request(search, server)
     assert not any(n.status is NodeStatus.TOO_HARD for n in view.tree.nodes.values())  # type: ignore[union-attr]
+    # A followed log and the report say it too.
+    from ksearch_ray.report.console import event_line
+    from ksearch_ray.report.html import render
+    from ksearch_ray.report.tables import Run
+
+    said = [event_line(o, 0.0) or "" for o in outages]
+    assert "the LLM provider is failing" in said[0] and "answers again" in said[1]
+    assert "LLM outages" in render(Run.load(search.store.root))
 
 
 def test_an_outage_longer_than_the_allowance_stops_the_run_resumable_and_resume_finishes_it(tmp_path):

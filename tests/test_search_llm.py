@@ -98,12 +98,13 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
 
     assert state.finished == "rounds"
     assert state.rounds_used == 9
-    # The actors' own log lines (retries, provider errors) are in the run directory, not in the output, which
-    # says in one plain line that a call needed retries.
+    # The actors' own log lines go to the run directory (coder.log), never into the output; the output says
+    # in one plain line that the provider failed and the run waited (no Ray worker prefix, no colour codes).
     output = capsys.readouterr()
-    assert "rate_limit" in (run_dir / "coder.log").read_text()
-    assert "RateLimitError" not in output.out + output.err and "Traceback" not in output.err
-    assert "answered after 2 attempts" in output.err
+    assert (run_dir / "coder.log").is_file() and (run_dir / "planner.log").is_file()
+    assert "(PolicyActor pid=" not in output.out + output.err and "\x1b[" not in output.err
+    assert "Traceback" not in output.err
+    assert any(line.count("the LLM provider is failing (rate_limit") == 1 for line in output.err.splitlines())
     events = RunStore(run_dir).read_events()
     evaluations = [e for e in events if e.kind == "evaluation"]
     statuses = {Status(e.result.status) for e in evaluations}

@@ -24,6 +24,7 @@ from ksearch_ray.events import (
     Confirm,
     Evaluation,
     Event,
+    Outage,
     Resume,
     RunEnd,
     Seed,
@@ -303,6 +304,12 @@ def event_line(ev: Event, elapsed_s: float) -> str | None:
         return f"{at} seed {ev.result.status.value}: the starting solution does not pass"
     if isinstance(ev, Confirm):
         return f"{at} re-timed against the baseline: {ev.verdict}"
+    if isinstance(ev, Outage):
+        if ev.state == "began":
+            return f"{at} the LLM provider is failing ({clip(ev.error, 120)}): the run waits; no round is spent"
+        if ev.state == "ended":
+            return f"{at} the LLM provider answers again after {duration(ev.waited_s)} ({ev.failed_calls} failed calls)"
+        return f"{at} the LLM provider kept failing for {duration(ev.waited_s)}: the session stops (resumable)"
     if isinstance(ev, Resume):
         return f"{at} resumed"
     if isinstance(ev, Stopped):

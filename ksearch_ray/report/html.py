@@ -113,6 +113,11 @@ def _outcome(run: Run, now: float) -> str:
         llm_text = f"{calls.height} calls, {run.llm_tokens:,} tokens, ${run.llm_cost_usd:.2f}{unpriced}"
     else:
         llm_text = "no LLM calls" + (" (offline policy)" if not run.model else " yet")
+    outages = [o for o in run.view.outages if o.state != "began"]
+    if outages:
+        waited = sum(o.waited_s for o in outages)
+        rows.append(("LLM outages", h(f"{len(outages)}, {_duration(waited)} waited in all, "
+                                      f"{sum(o.failed_calls for o in outages)} failed calls; no round was spent on them")))
     rows += [
         ("rounds", f"{run.rounds_used} of {h(run.rounds_budget or '?')} (code generations)"),
         ("candidate outcomes", count_text),

@@ -7,6 +7,8 @@ gets the same treatment). Times are seconds on the server's clock. Everything he
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -18,6 +20,10 @@ class Habits(BaseModel):
     prose_only: int = Field(default=8, ge=0, le=100, description="Plans in prose without JSON.")
     broken_json: int = Field(default=6, ge=0, le=100, description="Plans whose JSON block does not parse.")
     missing_fields: int = Field(default=15, ge=0, le=100, description="Inserts that leave out their estimates.")
+    plan_shapes: list[Literal["plain", "prose_only", "broken_json", "other_shape"]] = Field(
+        default_factory=list,
+        description="A fixed sequence of shapes for successive free-text plans (first asks, not re-asks), cycled, "
+        "in place of the percentages above: a demo or test that must meet each habit meets it.")
     coder_prose_only: int = Field(default=6, ge=0, le=100, description="Coder replies with no code.")
     code_drift: int = Field(default=15, ge=0, le=100,
                             description="Coder replies whose code comes untagged, in ~~~ fences or beside a usage snippet.")

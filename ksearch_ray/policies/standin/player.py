@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import re
 from typing import Any
@@ -86,6 +87,7 @@ class Player:
     def __init__(self, seed: int = 0, habits: Habits | None = None):
         self.seed = seed
         self.habits = habits or Habits()
+        self._plans = itertools.count()  # free-text plans answered: the index into habits.plan_shapes
 
     def answer(self, messages: list[dict[str, Any]], structured: bool) -> str:
         first = next((str(m["content"]) for m in messages if m.get("role") == "user"), "")
@@ -111,14 +113,25 @@ class Player:
                     op.pop("difficulty", None)
         if structured:
             return json.dumps({"ops": ops})
-        roll = _roll(text, "plan-shape", self.seed)
-        if not reask and roll < h.prose_only:
+        shape = "plain" if reask else self._plan_shape(text)
+        if shape == "prose_only":
             return "I would keep tuning the block sizes and look at the memory traffic next."
-        if not reask and roll < h.prose_only + h.broken_json:
+        if shape == "broken_json":
             return "Edits:\n```json\n" + json.dumps({"ops": ops})[:-2] + ",]}\n```"
-        if not reask and roll < h.prose_only + h.broken_json + h.other_shape:
+        if shape == "other_shape":
             return "Here is my plan.\n```json\n" + json.dumps(self._other_shape(ops)) + "\n```"
         return "Plan below.\n```json\n" + json.dumps({"ops": ops}, indent=1) + "\n```"
+
+    def _plan_shape(self, text: str) -> str:
+        h = self.habits
+        if h.plan_shapes:
+            return h.plan_shapes[next(self._plans) % len(h.plan_shapes)]
+        roll = _roll(text, "plan-shape", self.seed)
+        if roll < h.prose_only:
+            return "prose_only"
+        if roll < h.prose_only + h.broken_json:
+            return "broken_json"
+        return "other_shape" if roll < h.prose_only + h.broken_json + h.other_shape else "plain"
 
     def _other_shape(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """How other models answer: inserts as bare records in `actions`, `parent_id` for `parent`."""

@@ -7,16 +7,16 @@ set -uo pipefail
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 mkdir -p /tmp/site && tar xJf "${BUNDLE:-.gpubundle/site.tar.xz}" -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RUN=/tmp/h200-check-run; rm -rf "$RUN"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 ( time python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sandbox_gpu.py ) > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"
 ( time python3 -m ksearch_ray eval --task trimul triton_seed --json ) > "$OUT/eval.json" 2> "$OUT/eval.err"
 python3 -c "import json; r=json.load(open('$OUT/eval.json'))['result']; print('eval', r['status'], r['score'], r['seconds'])"
-( time python3 -m ksearch_ray run --task trimul --width 2 --rounds 4 --run-dir "$OUT/run" --no-progress ) > "$OUT/run.out" 2> "$OUT/run.err"
+( time python3 -m ksearch_ray run --task trimul --width 2 --rounds 4 --run-dir "$RUN" --no-progress ) > "$OUT/run.out" 2> "$OUT/run.err"
 echo "run exit $?"; tail -12 "$OUT/run.out"; grep -E "real|one evaluation" "$OUT/run.err"
 # The run read back through the read model (the GPU machine has no polars for `show`).
-python3 - "$OUT/run" <<'PY' | tee "$OUT/view.txt"
+python3 - "$RUN" <<'PY' | tee "$OUT/view.txt"
 import sys
 from ksearch_ray.events import RunView
 from ksearch_ray.store import RunStore
@@ -29,3 +29,4 @@ for gpu, c in view.confirms.items():
     print("confirm", gpu, c.verdict, "cut", c.cut_short, "repeats", len(c.repeats))
 print("statuses", view.status_counts())
 PY
+tar czf "$OUT/run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")"

@@ -270,9 +270,11 @@ def test_name_says_offline_policy_and_not_an_llm() -> None:
 
 def test_initialize_inserts_single_tunable_steps_and_a_seed_switch_that_all_apply() -> None:
     search = Search().seeded()
-    created = search.plan("initialize_tree", max_actions=6)
+    created = search.plan("initialize_tree", max_actions=12)
     nodes = [search.tree.nodes[i] for i in created]
-    assert len(nodes) == 12  # at least 12 even when max_actions is smaller
+    assert len(nodes) == 12
+    few = Search().seeded()
+    assert len(few.plan("initialize_tree", max_actions=4)) == 4  # never more than the request allows
     titles = [n.title for n in nodes]
     assert "BLOCK_M 64 → 128" in titles
     assert "switch to seed synthetic_seed" in titles
@@ -295,7 +297,7 @@ def test_initialize_inserts_single_tunable_steps_and_a_seed_switch_that_all_appl
 
 def test_without_a_root_solution_the_search_starts_from_the_first_seed_by_name() -> None:
     search = Search()  # root without a solution
-    created = search.plan("initialize_tree", max_actions=6)
+    created = search.plan("initialize_tree", max_actions=12)
     first = search.tree.nodes[created[0]]
     spec = parse_action(first.description)
     assert spec is not None and spec.seed == "synthetic_seed"
@@ -307,7 +309,7 @@ def test_without_a_root_solution_the_search_starts_from_the_first_seed_by_name()
 
 def test_generated_code_changes_only_the_action_tunable_and_records_its_lineage() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     node_id = search.node_titled("BLOCK_M 64 → 128")
     reply = code(
         OfflinePolicy(), "generate_from_base", search.tree, node_id, base=TRITON_SEED, base_speedup=1.5
@@ -334,7 +336,7 @@ def test_generated_code_changes_only_the_action_tunable_and_records_its_lineage(
 
 def test_seed_switch_action_writes_code_from_that_seed() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     node_id = search.node_titled("switch to seed synthetic_seed")
     reply = code(
         OfflinePolicy(), "generate_from_base", search.tree, node_id, base=TRITON_SEED, base_speedup=1.5
@@ -347,7 +349,7 @@ def test_seed_switch_action_writes_code_from_that_seed() -> None:
 
 def test_propose_never_repeats_a_tried_config() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     for _ in range(6):
         assert search.step()
     tried = search.tried_configs()
@@ -365,7 +367,7 @@ def test_propose_never_repeats_a_tried_config() -> None:
 
 def test_debug_steps_to_a_safer_untried_config_after_a_compile_failure() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     node_id = search.node_titled("NUM_STAGES 3 → 4")
     policy = OfflinePolicy()
     first = code(
@@ -471,7 +473,7 @@ def test_debug_reports_when_no_untried_safer_config_remains() -> None:
 
 def test_improve_adds_the_best_predicted_untried_change() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     # Evidence: TF32 in the contraction paid 1.3x, BLOCK_N 32 lost; single-attempt cycles keep it clean.
     search.cycle(search.node_titled("DOT_PRECISION ieee → tf32"), max_attempts=1)
     search.cycle(search.node_titled("BLOCK_N 64 → 32"), max_attempts=1)
@@ -527,7 +529,7 @@ def test_improve_adds_the_best_predicted_untried_change() -> None:
 
 def test_refine_carries_a_measured_gain_to_the_next_steps() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     block_m = search.node_titled("BLOCK_M 64 → 128")
     search.cycle(block_m, max_attempts=1)
     tf32 = search.node_titled("DOT_PRECISION ieee → tf32")
@@ -545,7 +547,7 @@ def test_refine_carries_a_measured_gain_to_the_next_steps() -> None:
 
 def test_too_hard_marks_the_action_and_lowers_open_actions_making_the_same_change() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     block_m = search.node_titled("BLOCK_M 64 → 128")
     search.cycle(block_m, max_attempts=1)
     search.plan("propose_actions", max_actions=100)
@@ -563,7 +565,7 @@ def test_too_hard_marks_the_action_and_lowers_open_actions_making_the_same_chang
 
 def test_search_beats_the_seed_within_fifteen_cycles() -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     for _ in range(15):
         assert search.step()
     # The three big effects (BLOCK_M 128: 1.25x, TF32: 1.3x, BLOCK_N 128: 1.1x) found and combined,
@@ -578,7 +580,7 @@ def test_replies_are_deterministic_and_do_not_depend_on_instance_state() -> None
     one = Search(policy_factory=lambda: shared).seeded()  # one instance serves every call
     two = Search(policy_factory=OfflinePolicy).seeded()  # a fresh instance for every call
     for search in (one, two):
-        search.plan("initialize_tree", max_actions=6)
+        search.plan("initialize_tree", max_actions=12)
         for _ in range(8):
             assert search.step()
     assert one.transcript == two.transcript
@@ -594,7 +596,7 @@ def test_replies_are_deterministic_and_do_not_depend_on_instance_state() -> None
 @pytest.mark.parametrize("kind", ["initialize_tree", "propose_actions"])
 def test_scores_are_a_monotone_map_of_predicted_gain(kind: PlanKind) -> None:
     search = Search().seeded()
-    search.plan("initialize_tree", max_actions=6)
+    search.plan("initialize_tree", max_actions=12)
     search.cycle(search.node_titled("BLOCK_N 64 → 128"), max_attempts=1)
     search.cycle(search.node_titled("BLOCK_M 64 → 32"), max_attempts=1)
     ops = plan(OfflinePolicy(), kind, search.tree, solutions=dict(search.store), max_actions=30).ops

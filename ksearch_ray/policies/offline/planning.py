@@ -29,7 +29,6 @@ from ksearch_ray.policies.offline.model import (
 )
 from ksearch_ray.worldmodel.tree import ROOT_ID, ActionNode, NodeStatus
 
-INIT_MIN_ACTIONS = 12
 REFINE_CHILDREN = 3
 
 
@@ -69,7 +68,7 @@ def _initialize(
     ranked = _Ranker(space, effects).rank(
         _neighbours(space, ROOT_ID, start, seed_line=not space.root_is_searchable()), tried
     )
-    limit = max(max_actions, INIT_MIN_ACTIONS)
+    limit = max(max_actions, 1)  # as many as the request allows, like any planner
     # Every seed switch goes in: another seed is another region of the space, and ranking alone would
     # queue it behind a dozen neighbouring tile sizes that all share the same neutral prior.
     switches = [r for r in ranked if r.candidate.is_switch][:limit]

@@ -41,12 +41,11 @@ from ksearch_ray.policies.offline.configs import (
     with_values,
 )
 from ksearch_ray.policies.offline.model import FAILURE_LOG_GAIN, PRIOR_LOG_GAIN, PRIOR_WEIGHT, SCORE_SCALE
-from ksearch_ray.policies.offline.planning import INIT_MIN_ACTIONS, REFINE_CHILDREN, _plan_ops
+from ksearch_ray.policies.offline.planning import REFINE_CHILDREN, _plan_ops
 
 __all__ = [
     "AUTHOR",
     "FAILURE_LOG_GAIN",
-    "INIT_MIN_ACTIONS",
     "POLICY_NAME",
     "PRIOR_LOG_GAIN",
     "PRIOR_WEIGHT",

@@ -196,3 +196,35 @@ def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rul
     view = asyncio.run(resumed.run())
     assert "orphan" in [s.name for s in evaluators.evaluated]
     assert view.cycles["c1"].attempts[2].result is not None and view.rounds_used == 3
+
+
+def test_every_call_kind_has_a_request_type_that_checks_what_the_kind_needs():
+    from typing import get_args
+
+    from local_backends import DATA
+
+    from ksearch_ray.policies.contract import (
+        CODE_REQUESTS,
+        PLAN_REQUESTS,
+        CodeKind,
+        Improve,
+        InitializeTree,
+        PlanKind,
+        RequestError,
+        code_request,
+        plan_request,
+    )
+    from ksearch_ray.taskspec.task import find_task
+    from ksearch_ray.worldmodel.tree import new_tree
+
+    assert set(PLAN_REQUESTS) == set(get_args(PlanKind)) and set(CODE_REQUESTS) == set(get_args(CodeKind))
+    common = {"task": find_task("toy_axpy", [str(DATA)]).definition, "tree": new_tree("toy_axpy"), "hardware": "cpu",
+              "language": "triton"}
+    assert isinstance(plan_request("initialize_tree", **common), InitializeTree)
+    with pytest.raises(RequestError, match="the refine request needs node_id, attempts, evidence"):
+        plan_request("refine", **common)
+    with pytest.raises(RequestError, match="the improve request needs current"):
+        code_request("improve", node_id="n1", **common)
+    assert isinstance(code_request("improve", node_id="n1", current=kernel("k"), **common), Improve)
+    with pytest.raises(RequestError, match="no base"):
+        code_request("generate_from_spec", node_id="root", base=kernel("k"), **common)

@@ -4,6 +4,13 @@ Two implementations share it: `LLMPolicy` (litellm, prompts in files) and `Offli
 (no model: it searches the tunables that seed kernels declare). Ray actors wrap a policy;
 the logic never lives in the actor classes. Requests carry everything a policy needs, so a
 policy holds no state that a resumed run could not rebuild from the tree and the run log.
+
+There is one request type per call kind (`InitializeTree`, `ProposeActions`, `RefinePlan`,
+`TooHard`; `GenerateFromSpec`, `GenerateFromBase`, `Debug`, `Improve`, `Evolve`), each a
+`PlanRequest` or `CodeRequest` that fixes its kind and checks, when it is made, that it carries
+what its kind needs (a debug call the failing attempt, an improve call the code it improves, a
+refine call the cycle's evidence ...); `plan_request(kind, ...)` and `code_request(kind, ...)` make
+the right one. Policies read the shared fields; what a kind leaves empty is empty for it.
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ class AttemptEvidence:
     times: list[WorkloadTime] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PlanRequest:
     kind: PlanKind
     task: TaskDefinition
@@ -138,7 +145,7 @@ class PlanReply:
     failed_call: LLMCall | None = None  # the call whose failure left nothing to use (the run decides: wait, stop, go on)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CodeRequest:
     kind: CodeKind
     task: TaskDefinition
@@ -184,3 +191,126 @@ class Policy(Protocol):
     async def plan(self, request: PlanRequest) -> PlanReply: ...
 
     async def code(self, request: CodeRequest) -> CodeReply: ...
+
+
+# --- one request type per call kind ------------------------------------------------------------------
+
+
+class RequestError(ValueError):
+    """A request that lacks what its call kind needs: a bug in the method that made it."""
+
+
+def _require(request: Any, *names: str) -> None:
+    missing = [n for n in names if getattr(request, n) in (None, [], "")]
+    if missing:
+        raise RequestError(f"the {request.kind} request needs {', '.join(missing)}")
+
+
+@dataclass(kw_only=True)
+class InitializeTree(PlanRequest):
+    """The first plan: the seed (its measured times, when there is one) and the task."""
+
+    kind: Literal["initialize_tree"] = "initialize_tree"
+
+
+@dataclass(kw_only=True)
+class ProposeActions(PlanRequest):
+    """More actions under a node (the best's), when the frontier runs low."""
+
+    kind: Literal["propose_actions"] = "propose_actions"
+
+    def __post_init__(self) -> None:
+        _require(self, "node_id")
+
+
+@dataclass(kw_only=True)
+class RefinePlan(PlanRequest):
+    """After a cycle that passed: what it taught, against the tree."""
+
+    kind: Literal["refine"] = "refine"
+
+    def __post_init__(self) -> None:
+        _require(self, "node_id", "attempts", "evidence")
+
+
+@dataclass(kw_only=True)
+class TooHard(PlanRequest):
+    """After a cycle with no passing attempt: the obstacle, and smaller steps."""
+
+    kind: Literal["too_hard"] = "too_hard"
+
+    def __post_init__(self) -> None:
+        _require(self, "node_id", "attempts", "evidence")
+
+
+@dataclass(kw_only=True)
+class GenerateFromSpec(CodeRequest):
+    """A first kernel from the specification (and the task's reference), no base code."""
+
+    kind: Literal["generate_from_spec"] = "generate_from_spec"
+
+    def __post_init__(self) -> None:
+        if self.base is not None:
+            raise RequestError("a generate_from_spec request writes from the specification: it has no base")
+
+
+@dataclass(kw_only=True)
+class GenerateFromBase(CodeRequest):
+    """Attempt 1 of a cycle: the action applied to its parent's code."""
+
+    kind: Literal["generate_from_base"] = "generate_from_base"
+
+    def __post_init__(self) -> None:
+        _require(self, "base")
+
+
+@dataclass(kw_only=True)
+class Debug(CodeRequest):
+    """After a failed attempt with nothing passing yet: that attempt (its code, or the reply that held
+    none) and its evidence, or the code to fix."""
+
+    kind: Literal["debug"] = "debug"
+
+    def __post_init__(self) -> None:
+        if self.failure is None and self.current is None:
+            raise RequestError("a debug request needs the failed attempt or the code to fix")
+
+
+@dataclass(kw_only=True)
+class Improve(CodeRequest):
+    """After a passing attempt: the code to make faster, with its measured times."""
+
+    kind: Literal["improve"] = "improve"
+
+    def __post_init__(self) -> None:
+        _require(self, "current")
+
+
+@dataclass(kw_only=True)
+class Evolve(CodeRequest):
+    """evolve's mutation: a parent from the program database and other programs beside it."""
+
+    kind: Literal["evolve"] = "evolve"
+
+
+PLAN_REQUESTS: dict[str, type[PlanRequest]] = {
+    "initialize_tree": InitializeTree, "propose_actions": ProposeActions, "refine": RefinePlan, "too_hard": TooHard,
+}
+CODE_REQUESTS: dict[str, type[CodeRequest]] = {
+    "generate_from_spec": GenerateFromSpec, "generate_from_base": GenerateFromBase, "debug": Debug, "improve": Improve,
+    "evolve": Evolve,
+}
+
+
+def plan_request(kind: str, **fields: Any) -> PlanRequest:
+    """The request type of a planner call kind, made and checked."""
+    if kind not in PLAN_REQUESTS:
+        raise RequestError(f"no planner call kind {kind!r}")
+    return PLAN_REQUESTS[kind](**fields)
+
+
+def code_request(kind: str, **fields: Any) -> CodeRequest:
+    """The request type of a coder call kind, made and checked."""
+    if kind not in CODE_REQUESTS:
+        raise RequestError(f"no coder call kind {kind!r}")
+    return CODE_REQUESTS[kind](**fields)

@@ -74,6 +74,8 @@ from ksearch_ray.policies.contract import (
     PlanReply,
     PlanRequest,
     WorkloadShape,
+    code_request,
+    plan_request,
 )
 from ksearch_ray.policies.llm.types import LLMCall, error_class
 from ksearch_ray.run.backends import BUILDER, Backends
@@ -357,8 +359,8 @@ class Search:
         ks = self.config.search.ksearch
         # The first plan may fill every cycle; later ones add a few actions each (K-Search: 3).
         max_actions = max(self.config.search.width, ks.max_new_actions, 4) if kind == "initialize_tree" else ks.max_new_actions
-        return PlanRequest(
-            kind=kind, task=self.task.definition, tree=tree, hardware=self.hardware,  # type: ignore[arg-type]
+        return plan_request(
+            kind, task=self.task.definition, tree=tree, hardware=self.hardware,
             language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.seeds(),
             max_actions=max_actions, noise=self._noise_value(), prompt_budget_tokens=self.config.llm.prompt_budget_tokens,
             facts=self.facts(), rejected=self._rejections(), **fields,
@@ -366,8 +368,8 @@ class Search:
 
     def code_request(self, kind: str, **fields: Any) -> CodeRequest:
         reference = self._reference_source() if kind == "generate_from_spec" else ""
-        return CodeRequest(
-            kind=kind, task=self.task.definition, tree=self.tree(), hardware=self.hardware,  # type: ignore[arg-type]
+        return code_request(
+            kind, task=self.task.definition, tree=self.tree(), hardware=self.hardware,
             language=self.config.search.language, seeds=self.seeds(), noise=self._noise_value(),
             prompt_budget_tokens=self.config.llm.prompt_budget_tokens, facts=self.facts(), reference=reference,
             **fields,

@@ -228,3 +228,24 @@ def test_every_call_kind_has_a_request_type_that_checks_what_the_kind_needs():
     assert isinstance(code_request("improve", node_id="n1", current=kernel("k"), **common), Improve)
     with pytest.raises(RequestError, match="no base"):
         code_request("generate_from_spec", node_id="root", base=kernel("k"), **common)
+
+
+def test_the_live_view_heads_with_the_run_directory_and_gives_a_rate_only_for_evaluations_made(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from ksearch_ray.run.progress import render
+
+    search = local_search(tmp_path, planner(), coder("a"), Timed({BASELINE: [1.0], SEED: [2.0], "a": [1.0]}), rounds=1)
+
+    def shown() -> str:
+        console = Console(file=io.StringIO(), width=200)
+        console.print(render(search))
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    before = shown()
+    assert f"run directory {search.store.root}" in before and "evaluations 0" in before and "/min" not in before
+    asyncio.run(search.run())
+    after = shown()
+    assert "evaluations 1 (" in after and "/min)" in after

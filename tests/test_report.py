@@ -401,19 +401,19 @@ def test_report_works_on_a_run_in_progress_and_on_a_method_without_a_world_model
 
 
 def _bundled_tasks() -> dict[str, Path]:
-    """The bundled tasks as the `ksearch` these tests start sees them (PYTHONPATH=ROOT): with a
-    non-editable install, this process imports the installed copy, with other paths."""
-    code = "import json; from ksearch_ray.taskspec.task import discover; print(json.dumps({k: str(v) for k, v in discover([]).items()}))"
-    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                           capture_output=True, text=True, check=True)
-    return {name: Path(root) for name, root in json.loads(found.stdout).items()}
+    """The bundled tasks as `ksearch` sees them here: the copy this process imports (the installed one,
+    with a non-editable install), which the terminal run below imports too."""
+    from ksearch_ray.taskspec.task import discover
+
+    return dict(discover([]))
 
 
 def _in_a_terminal(args: list[str], columns: int, cwd: Path) -> str:
     """Run `ksearch` on a pseudo-terminal `columns` wide; what the user would see."""
     parent, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns), "TERM": "xterm"}
+    # The package as this process imports it (no PYTHONPATH: an installed copy stays the one used).
+    environ = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "COLUMNS": str(columns), "TERM": "xterm"}
     proc = subprocess.Popen([sys.executable, "-m", "ksearch_ray", *args], cwd=cwd, env=environ, stdin=child, stdout=child,
                             stderr=child, close_fds=True)
     os.close(child)

@@ -88,8 +88,24 @@ class Player:
         self.seed = seed
         self.habits = habits or Habits()
         self._plans = itertools.count()  # free-text plans answered: the index into habits.plan_shapes
+        self._asked: dict[str, int] = {}  # prompt -> times asked: a prompt asked again gets a fresh draw
+
+    def _again(self, prompt: str) -> Player:
+        """The player for this asking of `prompt`: itself the first time; with another seed each time the same
+        prompt comes back (a model sampling at a temperature answers a repeated prompt anew)."""
+        key = hashlib.sha256(prompt.encode()).hexdigest()
+        n = self._asked.get(key, 0)
+        self._asked[key] = n + 1
+        if n == 0:
+            return self
+        other = Player(self.seed + 7919 * n, self.habits)
+        other._plans, other._asked = self._plans, self._asked
+        return other
 
     def answer(self, messages: list[dict[str, Any]], structured: bool) -> str:
+        return self._again(json.dumps(messages, sort_keys=True))._answer(messages, structured)
+
+    def _answer(self, messages: list[dict[str, Any]], structured: bool) -> str:
         first = next((str(m["content"]) for m in messages if m.get("role") == "user"), "")
         kind_match = re.search(r"^Call: (\w+)", first, re.MULTILINE)
         kind = kind_match.group(1) if kind_match else "unknown"

@@ -166,7 +166,7 @@ def _solution_module(name: str) -> ModuleType:
     return load_module_file(path, f"trimul_solution_{name}")
 
 
-@pytest.mark.parametrize("solution", ["baseline", "triton_seed"])
+@pytest.mark.parametrize("solution", ["baseline", "triton_fused", "triton_seed"])
 def test_solution_passes_cpu_tests(ref, task, cpu_cases, solution):
     entry = getattr(_solution_module(solution), task.definition.entry_point)
     for name, inputs, expected in cpu_cases:
@@ -177,11 +177,14 @@ def test_solution_passes_cpu_tests(ref, task, cpu_cases, solution):
             raise AssertionError(f"{solution} on {name}: {exc}") from None
 
 
-# --- (d) every tunable choice of the Triton seed -----------------------------------------------
+# --- (d) every tunable choice of the Triton seeds ------------------------------------------------
 
-SEED_SOURCE = (ROOT / "solutions" / "triton_seed" / "submission.py").read_text()
+SEEDS = ("triton_fused", "triton_seed")
+SEED_SOURCES = {name: (ROOT / "solutions" / name / "submission.py").read_text() for name in SEEDS}
+SEED_SOURCE = SEED_SOURCES["triton_seed"]
 TUNABLES = read_tunables(SEED_SOURCE)
-VARIANTS = [(t.name, choice) for t in TUNABLES.values() for choice in t.choices if choice != t.value]
+VARIANTS = [(seed, t.name, choice) for seed in SEEDS for t in read_tunables(SEED_SOURCES[seed]).values()
+            for choice in t.choices if choice != t.value]
 
 
 def test_seed_declares_required_tunables():
@@ -197,12 +200,12 @@ def small_case(ref):
     return inputs, ref.reference(inputs)
 
 
-@pytest.mark.parametrize(("name", "value"), VARIANTS, ids=[f"{n}={v}" for n, v in VARIANTS])
-def test_every_tunable_choice_passes(ref, small_case, tmp_path, name, value):
+@pytest.mark.parametrize(("seed", "name", "value"), VARIANTS, ids=[f"{s}:{n}={v}" for s, n, v in VARIANTS])
+def test_every_tunable_choice_passes(ref, small_case, tmp_path, seed, name, value):
     # Triton reads kernel source from the file, so each variant needs a real file of its own.
     path = tmp_path / "submission.py"
-    path.write_text(rewrite_tunables(SEED_SOURCE, {name: value}))
-    module_name = f"trimul_seed_{name}_{value}"
+    path.write_text(rewrite_tunables(SEED_SOURCES[seed], {name: value}))
+    module_name = f"trimul_{seed}_{name}_{value}"
     module = load_module_file(path, module_name)
     try:
         inputs, expected = small_case
@@ -251,7 +254,7 @@ def test_task_bundle_loads(task):
     assert list(definition.outputs) == ["output"]
     assert "gpumode-compat" in definition.compat_options
     assert definition.tolerance.relaxed_dtype_option == "gpumode-compat"
-    assert task.solution_names() == ["baseline", "triton_seed"]
+    assert task.solution_names() == ["baseline", "triton_fused", "triton_seed"]
     assert task.baseline().language == "python"
     assert task.solution("triton_seed").language == "triton"
     assert task.workload_set_name("tests", "cpu") == "tests-cpu"

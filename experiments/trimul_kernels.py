@@ -1,0 +1,198 @@
+"""TriMul kernels side by side on one GPU (issue 21): correctness and timing in one evaluator, a
+per-kernel breakdown, and a coordinate sweep of a solution's tunables.
+
+    python experiments/trimul_kernels.py eval --solutions triton_fused,triton_seed,baseline \
+        --sets tests:fresh,benchmarks:fresh,benchmarks:reuse --out eval.json
+    python experiments/trimul_kernels.py profile --solution triton_fused --out profile.json
+    python experiments/trimul_kernels.py sweep --solution triton_fused --out sweep.json \
+        --group "PROJ_BLOCK_M=64,128;PROJ_BLOCK_K=32,64" --group "BLOCK_N=64,128,256"
+
+`eval` runs every solution through one `Evaluator` (the sandbox, `--isolation`, the task's
+tolerance and timing rules), so the scores are comparable as ratios. `profile` and `sweep` run the
+project's own kernels in this process (trusted code, never an LLM's): `profile` lists each CUDA
+kernel's share of a call (torch.profiler) on the benchmark workloads; `sweep` measures a
+solution's whole call as a CUDA graph (triton.testing.do_bench_cudagraph, the inputs of each
+benchmark workload) for each value of each group's tunables in turn, keeping the best of each
+group for the next (coordinate descent over groups: each group is one kernel's tunables), and
+prints the geomean. Sweep figures guide tuning only; the evaluator's figures are the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import itertools
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ksearch_ray.taskspec.task import find_task, load_module_file, solution_from_file
+from ksearch_ray.taskspec.tunables import declared_tunables, with_values
+
+
+def _literal(text: str) -> Any:
+    """A tunable's value as written on the command line: a Python literal, or else a bare string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
+    from ksearch_ray.evaluation.evaluator import Evaluator
+    from ksearch_ray.evaluation.sandbox.isolation import Isolation
+
+    task = find_task("trimul")
+    names = args.solutions.split(",")
+    out: dict[str, Any] = {}
+    with Evaluator(args.device, isolation=Isolation(args.isolation)) as ev:
+        ev.evaluate(task, task.baseline(), workload_set="smoke")  # the evaluator learns the task's stage times
+        for spec in args.sets.split(","):
+            workload_set, mode = spec.split(":")
+            for name in names:
+                t0 = time.monotonic()
+                solution = (solution_from_file(Path(name), task) if name.endswith(".py") else task.solution(name))
+                r = ev.evaluate(task, solution, workload_set=workload_set, mode=mode)
+                row = {"status": r.status.value, "score": r.score, "seconds": round(time.monotonic() - t0, 2),
+                       "message": r.message[:400],
+                       "workloads": {w.workload: {"status": w.status.value,
+                                                  "mean_ms": w.timing.mean_ms if w.timing else None,
+                                                  "max_abs_err": w.max_abs_error, "max_rel_err": w.max_rel_error}
+                                     for w in r.workloads}}
+                out[f"{workload_set}:{mode}/{name}"] = row
+                print(f"{workload_set}:{mode} {name}: {row['status']} score {row['score']} ({row['seconds']} s) "
+                      f"{row['message'][:200]}", flush=True)
+            first = out.get(f"{workload_set}:{mode}/{names[0]}", {}).get("score")
+            for name in names[1:]:
+                other = out.get(f"{workload_set}:{mode}/{name}", {}).get("score")
+                if first and other:
+                    print(f"  {workload_set}:{mode} {name} / {names[0]} = {other / first:.3f}x", flush=True)
+    return out
+
+
+def _inputs(task: Any, workload_set: str, device: str) -> list[tuple[str, tuple]]:
+    ref = load_module_file(task.root / "reference.py", "trimul_reference")
+    sets = []
+    for i, w in enumerate(task.workloads(workload_set, device)):
+        sets.append((w.name, ref.pack_data(ref.generate_inputs(w, 1000 + i, device))))
+    return sets
+
+
+def _module(solution: Any, values: dict[str, Any], tmp: Path) -> Any:
+    sources = with_values(solution, values)
+    tag = abs(hash(json.dumps(values, sort_keys=True)))
+    path = tmp / f"variant_{tag}.py"
+    path.write_text(sources[solution.entry_file])
+    return load_module_file(path, path.stem)
+
+
+def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    task = find_task("trimul")
+    mod = load_module_file(task.root / "solutions" / args.solution / "submission.py", "profiled")
+    out: dict[str, Any] = {}
+    for name, data in _inputs(task, args.workloads, args.device):
+        for _ in range(3):
+            mod.custom_kernel(data)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                mod.custom_kernel(data)
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t:
+                kernels[e.key[:60]] = kernels.get(e.key[:60], 0.0) + t / 10 / 1e3  # ms per call
+        total = sum(kernels.values())
+        out[name] = {"total_ms": total, "kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
+        print(f"{name}: {total:.4f} ms of kernels per call: " +
+              ", ".join(f"{k} {v:.4f}" for k, v in list(out[name]["kernels_ms"].items())[:6]), flush=True)
+        del data
+    return out
+
+
+def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    import triton.testing
+
+    task = find_task("trimul")
+    solution = task.solution(args.solution)
+    declared = declared_tunables(solution)
+    best = {k: t.value for k, t in declared.items()}
+    inputs = _inputs(task, args.workloads, args.device)
+    tmp = Path(tempfile.mkdtemp())
+    log: list[dict[str, Any]] = []
+
+    def measure(values: dict[str, Any]) -> float | None:
+        try:
+            mod = _module(solution, values, tmp)
+            times = []
+            for _, data in inputs:
+                def call(data: tuple = data) -> Any:
+                    return mod.custom_kernel(data)
+                call()
+                times.append(triton.testing.do_bench_cudagraph(call, rep=args.rep_ms))
+            return _geomean(times)
+        except Exception as exc:  # a config that does not compile or fit: skipped, and said
+            print(f"  {values}: failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            return None
+
+    base = best_ms = measure(best)
+    print(f"start {best}: {base} ms", flush=True)
+    log.append({"values": dict(best), "ms": base})
+    for group in args.group:
+        axes = [(k, [_literal(v) for v in vs.split(",")])
+                for k, vs in (part.split("=") for part in group.split(";"))]
+        scored = [(best_ms, best)] if best_ms is not None else []
+        for combo in itertools.product(*[vs for _, vs in axes]):
+            values = {**best, **{k: v for (k, _), v in zip(axes, combo, strict=True)}}
+            ms = measure(values)
+            log.append({"values": values, "ms": ms})
+            if ms is not None:
+                scored.append((ms, values))
+                print(f"  {dict(zip([k for k, _ in axes], combo, strict=True))}: {ms:.4f} ms", flush=True)
+        if scored:  # the best so far stays unless a combination beats it
+            best_ms, best = min(scored, key=lambda s: s[0])
+            print(f"best after {group}: {best_ms:.4f} ms {best}", flush=True)
+    if args.best_out:  # the best combination as a source file, for `eval` to judge
+        Path(args.best_out).write_text(with_values(solution, best)[solution.entry_file])
+    return {"start_ms": base, "best": best, "best_ms": best_ms, "log": log}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("eval", "profile", "sweep"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", required=True)
+        p.add_argument("--device", default="cuda")
+    sub.choices["eval"].add_argument("--solutions", default="triton_fused,triton_seed,baseline")
+    sub.choices["eval"].add_argument("--sets", default="tests:fresh,benchmarks:fresh")
+    sub.choices["eval"].add_argument("--isolation", default="require")
+    for name in ("profile", "sweep"):
+        sub.choices[name].add_argument("--solution", default="triton_fused")
+        sub.choices[name].add_argument("--workloads", default="benchmarks")
+    sub.choices["sweep"].add_argument("--group", action="append", default=[])
+    sub.choices["sweep"].add_argument("--rep-ms", type=int, default=40)
+    sub.choices["sweep"].add_argument("--best-out", default="", help="Write the best combination's source here.")
+    args = ap.parse_args()
+    info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__}
+    result = {"eval": cmd_eval, "profile": cmd_profile, "sweep": cmd_sweep}[args.cmd](args)
+    Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""TriMul (outgoing triangle multiplicative update) in four Triton kernels, GPUMode format.
+
+For x [B,N,N,D], rows r = (b, i, j) of the pair map and H = 128 hidden channels:
+  1. _layernorm_kernel: LayerNorm over D (fp32 statistics), x̂ written once in fp16.
+  2. _project_kernel: the five projections on fp16 tensor cores (fp32 accumulation) with gating
+     and the mask fused into the epilogue. left/right are written once, in fp16, as [B,H,N,N]
+     (the layout the contraction reads); the output gate σ(x̂·W_ogᵀ) as fp16 [B*N*N, H].
+  3. _contract_kernel: O[b,h] = L[b,h] @ R[b,h]ᵀ on fp16 tensor cores, fp32 accumulation.
+  4. _output_kernel: LayerNorm over H of O, affine, times the output gate, then the output
+     projection on fp16 tensor cores; y is written once, in fp32.
+x is read once and y written once; every intermediate is written once and read once from memory
+(the projection kernel's three phases read a row block of x̂ again from cache).
+
+Why fp16 (10-bit mantissa) and not bf16: the operands are LayerNorm outputs or products of them,
+well inside fp16's range, and bf16's 7-bit mantissa in the projections used up to ~90% of the
+tolerance on an H200. Accumulation is always fp32.
+
+The tunables below are read and rewritten by the offline policy; every choice is correct."""
+
+import torch
+import triton
+import triton.language as tl
+
+# 1. LayerNorm over D: whole rows per program.
+LN_BLOCK_M = 8  # tunable: [4, 8, 16]
+LN_WARPS = 4  # tunable: [4, 8]
+# 2. projections: rows of x per program, the D chunk per step, hidden channels per program.
+PROJ_BLOCK_M = 64  # tunable: [64, 128]
+PROJ_BLOCK_K = 64  # tunable: [32, 64, 128]
+PROJ_BLOCK_H = 64  # tunable: [32, 64, 128]
+PROJ_WARPS = 4  # tunable: [4, 8]
+PROJ_STAGES = 2  # tunable: [2, 3, 4]
+# True: one pass over D with all five accumulators (x̂ read once per program; suits a small
+# PROJ_BLOCK_H). False: three phases (left, right, output gate) with two accumulators at most.
+PROJ_ONE_PASS = True  # tunable: [False, True]
+# True: no LayerNorm kernel; the projection kernel reads x (fp32) and normalizes each chunk itself,
+# with the statistics from one more pass over its rows (x̂ is then never written).
+FUSE_LN = False  # tunable: [False, True]
+# 3. the triangle contraction's tiles.
+BLOCK_M = 128  # tunable: [64, 128]
+BLOCK_N = 128  # tunable: [64, 128, 256]
+BLOCK_K = 64  # tunable: [32, 64, 128]
+NUM_WARPS = 8  # tunable: [4, 8]
+NUM_STAGES = 3  # tunable: [2, 3, 4, 5]
+# How O (the contraction's result) is stored between kernels 3 and 4.
+O_DTYPE = "fp16"  # tunable: ["fp16", "fp32"]
+# 4. output: rows per program and the D chunk of the output projection per step.
+OUT_BLOCK_M = 64  # tunable: [32, 64, 128, 256]
+OUT_BLOCK_D = 32  # tunable: [32, 64, 128]
+OUT_WARPS = 4  # tunable: [4, 8]
+
+EPS = 1e-5
+
+
+@triton.jit
+def _mma(a, b, acc, EMULATE: tl.constexpr):
+    """acc + a @ b for fp16 a, b. Triton's interpreter (CPU) gets the same arithmetic in fp32:
+    products of fp16 values are exact in fp32."""
+    if EMULATE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """LayerNorm over D of BLOCK_M whole rows (BLOCK_D >= D), statistics in fp32, written in fp16."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ds = tl.arange(0, BLOCK_D)
+    d_ok = ds < D
+    ok = (rows < M)[:, None] & d_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * D + ds[None, :], mask=ok, other=0.0)
+    mean = tl.sum(x, axis=1) / D
+    centered = tl.where(ok, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / D + eps)
+    g = tl.load(w_ptr + ds, mask=d_ok, other=0.0)
+    b = tl.load(b_ptr + ds, mask=d_ok, other=0.0)
+    xn = centered * rstd[:, None] * g[None, :] + b[None, :]
+    tl.store(xn_ptr + rows[:, None] * D + ds[None, :], xn.to(tl.float16), mask=ok)
+
+
+@triton.jit
+def _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN: tl.constexpr):
+    """Columns ks of the projections' left operand x̂, in fp16: read (x̂ written by the LayerNorm
+    kernel) or, with FUSE_LN, normalized here from x."""
+    a = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & k_ok[None, :], other=0.0)
+    if FUSE_LN:
+        g = tl.load(lnw_ptr + ks, mask=k_ok, other=0.0)
+        b = tl.load(lnb_ptr + ks, mask=k_ok, other=0.0)
+        a = ((a - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]).to(tl.float16)
+    return a
+
+
+@triton.jit
+def _project_kernel(
+    src_ptr, lnw_ptr, lnb_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D, eps,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    ONE_PASS: tl.constexpr, FUSE_LN: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """The five projections of BLOCK_M rows of x̂ (fp16 [M, D]) for BLOCK_H hidden channels, in one
+    pass over D or in three phases that read the same rows of x̂ (from cache after the first):
+    left, right, output gate."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < M
+    ok = row_ok[:, None]
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if FUSE_LN:  # LayerNorm statistics over D of these rows of x, in fp32
+        total_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & (ks < D)[None, :], other=0.0)
+            mean += tl.sum(x, axis=1)
+            total_sq += tl.sum(x * x, axis=1)
+        mean = mean / D
+        rstd = 1.0 / tl.sqrt(tl.maximum(total_sq / D - mean * mean, 0.0) + eps)
+    # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right. The
+    # [BLOCK_M, BLOCK_H] offsets are formed only at each store: held across the loops they would
+    # take as many registers as an accumulator, and spill.
+    bidx = rows // NN
+    dst_rows = bidx * H * NN + (rows - bidx * NN)
+    dst_cols = hs[None, :].to(tl.int64) * NN
+    m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
+
+    if ONE_PASS:
+        # Weights stacked as [left, right, left gate, right gate, out gate] x [H, D].
+        acc_lp = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        acc_rp = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        acc_lg = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        acc_rg = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        acc_og = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        w_cols = w_ptr + hs[None, :] * D
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < D
+            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
+            wk = w_cols + ks[:, None]
+            acc_lp = _mma(a, tl.load(wk, mask=k_ok[:, None], other=0.0), acc_lp, EMULATE)
+            acc_rp = _mma(a, tl.load(wk + H * D, mask=k_ok[:, None], other=0.0), acc_rp, EMULATE)
+            acc_lg = _mma(a, tl.load(wk + 2 * H * D, mask=k_ok[:, None], other=0.0), acc_lg, EMULATE)
+            acc_rg = _mma(a, tl.load(wk + 3 * H * D, mask=k_ok[:, None], other=0.0), acc_rg, EMULATE)
+            acc_og = _mma(a, tl.load(wk + 4 * H * D, mask=k_ok[:, None], other=0.0), acc_og, EMULATE)
+        tl.store(left_ptr + dst_rows[:, None] + dst_cols,
+                 (acc_lp * m[:, None] * tl.sigmoid(acc_lg)).to(tl.float16), mask=ok)
+        tl.store(right_ptr + dst_rows[:, None] + dst_cols,
+                 (acc_rp * m[:, None] * tl.sigmoid(acc_rg)).to(tl.float16), mask=ok)
+        tl.store(gate_ptr + rows[:, None] * H + hs[None, :], tl.sigmoid(acc_og).to(tl.float16), mask=ok)
+    else:
+        # Phases 0 and 1: left and right, each a projection and its gate (weights stacked as
+        # [left, right, left gate, right gate, out gate] x [H, D]).
+        for side in tl.static_range(2):
+            acc_p = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+            acc_g = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+            wp = w_ptr + (side * H + hs)[None, :] * D
+            wg = w_ptr + ((side + 2) * H + hs)[None, :] * D
+            for k0 in range(0, D, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < D
+                a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
+                bp = tl.load(wp + ks[:, None], mask=k_ok[:, None], other=0.0)
+                bg = tl.load(wg + ks[:, None], mask=k_ok[:, None], other=0.0)
+                acc_p = _mma(a, bp, acc_p, EMULATE)
+                acc_g = _mma(a, bg, acc_g, EMULATE)
+            val = (acc_p * m[:, None] * tl.sigmoid(acc_g)).to(tl.float16)
+            dst = dst_rows[:, None] + dst_cols
+            if side == 0:
+                tl.store(left_ptr + dst, val, mask=ok)
+            else:
+                tl.store(right_ptr + dst, val, mask=ok)
+
+        # Phase 2: the output gate, row-major [B*N*N, H].
+        acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        wo = w_ptr + (4 * H + hs)[None, :] * D
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < D
+            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
+            bo = tl.load(wo + ks[:, None], mask=k_ok[:, None], other=0.0)
+            acc = _mma(a, bo, acc, EMULATE)
+        tl.store(gate_ptr + rows[:, None] * H + hs[None, :], tl.sigmoid(acc).to(tl.float16), mask=ok)
+
+
+@triton.jit
+def _contract_kernel(
+    left_ptr, right_ptr, out_ptr, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    base = tl.program_id(2).to(tl.int64) * N * N  # one (b, h) matrix
+
+    offs_i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    i_ok = offs_i < N
+    j_ok = offs_j < N
+    # Both operands are row-major over k; R is read as a [K, N] tile so the product is L @ Rᵀ.
+    a_ptrs = left_ptr + base + offs_i[:, None] * N + offs_k[None, :]
+    b_ptrs = right_ptr + base + offs_j[None, :] * N + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, N, BLOCK_K):
+        k_ok = (k0 + offs_k) < N
+        a = tl.load(a_ptrs, mask=i_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & j_ok[None, :], other=0.0)
+        acc = _mma(a, b, acc, EMULATE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    dst = out_ptr + base + offs_i[:, None] * N + offs_j[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & j_ok[None, :])
+
+
+@triton.jit
+def _output_kernel(
+    o_ptr, gate_ptr, nw_ptr, nb_ptr, w_ptr, y_ptr, M, NN, D, eps,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    hs = tl.arange(0, H)
+    row_ok = rows < M
+    ok = row_ok[:, None]
+    bidx = rows // NN
+    # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
+    o = tl.load(o_ptr + (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN,
+                mask=ok, other=0.0).to(tl.float32)
+    mean = tl.sum(o, axis=1) / H
+    centered = o - mean[:, None]
+    var = tl.sum(centered * centered, axis=1) / H
+    w = tl.load(nw_ptr + hs)
+    bias = tl.load(nb_ptr + hs)
+    gate = tl.load(gate_ptr + rows[:, None] * H + hs[None, :], mask=ok, other=0.0).to(tl.float32)
+    z = ((centered * tl.rsqrt(var + eps)[:, None] * w[None, :] + bias[None, :]) * gate).to(tl.float16)
+
+    for d0 in range(0, D, BLOCK_D):
+        ds = d0 + tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        wt = tl.load(w_ptr + ds[None, :] * H + hs[:, None], mask=d_ok[None, :], other=0.0)  # [H, BLOCK_D]
+        y = _mma(z, wt, tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32), EMULATE)
+        tl.store(y_ptr + rows[:, None] * D + ds[None, :], y, mask=ok & d_ok[None, :])
+
+
+@torch.no_grad()
+def custom_kernel(data):
+    x, mask, w, config = data
+    bsz, n, _, d = x.shape
+    h = config["hidden_dim"]
+    m_rows = bsz * n * n
+    nn = n * n
+    emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
+    x = x.contiguous()
+
+    w_in = torch.cat(
+        [w["left_proj.weight"], w["right_proj.weight"], w["left_gate.weight"],
+         w["right_gate.weight"], w["out_gate.weight"]], dim=0,
+    ).to(torch.float16).contiguous()  # [5H, D]
+    mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
+    if FUSE_LN:
+        src = x
+    else:
+        src = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
+        _layernorm_kernel[(triton.cdiv(m_rows, LN_BLOCK_M),)](
+            x, w["norm.weight"], w["norm.bias"], src, m_rows, d, EPS,
+            BLOCK_M=LN_BLOCK_M, BLOCK_D=triton.next_power_of_2(d), num_warps=LN_WARPS,
+        )
+    left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
+    right = torch.empty_like(left)
+    gate = torch.empty((m_rows, h), device=x.device, dtype=torch.float16)
+    block_h = min(PROJ_BLOCK_H, h)
+    grid = (triton.cdiv(m_rows, PROJ_BLOCK_M), triton.cdiv(h, block_h))
+    _project_kernel[grid](
+        src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS,
+        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, ONE_PASS=PROJ_ONE_PASS, FUSE_LN=FUSE_LN, EMULATE=emulate,
+        num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+    )
+
+    o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
+    grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
+    _contract_kernel[grid](left, right, o, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                           EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    del src, left, right
+
+    y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
+    w_out = w["to_out.weight"].to(torch.float16).contiguous()  # [D, H]
+    grid = (triton.cdiv(m_rows, OUT_BLOCK_M),)
+    _output_kernel[grid](o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS,
+                         H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, EMULATE=emulate, num_warps=OUT_WARPS)
+    return y

@@ -273,7 +273,8 @@ def custom_kernel(data):
     grid = (triton.cdiv(m_rows, PROJ_BLOCK_M), triton.cdiv(h, block_h))
     _project_kernel[grid](
         src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS,
-        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, ONE_PASS=PROJ_ONE_PASS, FUSE_LN=FUSE_LN, EMULATE=emulate,
+        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
+        ONE_PASS=PROJ_ONE_PASS, FUSE_LN=FUSE_LN, EMULATE=emulate,
         num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
     )
 

@@ -215,6 +215,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("ray_address", "--ray-address", "cluster.address"),
     ("run_dir", "--run-dir", "run_dir"),
     ("progress", "--progress/--no-progress", "progress"),
+    ("track", "--track", "track"),
 ]
 """`ksearch run`'s options that set a configuration field."""
 
@@ -225,6 +226,9 @@ def _option(flag: str, path: str, *, resume: bool = False) -> Any:
     """A typer option for a configuration field: its type and help from the field, its default shown."""
     info = field_info(path)
     kind = info.annotation
+    many = get_origin(kind) is list  # a repeatable option (list[Literal[...]]: --track)
+    if many:
+        kind = get_args(kind)[0]
     choices = get_args(kind) if get_origin(kind) is Literal else None
     if choices is None:
         kind = next((a for a in get_args(kind) if a is not type(None)), kind)  # X | None -> X
@@ -240,6 +244,10 @@ def _option(flag: str, path: str, *, resume: bool = False) -> Any:
     if path == "llm.price_per_mtok":
         help_text = "USD per million prompt and completion tokens, 'IN,OUT', for a model litellm has no price for."
         metavar = "IN,OUT"
+    if many:
+        shown = "" if said or default else f" {bracket}default: none]"
+        help_text = description + shown
+        return Annotated[list[kind] | None, typer.Option(flag, help=help_text, show_default=False, metavar=metavar)]  # type: ignore[valid-type]
     return Annotated[kind | None, typer.Option(flag, help=help_text, show_default=False, metavar=metavar)]
 
 

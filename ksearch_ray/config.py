@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 
@@ -185,6 +186,10 @@ class ClusterConfig(_Section):
     )
 
 
+TRACKERS = ("wandb", "mlflow")
+"""Experiment trackers a run can stream its events to (`--track`); each is an extra of the package."""
+
+
 class RunConfig(_Section):
     task: str = Field(description="Task name or bundle path.")
     task_dirs: list[str] = Field(default_factory=list, description="Extra directories of task bundles.")
@@ -195,6 +200,26 @@ class RunConfig(_Section):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    track: list[Literal["wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that receive the run's events: wandb, mlflow (repeat the flag or give "
+        "them comma-separated); none: nothing of either is imported.",
+    )
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _trackers(cls, value: Any) -> Any:
+        # `--track wandb,mlflow` and `--track wandb --track mlflow` mean the same; an unknown name is one line.
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            return value
+        names = [part.strip() for item in value for part in (item.split(",") if isinstance(item, str) else [item])]
+        for name in names:
+            if name not in TRACKERS:
+                raise PydanticCustomError("tracker", "unknown tracker {name}: --track takes wandb or mlflow",
+                                          {"name": repr(name)})
+        return list(dict.fromkeys(names))
 
     @property
     def workload_set(self) -> str | None:

@@ -30,6 +30,7 @@ from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
 from ksearch_ray.run.progress import Reporter, make_reporter
 from ksearch_ray.store import RunStore, versions
 from ksearch_ray.taskspec.task import Task, find_task
+from ksearch_ray.tracking import check_trackers, open_trackers
 
 
 def check_model(config: RunConfig) -> None:
@@ -208,10 +209,20 @@ def _log_to(run_dir: Path) -> Iterator[None]:
         handler.close()
 
 
-def _execute(search: Search, reporter: Reporter) -> Search:
-    """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable."""
-    with _log_to(search.store.root):
-        return _run(search, reporter)
+def _execute(make_search: Callable[..., Search], config: RunConfig, store: RunStore, reporter: Reporter,
+             **options: Any) -> Search:
+    """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable. The run's
+    trackers (`--track`) hear its events from the first recorded one and are closed however it ends."""
+    with _log_to(store.root):
+        trackers = open_trackers(config, store, reporter.line)
+        ok = False
+        try:
+            search = _run(make_search(config, store, observers=trackers, **options), reporter)
+            ok = search.view.finished is not None
+            return search
+        finally:
+            for tracker in trackers:
+                tracker.close(ok=ok)
 
 
 def _run(search: Search, reporter: Reporter) -> Search:
@@ -245,6 +256,7 @@ def start(config: RunConfig, *, progress: bool = True) -> Search:
     """A new run: checks, the run directory, then the search to its end (or an error, resumable)."""
     config = absolute_paths(config)
     check_inputs(config)  # an unknown task, set or seed fails before anything starts
+    check_trackers(config)  # so does --track with a tracker that is not installed
     check_price(config, lambda text: None)  # a dollar budget without a price is refused before anything starts
     backend = _Backend(config)
     reporter = make_reporter(progress)
@@ -263,7 +275,7 @@ def start(config: RunConfig, *, progress: bool = True) -> Search:
         })
         reporter.phase(f"run directory {run_dir}")
         try:
-            return _execute(backend.search(config, task, store), reporter)
+            return _execute(lambda c, s, **o: backend.search(c, task, s, **o), config, store, reporter)
         finally:
             store.close()
     finally:
@@ -286,13 +298,15 @@ def resume(run_dir: Path, *, progress: bool = True, budget: dict[str, Any] | Non
         manifest_config = dict(store.manifest().get("config") or {})
         manifest_config["budget"] = {**(manifest_config.get("budget") or {}), **view.budget, **change}
         config = validate_config(manifest_config, f"{store.root / 'manifest.json'}")
+        check_trackers(config)
         check_model(config)
         check_price(config, reporter.line)
         backend = _Backend(config)
         try:
             backend.start(config, reporter)
             task = find_task(config.task, config.task_dirs)
-            return _execute(backend.search(config, task, store, budget_change=change), reporter)
+            return _execute(lambda c, s, **o: backend.search(c, task, s, **o), config, store, reporter,
+                            budget_change=change)
         finally:
             backend.stop()
     finally:

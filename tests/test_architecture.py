@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ksearch_ray.policies",),
     ("ksearch_ray.measure", "ksearch_ray.events", "ksearch_ray.store"),
     ("ksearch_ray.methods",),
-    ("ksearch_ray.run", "ksearch_ray.report", "ksearch_ray.analysis"),
+    ("ksearch_ray.run", "ksearch_ray.report", "ksearch_ray.analysis", "ksearch_ray.tracking"),
     ("ksearch_ray.actors",),
     ("ksearch_ray.distributed",),
     ("ksearch_ray.session", "ksearch_ray.experiments"),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,8 @@ REJECTIONS_SHOWN = 12
 class Search:
     def __init__(self, config: RunConfig, task: Task, store: RunStore, backends: Backends, method: Method, *,
                  on_change: Callable[[Search], None] | None = None, on_line: Callable[[str], None] | None = None,
-                 budget_change: dict[str, Any] | None = None, clock: Callable[[], float] = time.time):
+                 budget_change: dict[str, Any] | None = None, clock: Callable[[], float] = time.time,
+                 observers: Sequence[Callable[[Event, RunView], None]] = ()):
         self.config = config
         self.task = task
         self.store = store
@@ -115,6 +116,9 @@ class Search:
         self.budget_change = budget_change or {}
         """Budget settings this session changes (`ksearch resume --rounds ...`), logged with `resume`."""
         self.clock = clock
+        self.observers = list(observers)
+        """Hear each event as it is recorded, after the read model applied it (experiment trackers); never
+        the replayed ones."""
         self.view = RunView(solution_exists=store.has_solution)
         self.started = time.monotonic()
         self.phase = "starting"
@@ -147,6 +151,8 @@ class Search:
         self.store.append(event)
         self.view.apply(event)
         self.method.observe(event)
+        for observer in self.observers:
+            observer(event, self.view)
         if isinstance(event, Candidate):
             self._outstanding.discard(event.round)
         self.on_change(self)

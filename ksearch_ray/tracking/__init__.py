@@ -1,0 +1,44 @@
+"""Experiment trackers as optional sinks of a run's events (`--track wandb`, `--track mlflow`).
+
+A tracker is fed by `Search.record`, the one place events are appended and applied, so a live
+session and a resumed one go through the same path; it never reads or writes events of its own.
+Nothing of W&B or MLflow is imported unless the run asks for it (each is an extra of the
+package), and a tracker that fails never stops the search (`sink.TrackingSink`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+from ksearch_ray.config import ConfigError, RunConfig
+from ksearch_ray.store import RunStore
+from ksearch_ray.tracking.sink import TrackerFactory, TrackingSink
+
+MODULE = {"wandb": "wandb", "mlflow": "mlflow"}
+"""The module each tracker needs (mlflow-skinny provides `mlflow` too)."""
+
+
+def check_trackers(config: RunConfig) -> None:
+    """A tracker whose package is missing fails in one line, before Ray or a sandbox starts
+    (an unknown name is refused by the configuration itself)."""
+    for name in config.track:
+        if importlib.util.find_spec(MODULE[name]) is None:
+            raise ConfigError(f"--track {name} needs `pip install 'ksearch-ray[{name}]'`")
+
+
+def open_trackers(config: RunConfig, store: RunStore, say: Callable[[str], None]) -> list[TrackingSink]:
+    """The run's trackers, opened (or reopened, on resume, as the same tracked run)."""
+    sinks = []
+    for name in config.track:
+        factory: TrackerFactory
+        if name == "mlflow":
+            from ksearch_ray.tracking.to_mlflow import MlflowTracker
+
+            factory = MlflowTracker
+        else:
+            from ksearch_ray.tracking.to_wandb import WandbTracker
+
+            factory = WandbTracker
+        sinks.append(TrackingSink.open(name, factory, config, store, say))
+    return sinks

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,7 @@ def test_the_cli_flag_is_made_from_the_field_and_takes_both_forms(tmp_path):
 
 SCRIPT = """
 import sys
+import time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 import pytest
@@ -234,3 +236,101 @@ def test_a_run_without_track_imports_neither_tracker(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert not (tmp_path / "run" / "tracking.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------- W&B
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The records of an offline run's .wandb file, read with W&B's own protobuf schema.
+
+    W&B 0.31 ships no reader of its own (its core, in Go, reads them): the file is a LevelDB-style log
+    (a 7-byte header, then 32 KiB blocks of records: crc32 u32, length u16, type u8 = full, first,
+    middle, last), each record a `wandb_internal_pb2.Record`."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    block, header, pos = 32 * 1024, 7, 7
+    records, parts = [], []
+    while pos + header <= len(data):
+        left = block - pos % block
+        if left < header:  # the rest of a block too short for a record header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + header])
+        body = data[pos + header:pos + header + length]
+        pos += header + length
+        if kind == 1:
+            records.append(pb.Record.FromString(body))
+        elif kind == 2:
+            parts = [body]
+        elif kind == 3:
+            parts.append(body)
+        elif kind == 4:
+            records.append(pb.Record.FromString(b"".join([*parts, body])))
+    return records
+
+
+def finished_records(path: Path, wait_s: float = 10.0) -> list[Any]:
+    """The records once W&B's core (its own process) has written the run's exit record: `finish()` hands
+    the end over to it, and the last records can reach the file a moment later."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+def wandb_history(records: list[Any]) -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            out.append((r.history.step.num, {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                                             for item in r.history.item}))
+    return out
+
+
+def test_wandb_offline_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resume_goes_on_in_the_same_run(
+        tmp_path, capfd, monkeypatch):
+    needs("wandb")
+    for variable in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path / "home" / variable.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = tmp_path / "run"
+    session(root, ["k1", "broken"], 2, ["wandb"], capfd)
+    run_id = json.loads((root / "tracking.json").read_text())["wandb"]["id"]
+    second, lines = session(root, ["k2", "k4"], 4, ["wandb"], capfd, budget_change={"rounds": 4})
+    assert json.loads((root / "tracking.json").read_text())["wandb"]["id"] == run_id
+    # Offline, each session is a local directory of the same run id; `wandb sync --id` joins them.
+    dirs = sorted((root / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(dirs) == 2, list((root / "wandb").iterdir())
+    sessions_ = [finished_records(d / f"run-{run_id}.wandb") for d in dirs]
+    histories = [wandb_history(records) for records in sessions_]
+    assert max(s for s, _ in histories[0]) < min(s for s, _ in histories[1])  # the history goes on
+    rows = [row for h in histories for _s, row in h]
+    best: dict[int, float] = {}
+    for row in rows:
+        if "best_speedup" in row:
+            best[row["round"]] = row["best_speedup"]
+    assert best == {0: pytest.approx(0.5), 1: pytest.approx(1.25), 2: pytest.approx(1.25), 3: pytest.approx(2.0),
+                    4: pytest.approx(2.5)}
+    assert [r["eval/status"] for r in rows if "eval/status" in r] == ["PASSED", "CRASHED", "PASSED", "PASSED"]
+    costs = [r["cost_usd"] for r in rows if "cost_usd" in r]
+    assert costs == sorted(costs) and costs[-1] == pytest.approx(second.view.llm_cost_usd) and costs[-1] > 0
+    # The ledger, in the summary of the last session, as the read model counts it.
+    summary = {item.key: json.loads(item.value_json) for r in sessions_[1] if r.WhichOneof("record_type") == "summary"
+               for item in r.summary.update}
+    assert summary["llm"] == ledger(second.view) and summary["llm"]["coder"]["calls"] == 4
+    assert summary["best_speedup"] == pytest.approx(2.5) and summary["rounds"] == 4
+    config = {item.key: json.loads(item.value_json) for r in sessions_[1] if r.WhichOneof("record_type") == "config"
+              for item in r.config.update}
+    assert config["budget.rounds"] == "4" and config["task"] == "toy_axpy"
+    files = dirs[1] / "files"
+    assert (files / "best" / "k.py").read_text() == kernel("k4").sources["k.py"]
+    assert any(r.WhichOneof("record_type") == "artifact" and r.artifact.type == "code" for r in sessions_[1])
+    tables = [json.loads(p.read_text()) for p in (files / "media" / "table").glob("evaluations_*.table.json")]
+    assert [row[4] for row in tables[0]["data"]] == ["PASSED", "CRASHED", "PASSED", "PASSED"]

@@ -57,7 +57,7 @@ class Tracker(Protocol):
         ...
 
     def params(self, values: dict[str, str], *, first: bool) -> None:
-        """The run's configuration: all of it in the first session; on resume, what changed."""
+        """The run's configuration (on resume, `first` is false: only the budget can have changed)."""
         ...
 
     def log(self, metrics: dict[str, float], *, round_: int, seq: int, text: dict[str, str]) -> None:
@@ -132,12 +132,8 @@ class TrackingSink:
         sink = cls(None, store, say, name)
         try:
             tracker = factory(config, store.root, previous if isinstance(previous, dict) else None)
-            data = config.model_dump(mode="json")
-            if previous:
-                tracker.params({f"budget.{k}": str(v) for k, v in (data.get("budget") or {}).items()}, first=False)
-            else:
-                tracker.params({k: json.dumps(v) if not isinstance(v, str) else v
-                                for k, v in flat_settings(data).items()}, first=True)
+            tracker.params({k: json.dumps(v) if not isinstance(v, str) else v
+                            for k, v in flat_settings(config.model_dump(mode="json")).items()}, first=not previous)
         except Exception as exc:  # noqa: BLE001  (the tracker's library is the boundary: anything it raises)
             sink._fail("could not start", exc)
             return sink

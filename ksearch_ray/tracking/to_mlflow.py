@@ -45,7 +45,6 @@ class MlflowTracker:
             run = self.client.create_run(experiment_id, run_name=root.name, tags={
                 "ksearch.task": config.task, "ksearch.method": config.search.method, "ksearch.run_dir": str(root)})
             self.run_id = run.info.run_id
-        self.session = 0
 
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "tracking_uri": self.uri}
@@ -56,8 +55,8 @@ class MlflowTracker:
             for i in range(0, len(items), 100):
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
         else:  # params cannot change in MLflow; a resumed session's budget is a tag
-            self.session += 1
-            self.client.log_batch(self.run_id, tags=[RunTag(f"resume.{k}", v) for k, v in sorted(values.items())])
+            self.client.log_batch(self.run_id, tags=[RunTag(f"resume.{k}", v) for k, v in sorted(values.items())
+                                                     if k.startswith("budget.")])
 
     def log(self, metrics: dict[str, float], *, round_: int, seq: int, text: dict[str, str]) -> None:
         now = int(time.time() * 1000)

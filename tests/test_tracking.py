@@ -200,6 +200,26 @@ def test_an_unknown_tracker_and_a_missing_package_are_one_line_before_anything_s
     assert not (tmp_path / "run").exists()
 
 
+def test_online_wandb_without_a_key_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    for variable in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none: never logged in
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", track=["wandb"], ray=False,
+                      run_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"^--track wandb: not logged in to W&B"):
+        sessions.start(config, progress=False)
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "netrc").write_text("machine api.wandb.ai login user password k\n")
+    (tmp_path / "netrc").chmod(0o600)
+    from ksearch_ray.tracking import check_trackers
+
+    check_trackers(config)  # logged in: no complaint
+    monkeypatch.setenv("NETRC", str(tmp_path / "nothing"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_trackers(config)
+
+
 def test_the_cli_flag_is_made_from_the_field_and_takes_both_forms(tmp_path):
     from cli_runner import ksearch
 

@@ -9,7 +9,11 @@ package), and a tracker that fails never stops the search (`sink.TrackingSink`).
 from __future__ import annotations
 
 import importlib.util
+import netrc
+import os
 from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
 
 from ksearch_ray.config import ConfigError, RunConfig
 from ksearch_ray.store import RunStore
@@ -25,6 +29,22 @@ def check_trackers(config: RunConfig) -> None:
     for name in config.track:
         if importlib.util.find_spec(MODULE[name]) is None:
             raise ConfigError(f"--track {name} needs `pip install 'ksearch-ray[{name}]'`")
+    if "wandb" in config.track and not _wandb_can_start():
+        raise ConfigError("--track wandb: not logged in to W&B (`wandb login`, WANDB_API_KEY) and not offline "
+                          "(WANDB_MODE=offline keeps the run under RUN_DIR/wandb)")
+
+
+def _wandb_can_start() -> bool:
+    """Online W&B without a key would ask for one on the terminal, in the middle of the run's live view."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or str(Path.home() / ".netrc")).authenticators(host) is not None
+    except FileNotFoundError:
+        return False
+    except (netrc.NetrcParseError, OSError):
+        return True  # cannot tell: W&B will say for itself
 
 
 def open_trackers(config: RunConfig, store: RunStore, say: Callable[[str], None]) -> list[TrackingSink]:

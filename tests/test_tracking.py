@@ -348,7 +348,7 @@ def test_wandb_offline_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resu
     assert summary["best_speedup"] == pytest.approx(2.5) and summary["rounds"] == 4
     config = {item.key: json.loads(item.value_json) for r in sessions_[1] if r.WhichOneof("record_type") == "config"
               for item in r.config.update}
-    assert config["budget.rounds"] == "4" and config["task"] == "toy_axpy"
+    assert config["budget.rounds"] == 4 and config["task"] == "toy_axpy"
     files = dirs[1] / "files"
     assert (files / "best" / "k.py").read_text() == kernel("k4").sources["k.py"]
     assert any(r.WhichOneof("record_type") == "artifact" and r.artifact.type == "code" for r in sessions_[1])

@@ -56,7 +56,7 @@ class Tracker(Protocol):
         """What reopens this tracked run later (its id, where it is)."""
         ...
 
-    def params(self, values: dict[str, str], *, first: bool) -> None:
+    def params(self, values: dict[str, Any], *, first: bool) -> None:
         """The run's configuration (on resume, `first` is false: only the budget can have changed)."""
         ...
 
@@ -132,8 +132,7 @@ class TrackingSink:
         sink = cls(None, store, say, name)
         try:
             tracker = factory(config, store.root, previous if isinstance(previous, dict) else None)
-            tracker.params({k: json.dumps(v) if not isinstance(v, str) else v
-                            for k, v in flat_settings(config.model_dump(mode="json")).items()}, first=not previous)
+            tracker.params(flat_settings(config.model_dump(mode="json")), first=not previous)
         except Exception as exc:  # noqa: BLE001  (the tracker's library is the boundary: anything it raises)
             sink._fail("could not start", exc)
             return sink

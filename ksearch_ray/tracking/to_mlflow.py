@@ -49,7 +49,8 @@ class MlflowTracker:
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "tracking_uri": self.uri}
 
-    def params(self, values: dict[str, str], *, first: bool) -> None:
+    def params(self, values: dict[str, Any], *, first: bool) -> None:
+        values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
         if first:
             items = [Param(k, v[:6000]) for k, v in sorted(values.items())]
             for i in range(0, len(items), 100):

@@ -54,7 +54,7 @@ class WandbTracker:
     def state(self) -> dict[str, Any]:
         return {"id": self.run.id, "project": self.run.project, "dir": str(Path(self.run.dir).parent)}
 
-    def params(self, values: dict[str, str], *, first: bool) -> None:
+    def params(self, values: dict[str, Any], *, first: bool) -> None:
         self.run.config.update(values, allow_val_change=True)  # a resume may change the budget
 
     def log(self, metrics: dict[str, float], *, round_: int, seq: int, text: dict[str, str]) -> None:

@@ -13,8 +13,10 @@ own schemas here, and no copy of them is kept in this repository. What is checke
   (`ray.autoscaler._private.kuberay.autoscaling_config`) turns each group into the resources Ray
   will see (CPUs, GPUs, custom resources parsed from rayStartParams) and runs the launcher's
   validate_config on the result;
-- the entrypoint, run for real by bash with a stand-in `python`, both ways (a new run and a
-  resume), and its flags parsed by the real `ksearch run` command line into the run's config;
+- the entrypoint, run through the chain of shells it meets on a cluster (KubeRay's submitter bash
+  line, Ray 2.60's own `ray job submit` command with a stand-in client, the job supervisor's
+  /bin/sh) with a stand-in `python`, both ways (a new run, then a resume), and its flags parsed by
+  the real `ksearch` command line into the run's config;
 - what must agree with the code: the Ray version (the one installed, which cluster.yaml pins), the
   image tag and the Dockerfile's arguments (the project's version, Python within requires-python),
   the build resource the config names and the build group declares, the evaluator count and the
@@ -40,12 +42,14 @@ import kubernetes_validate
 import pytest
 import ray
 import yaml
+from click.testing import CliRunner as ClickRunner
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from ray.autoscaler._private.kuberay.autoscaling_config import (
     _HEAD_GROUP_NAME,
     _derive_autoscaling_config_from_ray_cr,
 )
+from ray.dashboard.modules.job import cli as ray_job_cli
 from typer.testing import CliRunner
 
 import ksearch_ray
@@ -151,21 +155,60 @@ def parse_with_ksearch(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Capt
     return f"`ksearch {' '.join(argv[3:5])} ...` exits {result.exit_code}: {result.output.strip()}"
 
 
-def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str]) -> list[str]:
-    """Run the RayJob's entrypoint with bash, paths moved under tmp, `python` a recorder of its argv."""
+class _Submitted(Exception):
+    def __init__(self, entrypoint: str) -> None:
+        super().__init__(entrypoint)
+        self.entrypoint = entrypoint
+
+
+class _FakeJobClient:
+    """Ray's job SDK client, as far as `ray job submit` uses it before anything leaves the process."""
+
+    def submit_job(self, *, entrypoint: str, **kwargs: Any) -> str:
+        raise _Submitted(entrypoint)
+
+
+def _recorder(path: Path, record: Path) -> None:
+    path.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {shlex.quote(str(record))}\n")
+    path.chmod(0o755)
+
+
+def _recorded(record: Path) -> list[str]:
+    words = record.read_text().split("\0")[:-1]
+    record.unlink()
+    return words
+
+
+def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[str] | str:
+    """The argv `python` gets (or what failed instead) when KubeRay, `ray job submit` and Ray's job supervisor have run the
+    RayJob's entrypoint (paths moved under tmp; `ray` and `python` recorders).
+
+    The entrypoint goes through three shells' worth of quoting. KubeRay's submitter puts it verbatim
+    into a bash command line (`ray job submit --address ... --no-wait -- ENTRYPOINT ;`, KubeRay's
+    BuildJobSubmitCommand); Ray's `ray job submit` (its real click command here) joins the words it
+    gets back into one string; the job supervisor runs that string with the shell (Popen shell=True).
+    """
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
-    record = tmp / "argv"
-    fake = bin_dir / "python"
-    fake.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {shlex.quote(str(record))}\n")
-    fake.chmod(0o755)
-    record.unlink(missing_ok=True)
+    ray_record, python_record = tmp / "ray.argv", tmp / "python.argv"
+    _recorder(bin_dir / "ray", ray_record)
+    _recorder(bin_dir / "python", python_record)
     for old, new in replace.items():
         entrypoint = entrypoint.replace(old, new)
-    done = subprocess.run(["bash", "-c", entrypoint], env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=10)
-    assert done.returncode == 0, done.stderr
-    return record.read_text().split("\0")[:-1]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    submitter = f"ray job submit --address http://127.0.0.1:8265 --no-wait -- {entrypoint.strip()} ;"
+    done = subprocess.run(["/bin/bash", "-ce", "--", submitter], env=env, capture_output=True, text=True, timeout=10)
+    if done.returncode or not ray_record.exists():
+        return f"the submitter's bash fails on the entrypoint: {done.stderr.strip()}"
+    words = _recorded(ray_record)
+    monkeypatch.setattr(ray_job_cli, "_get_sdk_client", lambda *args, **kwargs: _FakeJobClient())
+    result = ClickRunner().invoke(ray_job_cli.submit, words[2:])
+    if not isinstance(result.exception, _Submitted):
+        return f"`ray job submit` refuses the entrypoint: {result.output.strip()}"
+    done = subprocess.run(result.exception.entrypoint, shell=True, env=env, capture_output=True, text=True, timeout=10)
+    if done.returncode or not python_record.exists():
+        return f"the job's shell fails on {result.exception.entrypoint!r}: {done.stderr.strip()}"
+    return _recorded(python_record)
 
 
 # ------------------------------------------------------------------ what must agree with the code
@@ -231,7 +274,9 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     for key, text in m.config_map["data"].items():
         (tmp / "config" / key).write_text(text)
     moved = {mount or "/nonexistent-mount": str(tmp / "runs-volume"), config_dir or "/nonexistent-config": str(tmp / "config")}
-    argv = run_entrypoint(job["entrypoint"], tmp, moved)
+    argv = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch)
+    if isinstance(argv, str):
+        return [*out, argv]
     started = parse_with_ksearch(argv, monkeypatch)
     if isinstance(started, str):
         return [*out, started]
@@ -247,7 +292,8 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     else:
         (run_dir / "manifest.json").parent.mkdir(parents=True, exist_ok=True)
         (run_dir / "manifest.json").write_text("{}")
-        again = parse_with_ksearch(run_entrypoint(job["entrypoint"], tmp, moved), monkeypatch)
+        argv_again = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch)
+        again = argv_again if isinstance(argv_again, str) else parse_with_ksearch(argv_again, monkeypatch)
         if isinstance(again, str):
             out.append(again)
         elif again.what != "resume" or Path(again.value) != run_dir:
@@ -486,6 +532,8 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
     "cluster kept": (lambda m: m.job["spec"].update(shutdownAfterJobFinishes=False), "outlive the search"),
     "no retry": (lambda m: m.job["spec"].update(backoffLimit=0), "not resumed"),
     "driver moved": (lambda m: m.job["spec"].update(entrypointNumGpus=1), "off the head"),
+    "expanded by the submitter's bash": (lambda m: m.job["spec"].update(entrypoint=m.job["spec"]["entrypoint"].replace(
+        "bash -c 'RUN=", 'bash -c "RUN=').replace("fi'", 'fi"')), "not on the shared volume"),
     "live view": (_entry('--run-dir "$RUN" --no-progress;', '--run-dir "$RUN";'), "live view"),
 }
 
@@ -503,7 +551,8 @@ def test_a_broken_manifest_is_caught(breakage: str, m: Manifests, tmp_path: Path
 def test_the_entrypoint_flags_are_real_ksearch_run_flags(m: Manifests, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A flag `ksearch run` does not have fails the command line, so the entrypoint check can fail."""
     entry = m.job["spec"]["entrypoint"].replace("--width 32", "--search-width 32")
-    argv = run_entrypoint(entry, tmp_path, {"/mnt/ksearch": str(tmp_path)})
+    argv = run_entrypoint(entry, tmp_path, {"/mnt/ksearch": str(tmp_path)}, monkeypatch)
+    assert isinstance(argv, list), argv
     monkeypatch.setattr(cli, "_session", lambda: _FakeSession)
     result = CliRunner().invoke(cli.app, argv[3:])
     assert result.exit_code == 2 and "--search-width" in result.output

@@ -557,3 +557,24 @@ def test_the_entrypoint_flags_are_real_ksearch_run_flags(m: Manifests, tmp_path:
     result = CliRunner().invoke(cli.app, argv[3:])
     assert result.exit_code == 2 and "--search-width" in result.output
     assert shlex.split(m.job["spec"]["entrypoint"])[:2] == ["bash", "-c"]
+
+
+def test_the_documented_kubernetes_commands_are_real_ksearch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cluster.md's `ksearch run` commands for KubeRay parse into a run on the shared volume."""
+    section = (REPO / "docs" / "cluster.md").read_text().partition("## Kubernetes (KubeRay)")[2]
+    assert section, "docs/cluster.md has no Kubernetes (KubeRay) section"
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines() if "python -m ksearch_ray run" in c]
+    assert commands
+    config = tmp_path / "run.yaml"
+    config.write_text(_parsed("run-config.yaml")["data"]["run.yaml"])
+    m = Manifests.load()
+    mount = _runs_mounts(m.cluster["spec"], m.pvc["metadata"]["name"])["head"]
+    assert mount
+    for command in commands:
+        words = shlex.split(command.replace("/etc/ksearch/run.yaml", str(config)))
+        argv = ["-u", "-m", "ksearch_ray", *words[words.index("ksearch_ray") + 1:]]
+        started = parse_with_ksearch(argv, monkeypatch)
+        assert isinstance(started, Captured) and started.what == "run", started
+        assert PurePosixPath(started.value.run_dir).is_relative_to(mount), started.value.run_dir
+        assert started.value.cluster.build_resource == "ksearch_build"

@@ -7,6 +7,7 @@ in a pseudo-terminal where signals and the live view are.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -97,13 +98,26 @@ def test_readme_main_job_and_eval_with_a_relative_work_dir(home):
 
 
 @pytest.mark.slow
-def test_trimul_search_from_a_fresh_directory_on_a_ray_of_its_own(home):
+def test_trimul_search_from_a_fresh_directory_on_a_ray_of_its_own(home, monkeypatch):
+    # Tracked in MLflow where the extra is installed (the README's test command installs it): the
+    # driver of a Ray run feeds the tracker as an in-process run does.
+    track = ["--track", "mlflow"] if importlib.util.find_spec("mlflow") else []
     result = ksearch(home, "run", "--task", "trimul", "--width", "1", "--rounds", "1", "--workloads", "smoke",
-                     "--noise-repeats", "1", "--confirm-repeats", "0")
+                     "--noise-repeats", "1", "--confirm-repeats", "0", *track)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "starting Ray" in result.stderr and "offline policy" in result.stderr
-    events = _events(_only_run(home))
+    run_dir = _only_run(home)
+    events = _events(run_dir)
     assert [e.result.status.value for e in events if isinstance(e, Evaluation)] == ["PASSED"]
+    if track:
+        from mlflow.tracking import MlflowClient
+
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file store only when told to
+        state = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
+        client = MlflowClient(tracking_uri=state["tracking_uri"])
+        run = client.get_run(state["run_id"])
+        assert run.info.status == "FINISHED" and run.data.params["task"] == "trimul"
+        assert [m.value for m in client.get_metric_history(state["run_id"], "eval/passed")] == [1.0]
 
 
 def _needs_a_secret(home: Path) -> None:

@@ -9,7 +9,9 @@ same size however large the tree grows. The other functions are the short views 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from ksearch_ray.worldmodel.select import (
     DEFAULT_MAX_DIFFICULTY,
@@ -129,13 +131,30 @@ def render_summary(tree: Tree, text_chars: int | None = None) -> str:
     return "\n".join(lines)
 
 
+class _Listed(Protocol):
+    """A hypothesis or a question: an id like "h3" and a status."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Listed)
+
+
+def _recent(items: Iterable[T], limit: int | None, settled: bool, noun: str) -> tuple[list[str], list[T]]:
+    """Items in id order, open ones only unless `settled`, the last `limit` of them; the lines to print
+    first say how many older ones were left out."""
+    shown = [x for x in sorted(items, key=lambda x: int(x.id[1:])) if x.status == "open" or settled]
+    if limit is None or len(shown) <= limit:
+        return [], shown
+    return [f"({len(shown) - limit} older {noun} not shown)"], shown[len(shown) - limit:]
+
+
 def render_hypotheses(tree: Tree, detail: Detail = LEVELS[0]) -> str:
-    lines = []
-    shown = [h for h in sorted(tree.hypotheses.values(), key=lambda h: int(h.id[1:]))
-             if h.status == "open" or detail.settled_items]
-    if detail.hypotheses is not None and len(shown) > detail.hypotheses:
-        lines.append(f"({len(shown) - detail.hypotheses} older hypotheses not shown)")
-        shown = shown[len(shown) - detail.hypotheses:]
+    lines, shown = _recent(tree.hypotheses.values(), detail.hypotheses, detail.settled_items, "hypotheses")
     for h in shown:
         line = f"{h.id} [{h.status}] {_trim(h.text, 200)}"
         if h.actions:
@@ -147,12 +166,7 @@ def render_hypotheses(tree: Tree, detail: Detail = LEVELS[0]) -> str:
 
 
 def render_questions(tree: Tree, detail: Detail = LEVELS[0]) -> str:
-    lines = []
-    shown = [q for q in sorted(tree.questions.values(), key=lambda q: int(q.id[1:]))
-             if q.status == "open" or detail.settled_items]
-    if detail.questions is not None and len(shown) > detail.questions:
-        lines.append(f"({len(shown) - detail.questions} older questions not shown)")
-        shown = shown[len(shown) - detail.questions:]
+    lines, shown = _recent(tree.questions.values(), detail.questions, detail.settled_items, "questions")
     for q in shown:
         if q.status == "open":
             lines.append(f"{q.id} [open] {_trim(q.text, 200)}" + (f" (so far: {_trim(q.answer, 120)})" if q.answer else ""))

@@ -6,6 +6,8 @@ per-kernel breakdown, and a coordinate sweep of a solution's tunables.
     python experiments/trimul_kernels.py profile --solution triton_fused --out profile.json
     python experiments/trimul_kernels.py sweep --solution triton_fused --out sweep.json \
         --group "PROJ_BLOCK_M=64,128;PROJ_BLOCK_K=32,64" --group "BLOCK_N=64,128,256"
+    ncu -k regex:_project_kernel -c 1 python experiments/trimul_kernels.py once \
+        --workload N1024_B1_D384_normal_nomask_s23291
 
 `eval` runs every solution through one `Evaluator` (the sandbox, `--isolation`, the task's
 tolerance and timing rules), so the scores are comparable as ratios. `profile` and `sweep` run the
@@ -15,6 +17,7 @@ solution's whole call as a CUDA graph (triton.testing.do_bench_cudagraph, the in
 benchmark workload) for each value of each group's tunables in turn, keeping the best of each
 group for the next (coordinate descent over groups: each group is one kernel's tunables), and
 prints the geomean. Sweep figures guide tuning only; the evaluator's figures are the results.
+`once` calls a solution on one workload and does nothing else, for a profiler such as `ncu`.
 """
 
 from __future__ import annotations
@@ -80,11 +83,15 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _inputs(task: Any, workload_set: str, device: str) -> list[tuple[str, tuple]]:
+def _inputs(task: Any, workload_set: str, device: str, only: str = "") -> list[tuple[str, tuple]]:
+    """The GPUMode `data` of each workload of the set (of the one named `only`, if given)."""
     ref = load_module_file(task.root / "reference.py", "trimul_reference")
     sets = []
     for i, w in enumerate(task.workloads(workload_set, device)):
-        sets.append((w.name, ref.pack_data(ref.generate_inputs(w, 1000 + i, device))))
+        if not only or w.name == only:
+            sets.append((w.name, ref.pack_data(ref.generate_inputs(w, 1000 + i, device))))
+    if not sets:
+        raise SystemExit(f"no workload {only!r} in the set {workload_set}")
     return sets
 
 
@@ -121,6 +128,18 @@ def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
               ", ".join(f"{k} {v:.4f}" for k, v in list(out[name]["kernels_ms"].items())[:6]), flush=True)
         del data
     return out
+
+
+def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
+    """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
+    task = find_task("trimul")
+    mod = load_module_file(task.root / "solutions" / args.solution / "submission.py", "once")
+    [(name, data)] = _inputs(task, args.workloads, args.device, only=args.workload)
+    for _ in range(args.calls):
+        mod.custom_kernel(data)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    return {"workload": name, "calls": args.calls}
 
 
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,16 +192,18 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("eval", "profile", "sweep"):
+    for name in ("eval", "profile", "sweep", "once"):
         p = sub.add_parser(name)
-        p.add_argument("--out", required=True)
+        p.add_argument("--out", required=name != "once")
         p.add_argument("--device", default="cuda")
     sub.choices["eval"].add_argument("--solutions", default="triton_fused,triton_seed,baseline")
     sub.choices["eval"].add_argument("--sets", default="tests:fresh,benchmarks:fresh")
     sub.choices["eval"].add_argument("--isolation", default="require")
-    for name in ("profile", "sweep"):
+    for name in ("profile", "sweep", "once"):
         sub.choices[name].add_argument("--solution", default="triton_fused")
         sub.choices[name].add_argument("--workloads", default="benchmarks")
+    sub.choices["once"].add_argument("--workload", required=True, help="The one workload to call the solution on.")
+    sub.choices["once"].add_argument("--calls", type=int, default=2)
     sub.choices["sweep"].add_argument("--group", action="append", default=[])
     sub.choices["sweep"].add_argument("--rep-ms", type=int, default=40)
     sub.choices["sweep"].add_argument("--best-out", default="", help="Write the best combination's source here.")
@@ -190,8 +211,9 @@ def main() -> None:
     info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__}
-    result = {"eval": cmd_eval, "profile": cmd_profile, "sweep": cmd_sweep}[args.cmd](args)
-    Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
+    result = {"eval": cmd_eval, "profile": cmd_profile, "sweep": cmd_sweep, "once": cmd_once}[args.cmd](args)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -103,11 +103,17 @@ def _module(solution: Any, values: dict[str, Any], tmp: Path) -> Any:
     return load_module_file(path, path.stem)
 
 
+def _solution_module(task: Any, solution: str, name: str) -> Any:
+    """A solution of the task by name, or a solution file (such as a sweep's best)."""
+    path = Path(solution) if solution.endswith(".py") else task.root / "solutions" / solution / "submission.py"
+    return load_module_file(path, name)
+
+
 def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     task = find_task("trimul")
-    mod = load_module_file(task.root / "solutions" / args.solution / "submission.py", "profiled")
+    mod = _solution_module(task, args.solution, "profiled")
     out: dict[str, Any] = {}
     for name, data in _inputs(task, args.workloads, args.device):
         for _ in range(3):
@@ -133,7 +139,7 @@ def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
     """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
     task = find_task("trimul")
-    mod = load_module_file(task.root / "solutions" / args.solution / "submission.py", "once")
+    mod = _solution_module(task, args.solution, "once")
     [(name, data)] = _inputs(task, args.workloads, args.device, only=args.workload)
     for _ in range(args.calls):
         mod.custom_kernel(data)
@@ -200,7 +206,8 @@ def main() -> None:
     sub.choices["eval"].add_argument("--sets", default="tests:fresh,benchmarks:fresh")
     sub.choices["eval"].add_argument("--isolation", default="require")
     for name in ("profile", "sweep", "once"):
-        sub.choices[name].add_argument("--solution", default="triton_fused")
+        sub.choices[name].add_argument("--solution", default="triton_fused",
+                                       help="A solution's name, or (profile, once) a solution file.")
         sub.choices[name].add_argument("--workloads", default="benchmarks")
     sub.choices["once"].add_argument("--workload", required=True, help="The one workload to call the solution on.")
     sub.choices["once"].add_argument("--calls", type=int, default=2)

@@ -24,6 +24,7 @@ tests (tests/test_trimul_task.py runs each one in Triton's interpreter)."""
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # 1. LayerNorm over D: whole rows per program.
 LN_BLOCK_M = 8  # tunable: [4, 8, 16]
@@ -34,9 +35,15 @@ PROJ_BLOCK_K = 64  # tunable: [32, 64, 128]
 PROJ_BLOCK_H = 64  # tunable: [32, 64, 128]
 PROJ_WARPS = 4  # tunable: [4, 8]
 PROJ_STAGES = 2  # tunable: [2, 3, 4]
-# True: one pass over D with all five accumulators (x̂ read once per program; suits a small
-# PROJ_BLOCK_H). False: three phases (left, right, output gate) with two accumulators at most.
-PROJ_ONE_PASS = True  # tunable: [False, True]
+# How the five projections are split among programs. "one_pass": a program owns BLOCK_H channels
+# of all five, in one pass over D with five accumulators (x̂ read once per program). "phases": the
+# same programs in three phases (left, right, output gate), two accumulators at most. "pairs": a
+# program owns one pair of BLOCK_H-channel projections (a projection and its gate, or two halves of
+# the output gate), two accumulators; the pairs of one row block are neighbouring programs, so they
+# share x̂ through L2.
+PROJ_SCHEME = "one_pass"  # tunable: ["one_pass", "phases", "pairs"]
+# True: the "pairs" programs load x̂ and the weights through TMA descriptors (False: pointer loads).
+PROJ_TMA = False  # tunable: [False, True]
 # True: no LayerNorm kernel; the projection kernel reads x (fp32) and normalizes each chunk itself,
 # with the statistics from one more pass over its rows (x̂ is then never written).
 FUSE_LN = False  # tunable: [False, True]
@@ -46,12 +53,18 @@ BLOCK_N = 128  # tunable: [64, 128, 256]
 BLOCK_K = 64  # tunable: [32, 64, 128]
 NUM_WARPS = 8  # tunable: [4, 8]
 NUM_STAGES = 3  # tunable: [2, 3, 4, 5]
+# True: the contraction's tiles move through Hopper's tensor memory accelerator (TMA descriptors),
+# where N allows it (rows of 16-byte multiples); False: pointer loads.
+CONTRACT_TMA = False  # tunable: [False, True]
 # How O (the contraction's result) is stored between kernels 3 and 4.
 O_DTYPE = "fp16"  # tunable: ["fp16", "fp32"]
 # 4. output: rows per program and the D chunk of the output projection per step.
 OUT_BLOCK_M = 64  # tunable: [32, 64, 128, 256]
 OUT_BLOCK_D = 32  # tunable: [32, 64, 128]
 OUT_WARPS = 4  # tunable: [4, 8]
+# True: O, the output gate and y move through TMA descriptors, where the shapes allow it (a row
+# block within one batch element, rows of 16-byte multiples); False: pointer loads and stores.
+OUT_TMA = False  # tunable: [False, True]
 
 EPS = 1e-5
 
@@ -96,6 +109,23 @@ def _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_
 
 
 @triton.jit
+def _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSE_LN: tl.constexpr):
+    """With FUSE_LN, the LayerNorm statistics over D of these rows of x (fp32), else zeros (unused)."""
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if FUSE_LN:
+        total_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & (ks < D)[None, :], other=0.0)
+            mean += tl.sum(x, axis=1)
+            total_sq += tl.sum(x * x, axis=1)
+        mean = mean / D
+        rstd = 1.0 / tl.sqrt(tl.maximum(total_sq / D - mean * mean, 0.0) + eps)
+    return mean, rstd
+
+
+@triton.jit
 def _project_kernel(
     src_ptr, lnw_ptr, lnb_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D, eps,
     H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -108,17 +138,7 @@ def _project_kernel(
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < M
     ok = row_ok[:, None]
-    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if FUSE_LN:  # LayerNorm statistics over D of these rows of x, in fp32
-        total_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & (ks < D)[None, :], other=0.0)
-            mean += tl.sum(x, axis=1)
-            total_sq += tl.sum(x * x, axis=1)
-        mean = mean / D
-        rstd = 1.0 / tl.sqrt(tl.maximum(total_sq / D - mean * mean, 0.0) + eps)
+    mean, rstd = _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M, BLOCK_K, FUSE_LN)
     # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right. The
     # [BLOCK_M, BLOCK_H] offsets are formed only at each store: held across the loops they would
     # take as many registers as an accumulator, and spill.
@@ -186,6 +206,67 @@ def _project_kernel(
 
 
 @triton.jit
+def _project_pairs_kernel(
+    src_ptr, lnw_ptr, lnb_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D, eps, src_desc, w_desc,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    FUSE_LN: tl.constexpr, TMA: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """One pair of BLOCK_H-channel projections of BLOCK_M rows of x̂. Programs are numbered job-first
+    within a row block: jobs [0, 2·H/BLOCK_H) are (side, channel block), a projection and its gate
+    (side 0 left, 1 right); the last H/(2·BLOCK_H) jobs are the output gate, 2·BLOCK_H channels each."""
+    SIDE_JOBS: tl.constexpr = H // BLOCK_H
+    JOBS: tl.constexpr = 2 * SIDE_JOBS + H // (2 * BLOCK_H)
+    pid = tl.program_id(0)
+    job = pid % JOBS
+    rows = (pid // JOBS).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    ok = row_ok[:, None]
+    mean, rstd = _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M, BLOCK_K, FUSE_LN)
+    is_gate = job >= 2 * SIDE_JOBS
+    side = job // SIDE_JOBS
+    h0 = (job % SIDE_JOBS) * BLOCK_H  # the channel block of a side job
+    g0 = (job - 2 * SIDE_JOBS) * 2 * BLOCK_H  # the first channel of an output-gate job
+    # Weight rows, stacked as [left, right, left gate, right gate, out gate] x [H, D].
+    first = tl.where(is_gate, 4 * H + g0, side * H + h0)
+    second = tl.where(is_gate, 4 * H + g0 + BLOCK_H, (side + 2) * H + h0)
+    cs = tl.arange(0, BLOCK_H)
+    wa = w_ptr + (first + cs)[None, :].to(tl.int64) * D
+    wb = w_ptr + (second + cs)[None, :].to(tl.int64) * D
+    acc_a = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    row0 = (pid // JOBS) * BLOCK_M
+    for k0 in range(0, D, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < D
+        if TMA:  # out-of-range rows and columns of the tiles read as zeros
+            a = src_desc.load([row0, k0])
+            if FUSE_LN:
+                g = tl.load(lnw_ptr + ks, mask=k_ok, other=0.0)
+                b = tl.load(lnb_ptr + ks, mask=k_ok, other=0.0)
+                a = ((a - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]).to(tl.float16)
+            acc_a = _mma(a, w_desc.load([first, k0]).T, acc_a, EMULATE)
+            acc_b = _mma(a, w_desc.load([second, k0]).T, acc_b, EMULATE)
+        else:
+            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
+            acc_a = _mma(a, tl.load(wa + ks[:, None], mask=k_ok[:, None], other=0.0), acc_a, EMULATE)
+            acc_b = _mma(a, tl.load(wb + ks[:, None], mask=k_ok[:, None], other=0.0), acc_b, EMULATE)
+    if is_gate:
+        dst = gate_ptr + rows[:, None] * H + (g0 + cs)[None, :]
+        tl.store(dst, tl.sigmoid(acc_a).to(tl.float16), mask=ok)
+        tl.store(dst + BLOCK_H, tl.sigmoid(acc_b).to(tl.float16), mask=ok)
+    else:
+        # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right.
+        m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
+        bidx = rows // NN
+        dst = (bidx * H * NN + (rows - bidx * NN))[:, None] + (h0 + cs)[None, :].to(tl.int64) * NN
+        val = (acc_a * m[:, None] * tl.sigmoid(acc_b)).to(tl.float16)
+        if side == 0:
+            tl.store(left_ptr + dst, val, mask=ok)
+        else:
+            tl.store(right_ptr + dst, val, mask=ok)
+
+
+@triton.jit
 def _contract_kernel(
     left_ptr, right_ptr, out_ptr, N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
@@ -215,24 +296,48 @@ def _contract_kernel(
 
 
 @triton.jit
+def _contract_tma_kernel(l_desc, r_desc, o_desc, N,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """_contract_kernel with its tiles loaded and stored through TMA descriptors of [B*H, N, N]
+    (out-of-range rows and columns read as zeros and are not written)."""
+    i0 = tl.program_id(0) * BLOCK_M
+    j0 = tl.program_id(1) * BLOCK_N
+    bh = tl.program_id(2)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, N, BLOCK_K):
+        a = l_desc.load([bh, i0, k0]).reshape(BLOCK_M, BLOCK_K)
+        b = r_desc.load([bh, j0, k0]).reshape(BLOCK_N, BLOCK_K)
+        acc = _mma(a, b.T, acc, EMULATE)
+    o_desc.store([bh, i0, j0], acc.to(o_desc.dtype).reshape(1, BLOCK_M, BLOCK_N))
+
+
+@triton.jit
 def _output_kernel(
-    o_ptr, gate_ptr, nw_ptr, nb_ptr, w_ptr, y_ptr, M, NN, D, eps,
-    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr,
+    o_ptr, gate_ptr, nw_ptr, nb_ptr, w_ptr, y_ptr, M, NN, D, eps, o_desc, gate_desc, y_desc,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row0 = tl.program_id(0) * BLOCK_M
+    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
     hs = tl.arange(0, H)
     row_ok = rows < M
     ok = row_ok[:, None]
-    bidx = rows // NN
-    # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
-    o = tl.load(o_ptr + (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN,
-                mask=ok, other=0.0).to(tl.float32)
+    if TMA:  # O viewed as [B*H, N*N]: the row block is one [H, BLOCK_M] box (NN % BLOCK_M == 0)
+        b0 = row0 // NN
+        o = o_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
+    else:
+        bidx = rows // NN
+        # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
+        o = tl.load(o_ptr + (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN,
+                    mask=ok, other=0.0).to(tl.float32)
     mean = tl.sum(o, axis=1) / H
     centered = o - mean[:, None]
     var = tl.sum(centered * centered, axis=1) / H
     w = tl.load(nw_ptr + hs)
     bias = tl.load(nb_ptr + hs)
-    gate = tl.load(gate_ptr + rows[:, None] * H + hs[None, :], mask=ok, other=0.0).to(tl.float32)
+    if TMA:
+        gate = gate_desc.load([row0, 0]).to(tl.float32)
+    else:
+        gate = tl.load(gate_ptr + rows[:, None] * H + hs[None, :], mask=ok, other=0.0).to(tl.float32)
     z = ((centered * tl.rsqrt(var + eps)[:, None] * w[None, :] + bias[None, :]) * gate).to(tl.float16)
 
     for d0 in range(0, D, BLOCK_D):
@@ -240,7 +345,10 @@ def _output_kernel(
         d_ok = ds < D
         wt = tl.load(w_ptr + ds[None, :] * H + hs[:, None], mask=d_ok[None, :], other=0.0)  # [H, BLOCK_D]
         y = _mma(z, wt, tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32), EMULATE)
-        tl.store(y_ptr + rows[:, None] * D + ds[None, :], y, mask=ok & d_ok[None, :])
+        if TMA:
+            y_desc.store([row0, d0], y)
+        else:
+            tl.store(y_ptr + rows[:, None] * D + ds[None, :], y, mask=ok & d_ok[None, :])
 
 
 @torch.no_grad()
@@ -269,24 +377,47 @@ def custom_kernel(data):
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
     gate = torch.empty((m_rows, h), device=x.device, dtype=torch.float16)
-    block_h = min(PROJ_BLOCK_H, h)
-    grid = (triton.cdiv(m_rows, PROJ_BLOCK_M), triton.cdiv(h, block_h))
-    _project_kernel[grid](
-        src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS,
-        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
-        ONE_PASS=PROJ_ONE_PASS, FUSE_LN=FUSE_LN, EMULATE=emulate,
-        num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-    )
+    proj_args = (src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS)
+    if PROJ_SCHEME == "pairs":
+        block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
+        jobs = 2 * (h // block_h) + h // (2 * block_h)
+        tma = PROJ_TMA and (d * src.element_size()) % 16 == 0
+        src_desc = TensorDescriptor.from_tensor(src.view(m_rows, d), [PROJ_BLOCK_M, PROJ_BLOCK_K]) if tma else None
+        w_desc = TensorDescriptor.from_tensor(w_in, [block_h, PROJ_BLOCK_K]) if tma else None
+        _project_pairs_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
+            *proj_args, src_desc, w_desc, H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
+            FUSE_LN=FUSE_LN, TMA=tma, EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+        )
+    else:
+        block_h = min(PROJ_BLOCK_H, h)
+        grid = (triton.cdiv(m_rows, PROJ_BLOCK_M), triton.cdiv(h, block_h))
+        _project_kernel[grid](
+            *proj_args, H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
+            ONE_PASS=PROJ_SCHEME == "one_pass", FUSE_LN=FUSE_LN, EMULATE=emulate,
+            num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+        )
 
     o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
     grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
-    _contract_kernel[grid](left, right, o, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                           EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
+        def desc(t, rows, cols):
+            return TensorDescriptor.from_tensor(t.view(bsz * h, n, n), [1, rows, cols])
+        _contract_tma_kernel[grid](desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K),
+                                   desc(o, BLOCK_M, BLOCK_N), n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                   BLOCK_K=BLOCK_K, EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    else:
+        _contract_kernel[grid](left, right, o, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                               EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     del src, left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
     w_out = w["to_out.weight"].to(torch.float16).contiguous()  # [D, H]
     grid = (triton.cdiv(m_rows, OUT_BLOCK_M),)
+    tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
+    descs = ((TensorDescriptor.from_tensor(o.view(bsz * h, nn), [h, OUT_BLOCK_M]),
+              TensorDescriptor.from_tensor(gate, [OUT_BLOCK_M, h]),
+              TensorDescriptor.from_tensor(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
     _output_kernel[grid](o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS,
-                         H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, EMULATE=emulate, num_warps=OUT_WARPS)
+                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, TMA=tma, EMULATE=emulate,
+                         num_warps=OUT_WARPS)
     return y

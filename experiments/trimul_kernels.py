@@ -170,7 +170,8 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
                 times.append(triton.testing.do_bench_cudagraph(call, rep=args.rep_ms))
             return _geomean(times)
         except Exception as exc:  # a config that does not compile or fit: skipped, and said
-            print(f"  {values}: failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            # The last line of a compiler error says what went wrong; its first lines are source.
+            print(f"  {values}: failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:240]}", flush=True)
             return None
 
     base = best_ms = measure(best)

@@ -55,7 +55,7 @@ NUM_WARPS = 8  # tunable: [4, 8]
 NUM_STAGES = 3  # tunable: [2, 3, 4, 5]
 # True: the contraction's tiles move through Hopper's tensor memory accelerator (TMA descriptors),
 # where N allows it (rows of 16-byte multiples); False: pointer loads.
-CONTRACT_TMA = False  # tunable: [False, True]
+CONTRACT_TMA = True  # tunable: [False, True]
 # How O (the contraction's result) is stored between kernels 3 and 4.
 O_DTYPE = "fp16"  # tunable: ["fp16", "fp32"]
 # 4. output: rows per program and the D chunk of the output projection per step.
@@ -64,7 +64,7 @@ OUT_BLOCK_D = 32  # tunable: [32, 64, 128]
 OUT_WARPS = 4  # tunable: [4, 8]
 # True: O, the output gate and y move through TMA descriptors, where the shapes allow it (a row
 # block within one batch element, rows of 16-byte multiples); False: pointer loads and stores.
-OUT_TMA = False  # tunable: [False, True]
+OUT_TMA = True  # tunable: [False, True]
 
 EPS = 1e-5
 
@@ -250,20 +250,21 @@ def _project_pairs_kernel(
             a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
             acc_a = _mma(a, tl.load(wa + ks[:, None], mask=k_ok[:, None], other=0.0), acc_a, EMULATE)
             acc_b = _mma(a, tl.load(wb + ks[:, None], mask=k_ok[:, None], other=0.0), acc_b, EMULATE)
+    # (Names differ between the branches: a name bound in both must have one type in both.)
     if is_gate:
-        dst = gate_ptr + rows[:, None] * H + (g0 + cs)[None, :]
-        tl.store(dst, tl.sigmoid(acc_a).to(tl.float16), mask=ok)
-        tl.store(dst + BLOCK_H, tl.sigmoid(acc_b).to(tl.float16), mask=ok)
+        gate_dst = gate_ptr + rows[:, None] * H + (g0 + cs)[None, :]
+        tl.store(gate_dst, tl.sigmoid(acc_a).to(tl.float16), mask=ok)
+        tl.store(gate_dst + BLOCK_H, tl.sigmoid(acc_b).to(tl.float16), mask=ok)
     else:
         # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right.
         m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
         bidx = rows // NN
-        dst = (bidx * H * NN + (rows - bidx * NN))[:, None] + (h0 + cs)[None, :].to(tl.int64) * NN
+        offs = (bidx * H * NN + (rows - bidx * NN))[:, None] + (h0 + cs)[None, :].to(tl.int64) * NN
         val = (acc_a * m[:, None] * tl.sigmoid(acc_b)).to(tl.float16)
         if side == 0:
-            tl.store(left_ptr + dst, val, mask=ok)
+            tl.store(left_ptr + offs, val, mask=ok)
         else:
-            tl.store(right_ptr + dst, val, mask=ok)
+            tl.store(right_ptr + offs, val, mask=ok)
 
 
 @triton.jit

@@ -41,9 +41,9 @@ PROJ_STAGES = 2  # tunable: [2, 3, 4]
 # program owns one pair of BLOCK_H-channel projections (a projection and its gate, or two halves of
 # the output gate), two accumulators; the pairs of one row block are neighbouring programs, so they
 # share x̂ through L2.
-PROJ_SCHEME = "one_pass"  # tunable: ["one_pass", "phases", "pairs"]
+PROJ_SCHEME = "pairs"  # tunable: ["one_pass", "phases", "pairs"]
 # True: the "pairs" programs load x̂ and the weights through TMA descriptors (False: pointer loads).
-PROJ_TMA = False  # tunable: [False, True]
+PROJ_TMA = True  # tunable: [False, True]
 # True: no LayerNorm kernel; the projection kernel reads x (fp32) and normalizes each chunk itself,
 # with the statistics from one more pass over its rows (x̂ is then never written).
 FUSE_LN = False  # tunable: [False, True]
@@ -51,7 +51,7 @@ FUSE_LN = False  # tunable: [False, True]
 BLOCK_M = 128  # tunable: [64, 128]
 BLOCK_N = 128  # tunable: [64, 128, 256]
 BLOCK_K = 64  # tunable: [32, 64, 128]
-NUM_WARPS = 8  # tunable: [4, 8]
+NUM_WARPS = 4  # tunable: [4, 8]
 NUM_STAGES = 3  # tunable: [2, 3, 4, 5]
 # True: the contraction's tiles move through Hopper's tensor memory accelerator (TMA descriptors),
 # where N allows it (rows of 16-byte multiples); False: pointer loads.

@@ -40,8 +40,10 @@ PROJ_STAGES = 2  # tunable: [2, 3, 4]
 # same programs in three phases (left, right, output gate), two accumulators at most. "pairs": a
 # program owns one pair of BLOCK_H-channel projections (a projection and its gate, or two halves of
 # the output gate), two accumulators; the pairs of one row block are neighbouring programs, so they
-# share x̂ through L2.
-PROJ_SCHEME = "pairs"  # tunable: ["one_pass", "phases", "pairs"]
+# share x̂ through L2. "pairs_t": the same pairs computed transposed, as [channels x rows] tiles
+# (W·x̂ᵀ), so that the rows, contiguous in left/right, are the tiles' contiguous axis; the output gate
+# is then stored as [B, H, N*N] as well.
+PROJ_SCHEME = "pairs"  # tunable: ["one_pass", "phases", "pairs", "pairs_t"]
 # True: the "pairs" programs load x̂ and the weights through TMA descriptors (False: pointer loads).
 PROJ_TMA = True  # tunable: [False, True]
 # True: no LayerNorm kernel; the projection kernel reads x (fp32) and normalizes each chunk itself,
@@ -268,6 +270,76 @@ def _project_pairs_kernel(
 
 
 @triton.jit
+def _project_pairs_t_kernel(
+    src_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D,
+    src_desc, w_desc, left_desc, right_desc, gate_desc,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    TMA: tl.constexpr, TMA_STORE: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """_project_pairs_kernel's jobs, computed as [BLOCK_H channels x BLOCK_M rows] tiles (weights
+    times x̂ᵀ). left, right and the output gate are all [B, H, N*N]. With TMA_STORE (N*N a multiple
+    of BLOCK_M, so a row block lies in one batch element) each tile is stored as one TMA box of
+    the [B*H, N*N] view."""
+    SIDE_JOBS: tl.constexpr = H // BLOCK_H
+    JOBS: tl.constexpr = 2 * SIDE_JOBS + H // (2 * BLOCK_H)
+    pid = tl.program_id(0)
+    job = pid % JOBS
+    row0 = (pid // JOBS) * BLOCK_M
+    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    is_gate = job >= 2 * SIDE_JOBS
+    side = job // SIDE_JOBS
+    h0 = (job % SIDE_JOBS) * BLOCK_H
+    g0 = (job - 2 * SIDE_JOBS) * 2 * BLOCK_H
+    # Weight rows, stacked as [left, right, left gate, right gate, out gate] x [H, D].
+    first = tl.where(is_gate, 4 * H + g0, side * H + h0)
+    second = tl.where(is_gate, 4 * H + g0 + BLOCK_H, (side + 2) * H + h0)
+    cs = tl.arange(0, BLOCK_H)
+    wa = w_ptr + (first + cs)[:, None].to(tl.int64) * D
+    wb = w_ptr + (second + cs)[:, None].to(tl.int64) * D
+    acc_a = tl.zeros((BLOCK_H, BLOCK_M), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_H, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        if TMA:  # out-of-range rows and columns of the tiles read as zeros
+            xt = src_desc.load([row0, k0]).T
+            acc_a = _mma(w_desc.load([first, k0]), xt, acc_a, EMULATE)
+            acc_b = _mma(w_desc.load([second, k0]), xt, acc_b, EMULATE)
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < D
+            xt = tl.load(src_ptr + rows[None, :] * D + ks[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0)
+            acc_a = _mma(tl.load(wa + ks[None, :], mask=k_ok[None, :], other=0.0), xt, acc_a, EMULATE)
+            acc_b = _mma(tl.load(wb + ks[None, :], mask=k_ok[None, :], other=0.0), xt, acc_b, EMULATE)
+    b0 = row0 // NN  # with TMA_STORE, the batch element of every row of the block
+    if is_gate:
+        ga = tl.sigmoid(acc_a).to(tl.float16)
+        gb = tl.sigmoid(acc_b).to(tl.float16)
+        if TMA_STORE:
+            gate_desc.store([b0 * H + g0, row0 - b0 * NN], ga)
+            gate_desc.store([b0 * H + g0 + BLOCK_H, row0 - b0 * NN], gb)
+        else:
+            bidx = rows // NN
+            gate_offs = (bidx * H * NN + (rows - bidx * NN))[None, :] + (g0 + cs)[:, None].to(tl.int64) * NN
+            tl.store(gate_ptr + gate_offs, ga, mask=row_ok[None, :])
+            tl.store(gate_ptr + gate_offs + BLOCK_H * NN, gb, mask=row_ok[None, :])
+    else:
+        m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
+        val = (acc_a * m[None, :] * tl.sigmoid(acc_b)).to(tl.float16)
+        if TMA_STORE:
+            if side == 0:
+                left_desc.store([b0 * H + h0, row0 - b0 * NN], val)
+            else:
+                right_desc.store([b0 * H + h0, row0 - b0 * NN], val)
+        else:
+            bidx = rows // NN
+            offs = (bidx * H * NN + (rows - bidx * NN))[None, :] + (h0 + cs)[:, None].to(tl.int64) * NN
+            if side == 0:
+                tl.store(left_ptr + offs, val, mask=row_ok[None, :])
+            else:
+                tl.store(right_ptr + offs, val, mask=row_ok[None, :])
+
+
+@triton.jit
 def _contract_kernel(
     left_ptr, right_ptr, out_ptr, N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
@@ -315,28 +387,35 @@ def _contract_tma_kernel(l_desc, r_desc, o_desc, N,
 @triton.jit
 def _output_kernel(
     o_ptr, gate_ptr, nw_ptr, nb_ptr, w_ptr, y_ptr, M, NN, D, eps, o_desc, gate_desc, y_desc,
-    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr, EMULATE: tl.constexpr,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, GATE_T: tl.constexpr, TMA: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
+    """LayerNorm over H of O ([B, H, N*N]), affine, times the output gate ([B*N*N, H], or with GATE_T
+    [B, H, N*N] like O), then the output projection; y [B*N*N, D] in fp32."""
     row0 = tl.program_id(0) * BLOCK_M
     rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
     hs = tl.arange(0, H)
     row_ok = rows < M
     ok = row_ok[:, None]
+    b0 = row0 // NN
+    bidx = rows // NN
+    # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
+    hmajor = (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN
     if TMA:  # O viewed as [B*H, N*N]: the row block is one [H, BLOCK_M] box (NN % BLOCK_M == 0)
-        b0 = row0 // NN
         o = o_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
     else:
-        bidx = rows // NN
-        # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
-        o = tl.load(o_ptr + (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN,
-                    mask=ok, other=0.0).to(tl.float32)
+        o = tl.load(o_ptr + hmajor, mask=ok, other=0.0).to(tl.float32)
     mean = tl.sum(o, axis=1) / H
     centered = o - mean[:, None]
     var = tl.sum(centered * centered, axis=1) / H
     w = tl.load(nw_ptr + hs)
     bias = tl.load(nb_ptr + hs)
-    if TMA:
+    if TMA and GATE_T:
+        gate = gate_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
+    elif TMA:
         gate = gate_desc.load([row0, 0]).to(tl.float32)
+    elif GATE_T:
+        gate = tl.load(gate_ptr + hmajor, mask=ok, other=0.0).to(tl.float32)
     else:
         gate = tl.load(gate_ptr + rows[:, None] * H + hs[None, :], mask=ok, other=0.0).to(tl.float32)
     z = ((centered * tl.rsqrt(var + eps)[:, None] * w[None, :] + bias[None, :]) * gate).to(tl.float16)
@@ -377,9 +456,27 @@ def custom_kernel(data):
         )
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
-    gate = torch.empty((m_rows, h), device=x.device, dtype=torch.float16)
+    gate = torch.empty((m_rows, h), device=x.device, dtype=torch.float16)  # [B, H, N*N] with pairs_t
     proj_args = (src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS)
-    if PROJ_SCHEME == "pairs":
+    gate_t = PROJ_SCHEME == "pairs_t" and not FUSE_LN  # pairs_t reads x̂, so FUSE_LN takes "pairs"
+    if gate_t:
+        block_h = min(PROJ_BLOCK_H, h // 2)
+        jobs = 2 * (h // block_h) + h // (2 * block_h)
+        tma = PROJ_TMA and (d * src.element_size()) % 16 == 0
+        tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
+
+        def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
+            return TensorDescriptor.from_tensor(t, shape)
+
+        descs = ((box(src, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None))
+        descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
+                       for t in (left, right, gate))
+        _project_pairs_t_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
+            src, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
+            H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, TMA=tma, TMA_STORE=tma_store,
+            EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+        )
+    elif PROJ_SCHEME.startswith("pairs"):
         block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
         jobs = 2 * (h // block_h) + h // (2 * block_h)
         tma = PROJ_TMA and (d * src.element_size()) % 16 == 0
@@ -416,9 +513,9 @@ def custom_kernel(data):
     grid = (triton.cdiv(m_rows, OUT_BLOCK_M),)
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
     descs = ((TensorDescriptor.from_tensor(o.view(bsz * h, nn), [h, OUT_BLOCK_M]),
-              TensorDescriptor.from_tensor(gate, [OUT_BLOCK_M, h]),
+              TensorDescriptor.from_tensor(gate.view(bsz * h, nn) if gate_t else gate, [h, OUT_BLOCK_M] if gate_t else [OUT_BLOCK_M, h]),
               TensorDescriptor.from_tensor(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
     _output_kernel[grid](o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS,
-                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, TMA=tma, EMULATE=emulate,
+                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, GATE_T=gate_t, TMA=tma, EMULATE=emulate,
                          num_warps=OUT_WARPS)
     return y

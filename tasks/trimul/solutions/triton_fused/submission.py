@@ -2,15 +2,16 @@
 
 For x [B,N,N,D], rows r = (b, i, j) of the pair map and H = 128 hidden channels:
   1. _layernorm_kernel: LayerNorm over D (fp32 statistics), x̂ written once in fp16.
-  2. _project_kernel: the five projections on fp16 tensor cores (fp32 accumulation) with gating
-     and the mask fused into the epilogue. left/right are written once, in fp16, as [B,H,N,N]
-     (the layout the contraction reads); the output gate σ(x̂·W_ogᵀ) as fp16 [B*N*N, H].
+  2. _project_kernel: the five projections on fp16 tensor cores (fp32 accumulation), each program
+     one pair (a projection and its gate, or two halves of the output gate) as a [channels x rows]
+     tile, with gating and the mask fused into the epilogue. left, right and the output gate
+     σ(x̂·W_ogᵀ) are written once, in fp16, as [B,H,N,N]: the layout the contraction reads.
   3. _contract_kernel: O[b,h] = L[b,h] @ R[b,h]ᵀ on fp16 tensor cores, fp32 accumulation.
   4. _output_kernel: LayerNorm over H of O, affine, times the output gate, then the output
      projection on fp16 tensor cores; y is written once, in fp32.
 x is read once and y written once; every intermediate is written once and read once from memory
-(the projection programs of one row block, one per PROJ_BLOCK_H channels, read its x̂ from cache
-after the first).
+(the five projection programs of one row block read its x̂ from L2 after the first).
+On Hopper the tiles move through TMA descriptors where the shapes allow (the *_TMA tunables).
 
 Why fp16 (10-bit mantissa) and not bf16: the operands are LayerNorm outputs or products of them,
 well inside fp16's range, and bf16's 7-bit mantissa in the projections used up to ~90% of the
@@ -19,7 +20,9 @@ N products of gated projections, stayed within fp16's range (65504) on every wor
 on an H200, and LayerNorm over H follows; O_DTYPE="fp32" is the choice for inputs of another scale.
 
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
-tests (tests/test_trimul_task.py runs each one in Triton's interpreter)."""
+tests (tests/test_trimul_task.py runs each one in Triton's interpreter). Measured and dropped on an
+H200 (docs/benchmarks.md): all five projections in one program (five accumulators, 255 registers),
+row-major [rows x channels] tiles, and LayerNorm computed inside the projection kernel."""
 
 import torch
 import triton
@@ -27,42 +30,31 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 # 1. LayerNorm over D: whole rows per program.
-LN_BLOCK_M = 8  # tunable: [4, 8, 16]
+LN_BLOCK_M = 16  # tunable: [4, 8, 16]
 LN_WARPS = 4  # tunable: [4, 8]
-# 2. projections: rows of x per program, the D chunk per step, hidden channels per program.
-PROJ_BLOCK_M = 64  # tunable: [64, 128]
-PROJ_BLOCK_K = 64  # tunable: [32, 64, 128]
-PROJ_BLOCK_H = 64  # tunable: [32, 64, 128]
+# 2. projections: rows of x per program, the D chunk per step, hidden channels per projection.
+PROJ_BLOCK_M = 128  # tunable: [64, 128]
+PROJ_BLOCK_K = 64  # tunable: [32, 64]
+PROJ_BLOCK_H = 64  # tunable: [32, 64]
 PROJ_WARPS = 4  # tunable: [4, 8]
 PROJ_STAGES = 2  # tunable: [2, 3, 4]
-# How the five projections are split among programs. "one_pass": a program owns BLOCK_H channels
-# of all five, in one pass over D with five accumulators (x̂ read once per program). "phases": the
-# same programs in three phases (left, right, output gate), two accumulators at most. "pairs": a
-# program owns one pair of BLOCK_H-channel projections (a projection and its gate, or two halves of
-# the output gate), two accumulators; the pairs of one row block are neighbouring programs, so they
-# share x̂ through L2. "pairs_t": the same pairs computed transposed, as [channels x rows] tiles
-# (W·x̂ᵀ), so that the rows, contiguous in left/right, are the tiles' contiguous axis; the output gate
-# is then stored as [B, H, N*N] as well.
-PROJ_SCHEME = "pairs"  # tunable: ["one_pass", "phases", "pairs", "pairs_t"]
-# True: the "pairs" programs load x̂ and the weights through TMA descriptors (False: pointer loads).
+# True: x̂ and the weights are loaded, and the tiles stored, through TMA descriptors where the
+# shapes allow it (rows of 16-byte multiples; for the stores, N*N a multiple of PROJ_BLOCK_M).
 PROJ_TMA = True  # tunable: [False, True]
-# True: no LayerNorm kernel; the projection kernel reads x (fp32) and normalizes each chunk itself,
-# with the statistics from one more pass over its rows (x̂ is then never written).
-FUSE_LN = False  # tunable: [False, True]
 # 3. the triangle contraction's tiles.
 BLOCK_M = 128  # tunable: [64, 128]
 BLOCK_N = 128  # tunable: [64, 128, 256]
 BLOCK_K = 64  # tunable: [32, 64, 128]
 NUM_WARPS = 4  # tunable: [4, 8]
 NUM_STAGES = 3  # tunable: [2, 3, 4, 5]
-# True: the contraction's tiles move through Hopper's tensor memory accelerator (TMA descriptors),
-# where N allows it (rows of 16-byte multiples); False: pointer loads.
+# True: the contraction's tiles move through TMA descriptors, where N allows it (rows of 16-byte
+# multiples); False: pointer loads.
 CONTRACT_TMA = True  # tunable: [False, True]
 # How O (the contraction's result) is stored between kernels 3 and 4.
 O_DTYPE = "fp16"  # tunable: ["fp16", "fp32"]
 # 4. output: rows per program and the D chunk of the output projection per step.
-OUT_BLOCK_M = 64  # tunable: [32, 64, 128, 256]
-OUT_BLOCK_D = 32  # tunable: [32, 64, 128]
+OUT_BLOCK_M = 128  # tunable: [32, 64, 128, 256]
+OUT_BLOCK_D = 64  # tunable: [32, 64, 128]
 OUT_WARPS = 4  # tunable: [4, 8]
 # True: O, the output gate and y move through TMA descriptors, where the shapes allow it (a row
 # block within one batch element, rows of 16-byte multiples); False: pointer loads and stores.
@@ -99,187 +91,19 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, BLOCK_M: tl.conste
 
 
 @triton.jit
-def _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN: tl.constexpr):
-    """Columns ks of the projections' left operand x̂, in fp16: read (x̂ written by the LayerNorm
-    kernel) or, with FUSE_LN, normalized here from x."""
-    a = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & k_ok[None, :], other=0.0)
-    if FUSE_LN:
-        g = tl.load(lnw_ptr + ks, mask=k_ok, other=0.0)
-        b = tl.load(lnb_ptr + ks, mask=k_ok, other=0.0)
-        a = ((a - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]).to(tl.float16)
-    return a
-
-
-@triton.jit
-def _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSE_LN: tl.constexpr):
-    """With FUSE_LN, the LayerNorm statistics over D of these rows of x (fp32), else zeros (unused)."""
-    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if FUSE_LN:
-        total_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(src_ptr + rows[:, None] * D + ks[None, :], mask=ok & (ks < D)[None, :], other=0.0)
-            mean += tl.sum(x, axis=1)
-            total_sq += tl.sum(x * x, axis=1)
-        mean = mean / D
-        rstd = 1.0 / tl.sqrt(tl.maximum(total_sq / D - mean * mean, 0.0) + eps)
-    return mean, rstd
-
-
-@triton.jit
 def _project_kernel(
-    src_ptr, lnw_ptr, lnb_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D, eps,
-    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-    ONE_PASS: tl.constexpr, FUSE_LN: tl.constexpr, EMULATE: tl.constexpr,
-):
-    """The five projections of BLOCK_M rows of x̂ (fp16 [M, D]) for BLOCK_H hidden channels, in one
-    pass over D or in three phases that read the same rows of x̂ (from cache after the first):
-    left, right, output gate."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = rows < M
-    ok = row_ok[:, None]
-    mean, rstd = _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M, BLOCK_K, FUSE_LN)
-    # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right. The
-    # [BLOCK_M, BLOCK_H] offsets are formed only at each store: held across the loops they would
-    # take as many registers as an accumulator, and spill.
-    bidx = rows // NN
-    dst_rows = bidx * H * NN + (rows - bidx * NN)
-    dst_cols = hs[None, :].to(tl.int64) * NN
-    m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
-
-    if ONE_PASS:
-        # Weights stacked as [left, right, left gate, right gate, out gate] x [H, D].
-        acc_lp = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        acc_rp = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        acc_lg = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        acc_rg = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        acc_og = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        w_cols = w_ptr + hs[None, :] * D
-        for k0 in range(0, D, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < D
-            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
-            wk = w_cols + ks[:, None]
-            acc_lp = _mma(a, tl.load(wk, mask=k_ok[:, None], other=0.0), acc_lp, EMULATE)
-            acc_rp = _mma(a, tl.load(wk + H * D, mask=k_ok[:, None], other=0.0), acc_rp, EMULATE)
-            acc_lg = _mma(a, tl.load(wk + 2 * H * D, mask=k_ok[:, None], other=0.0), acc_lg, EMULATE)
-            acc_rg = _mma(a, tl.load(wk + 3 * H * D, mask=k_ok[:, None], other=0.0), acc_rg, EMULATE)
-            acc_og = _mma(a, tl.load(wk + 4 * H * D, mask=k_ok[:, None], other=0.0), acc_og, EMULATE)
-        tl.store(left_ptr + dst_rows[:, None] + dst_cols,
-                 (acc_lp * m[:, None] * tl.sigmoid(acc_lg)).to(tl.float16), mask=ok)
-        tl.store(right_ptr + dst_rows[:, None] + dst_cols,
-                 (acc_rp * m[:, None] * tl.sigmoid(acc_rg)).to(tl.float16), mask=ok)
-        tl.store(gate_ptr + rows[:, None] * H + hs[None, :], tl.sigmoid(acc_og).to(tl.float16), mask=ok)
-    else:
-        # Phases 0 and 1: left and right, each a projection and its gate (weights stacked as
-        # [left, right, left gate, right gate, out gate] x [H, D]).
-        for side in tl.static_range(2):
-            acc_p = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-            acc_g = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-            wp = w_ptr + (side * H + hs)[None, :] * D
-            wg = w_ptr + ((side + 2) * H + hs)[None, :] * D
-            for k0 in range(0, D, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < D
-                a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
-                bp = tl.load(wp + ks[:, None], mask=k_ok[:, None], other=0.0)
-                bg = tl.load(wg + ks[:, None], mask=k_ok[:, None], other=0.0)
-                acc_p = _mma(a, bp, acc_p, EMULATE)
-                acc_g = _mma(a, bg, acc_g, EMULATE)
-            val = (acc_p * m[:, None] * tl.sigmoid(acc_g)).to(tl.float16)
-            dst = dst_rows[:, None] + dst_cols
-            if side == 0:
-                tl.store(left_ptr + dst, val, mask=ok)
-            else:
-                tl.store(right_ptr + dst, val, mask=ok)
-
-        # Phase 2: the output gate, row-major [B*N*N, H].
-        acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-        wo = w_ptr + (4 * H + hs)[None, :] * D
-        for k0 in range(0, D, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < D
-            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
-            bo = tl.load(wo + ks[:, None], mask=k_ok[:, None], other=0.0)
-            acc = _mma(a, bo, acc, EMULATE)
-        tl.store(gate_ptr + rows[:, None] * H + hs[None, :], tl.sigmoid(acc).to(tl.float16), mask=ok)
-
-
-@triton.jit
-def _project_pairs_kernel(
-    src_ptr, lnw_ptr, lnb_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D, eps, src_desc, w_desc,
-    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-    FUSE_LN: tl.constexpr, TMA: tl.constexpr, EMULATE: tl.constexpr,
-):
-    """One pair of BLOCK_H-channel projections of BLOCK_M rows of x̂. Programs are numbered job-first
-    within a row block: jobs [0, 2·H/BLOCK_H) are (side, channel block), a projection and its gate
-    (side 0 left, 1 right); the last H/(2·BLOCK_H) jobs are the output gate, 2·BLOCK_H channels each."""
-    SIDE_JOBS: tl.constexpr = H // BLOCK_H
-    JOBS: tl.constexpr = 2 * SIDE_JOBS + H // (2 * BLOCK_H)
-    pid = tl.program_id(0)
-    job = pid % JOBS
-    rows = (pid // JOBS).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    ok = row_ok[:, None]
-    mean, rstd = _ln_stats(src_ptr, rows, ok, D, eps, BLOCK_M, BLOCK_K, FUSE_LN)
-    is_gate = job >= 2 * SIDE_JOBS
-    side = job // SIDE_JOBS
-    h0 = (job % SIDE_JOBS) * BLOCK_H  # the channel block of a side job
-    g0 = (job - 2 * SIDE_JOBS) * 2 * BLOCK_H  # the first channel of an output-gate job
-    # Weight rows, stacked as [left, right, left gate, right gate, out gate] x [H, D].
-    first = tl.where(is_gate, 4 * H + g0, side * H + h0)
-    second = tl.where(is_gate, 4 * H + g0 + BLOCK_H, (side + 2) * H + h0)
-    cs = tl.arange(0, BLOCK_H)
-    wa = w_ptr + (first + cs)[None, :].to(tl.int64) * D
-    wb = w_ptr + (second + cs)[None, :].to(tl.int64) * D
-    acc_a = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-    row0 = (pid // JOBS) * BLOCK_M
-    for k0 in range(0, D, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < D
-        if TMA:  # out-of-range rows and columns of the tiles read as zeros
-            a = src_desc.load([row0, k0])
-            if FUSE_LN:
-                g = tl.load(lnw_ptr + ks, mask=k_ok, other=0.0)
-                b = tl.load(lnb_ptr + ks, mask=k_ok, other=0.0)
-                a = ((a - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]).to(tl.float16)
-            acc_a = _mma(a, w_desc.load([first, k0]).T, acc_a, EMULATE)
-            acc_b = _mma(a, w_desc.load([second, k0]).T, acc_b, EMULATE)
-        else:
-            a = _a_chunk(src_ptr, lnw_ptr, lnb_ptr, rows, ok, ks, k_ok, D, mean, rstd, FUSE_LN)
-            acc_a = _mma(a, tl.load(wa + ks[:, None], mask=k_ok[:, None], other=0.0), acc_a, EMULATE)
-            acc_b = _mma(a, tl.load(wb + ks[:, None], mask=k_ok[:, None], other=0.0), acc_b, EMULATE)
-    # (Names differ between the branches: a name bound in both must have one type in both.)
-    if is_gate:
-        gate_dst = gate_ptr + rows[:, None] * H + (g0 + cs)[None, :]
-        tl.store(gate_dst, tl.sigmoid(acc_a).to(tl.float16), mask=ok)
-        tl.store(gate_dst + BLOCK_H, tl.sigmoid(acc_b).to(tl.float16), mask=ok)
-    else:
-        # Row r = b*NN + (i*N + k) of x goes to [b, h, i*N + k] of the [B, H, N*N] left/right.
-        m = tl.load(mask_ptr + rows, mask=row_ok, other=0.0)
-        bidx = rows // NN
-        offs = (bidx * H * NN + (rows - bidx * NN))[:, None] + (h0 + cs)[None, :].to(tl.int64) * NN
-        val = (acc_a * m[:, None] * tl.sigmoid(acc_b)).to(tl.float16)
-        if side == 0:
-            tl.store(left_ptr + offs, val, mask=ok)
-        else:
-            tl.store(right_ptr + offs, val, mask=ok)
-
-
-@triton.jit
-def _project_pairs_t_kernel(
     src_ptr, mask_ptr, w_ptr, left_ptr, right_ptr, gate_ptr, M, NN, D,
     src_desc, w_desc, left_desc, right_desc, gate_desc,
     H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     TMA: tl.constexpr, TMA_STORE: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """_project_pairs_kernel's jobs, computed as [BLOCK_H channels x BLOCK_M rows] tiles (weights
-    times x̂ᵀ). left, right and the output gate are all [B, H, N*N]. With TMA_STORE (N*N a multiple
-    of BLOCK_M, so a row block lies in one batch element) each tile is stored as one TMA box of
-    the [B*H, N*N] view."""
+    """One pair of BLOCK_H-channel projections of BLOCK_M rows of x̂, as [channels x rows] tiles
+    (weights times x̂ᵀ): rows are contiguous in left, right and the gate ([B, H, N*N]), so the
+    tiles' contiguous axis is memory's. Programs are numbered job-first within a row block, so the
+    jobs of one block run side by side and share its x̂ through L2: jobs [0, 2·H/BLOCK_H) are
+    (side, channel block), a projection and its gate (side 0 left, 1 right); the last H/(2·BLOCK_H)
+    are the output gate, 2·BLOCK_H channels each. With TMA_STORE (N*N a multiple of BLOCK_M, so a
+    row block lies in one batch element) each tile is stored as one TMA box of the [B*H, N*N] view."""
     SIDE_JOBS: tl.constexpr = H // BLOCK_H
     JOBS: tl.constexpr = 2 * SIDE_JOBS + H // (2 * BLOCK_H)
     pid = tl.program_id(0)
@@ -387,11 +211,11 @@ def _contract_tma_kernel(l_desc, r_desc, o_desc, N,
 @triton.jit
 def _output_kernel(
     o_ptr, gate_ptr, nw_ptr, nb_ptr, w_ptr, y_ptr, M, NN, D, eps, o_desc, gate_desc, y_desc,
-    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, GATE_T: tl.constexpr, TMA: tl.constexpr,
-    EMULATE: tl.constexpr,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """LayerNorm over H of O ([B, H, N*N]), affine, times the output gate ([B*N*N, H], or with GATE_T
-    [B, H, N*N] like O), then the output projection; y [B*N*N, D] in fp32."""
+    """LayerNorm over H of O, affine, times the output gate (both [B, H, N*N]), then the output
+    projection; y [B*N*N, D] in fp32. With TMA, the row block's O and gate are [H, BLOCK_M] boxes
+    of the [B*H, N*N] views (N*N a multiple of BLOCK_M) and y leaves in [BLOCK_M, BLOCK_D] boxes."""
     row0 = tl.program_id(0) * BLOCK_M
     rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
     hs = tl.arange(0, H)
@@ -401,23 +225,17 @@ def _output_kernel(
     bidx = rows // NN
     # O is [B, H, N*N]: for one h, consecutive rows are adjacent in memory.
     hmajor = (bidx * H * NN + (rows - bidx * NN))[:, None] + hs[None, :].to(tl.int64) * NN
-    if TMA:  # O viewed as [B*H, N*N]: the row block is one [H, BLOCK_M] box (NN % BLOCK_M == 0)
+    if TMA:
         o = o_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
+        gate = gate_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
     else:
         o = tl.load(o_ptr + hmajor, mask=ok, other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + hmajor, mask=ok, other=0.0).to(tl.float32)
     mean = tl.sum(o, axis=1) / H
     centered = o - mean[:, None]
     var = tl.sum(centered * centered, axis=1) / H
     w = tl.load(nw_ptr + hs)
     bias = tl.load(nb_ptr + hs)
-    if TMA and GATE_T:
-        gate = gate_desc.load([b0 * H, row0 - b0 * NN]).T.to(tl.float32)
-    elif TMA:
-        gate = gate_desc.load([row0, 0]).to(tl.float32)
-    elif GATE_T:
-        gate = tl.load(gate_ptr + hmajor, mask=ok, other=0.0).to(tl.float32)
-    else:
-        gate = tl.load(gate_ptr + rows[:, None] * H + hs[None, :], mask=ok, other=0.0).to(tl.float32)
     z = ((centered * tl.rsqrt(var + eps)[:, None] * w[None, :] + bias[None, :]) * gate).to(tl.float16)
 
     for d0 in range(0, D, BLOCK_D):
@@ -441,81 +259,57 @@ def custom_kernel(data):
     emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
     x = x.contiguous()
 
+    def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(t, shape)
+
     w_in = torch.cat(
         [w["left_proj.weight"], w["right_proj.weight"], w["left_gate.weight"],
          w["right_gate.weight"], w["out_gate.weight"]], dim=0,
     ).to(torch.float16).contiguous()  # [5H, D]
     mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
-    if FUSE_LN:
-        src = x
-    else:
-        src = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
-        _layernorm_kernel[(triton.cdiv(m_rows, LN_BLOCK_M),)](
-            x, w["norm.weight"], w["norm.bias"], src, m_rows, d, EPS,
-            BLOCK_M=LN_BLOCK_M, BLOCK_D=triton.next_power_of_2(d), num_warps=LN_WARPS,
-        )
+    xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
+    _layernorm_kernel[(triton.cdiv(m_rows, LN_BLOCK_M),)](
+        x, w["norm.weight"], w["norm.bias"], xn, m_rows, d, EPS,
+        BLOCK_M=LN_BLOCK_M, BLOCK_D=triton.next_power_of_2(d), num_warps=LN_WARPS,
+    )
+
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
-    gate = torch.empty((m_rows, h), device=x.device, dtype=torch.float16)  # [B, H, N*N] with pairs_t
-    proj_args = (src, w["norm.weight"], w["norm.bias"], mask_rows, w_in, left, right, gate, m_rows, nn, d, EPS)
-    gate_t = PROJ_SCHEME == "pairs_t" and not FUSE_LN  # pairs_t reads x̂, so FUSE_LN takes "pairs"
-    if gate_t:
-        block_h = min(PROJ_BLOCK_H, h // 2)
-        jobs = 2 * (h // block_h) + h // (2 * block_h)
-        tma = PROJ_TMA and (d * src.element_size()) % 16 == 0
-        tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
-
-        def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
-            return TensorDescriptor.from_tensor(t, shape)
-
-        descs = ((box(src, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None))
-        descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
-                       for t in (left, right, gate))
-        _project_pairs_t_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
-            src, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
-            H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, TMA=tma, TMA_STORE=tma_store,
-            EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-        )
-    elif PROJ_SCHEME.startswith("pairs"):
-        block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
-        jobs = 2 * (h // block_h) + h // (2 * block_h)
-        tma = PROJ_TMA and (d * src.element_size()) % 16 == 0
-        src_desc = TensorDescriptor.from_tensor(src.view(m_rows, d), [PROJ_BLOCK_M, PROJ_BLOCK_K]) if tma else None
-        w_desc = TensorDescriptor.from_tensor(w_in, [block_h, PROJ_BLOCK_K]) if tma else None
-        _project_pairs_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
-            *proj_args, src_desc, w_desc, H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
-            FUSE_LN=FUSE_LN, TMA=tma, EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-        )
-    else:
-        block_h = min(PROJ_BLOCK_H, h)
-        grid = (triton.cdiv(m_rows, PROJ_BLOCK_M), triton.cdiv(h, block_h))
-        _project_kernel[grid](
-            *proj_args, H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h,
-            ONE_PASS=PROJ_SCHEME == "one_pass", FUSE_LN=FUSE_LN, EMULATE=emulate,
-            num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-        )
+    gate = torch.empty_like(left)
+    block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
+    jobs = 2 * (h // block_h) + h // (2 * block_h)
+    tma = PROJ_TMA and (d * 2) % 16 == 0
+    tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
+    descs = (box(xn, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None)
+    descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
+                   for t in (left, right, gate))
+    _project_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
+        xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
+        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, TMA=tma, TMA_STORE=tma_store,
+        EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
+    )
+    del xn
 
     o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
     grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
     if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
         def desc(t, rows, cols):
-            return TensorDescriptor.from_tensor(t.view(bsz * h, n, n), [1, rows, cols])
+            return box(t.view(bsz * h, n, n), [1, rows, cols])
         _contract_tma_kernel[grid](desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K),
                                    desc(o, BLOCK_M, BLOCK_N), n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                    BLOCK_K=BLOCK_K, EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
         _contract_kernel[grid](left, right, o, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                                EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    del src, left, right
+    del left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
     w_out = w["to_out.weight"].to(torch.float16).contiguous()  # [D, H]
     grid = (triton.cdiv(m_rows, OUT_BLOCK_M),)
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
-    descs = ((TensorDescriptor.from_tensor(o.view(bsz * h, nn), [h, OUT_BLOCK_M]),
-              TensorDescriptor.from_tensor(gate.view(bsz * h, nn) if gate_t else gate, [h, OUT_BLOCK_M] if gate_t else [OUT_BLOCK_M, h]),
-              TensorDescriptor.from_tensor(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
+    descs = ((box(o.view(bsz * h, nn), [h, OUT_BLOCK_M]), box(gate.view(bsz * h, nn), [h, OUT_BLOCK_M]),
+              box(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
     _output_kernel[grid](o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS,
-                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, GATE_T=gate_t, TMA=tma, EMULATE=emulate,
+                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, TMA=tma, EMULATE=emulate,
                          num_warps=OUT_WARPS)
     return y

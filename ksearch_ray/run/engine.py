@@ -37,7 +37,7 @@ from typing import Any
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.describe import EvaluatorInfo
-from ksearch_ray.evaluation.profiling import ProfileResult
+from ksearch_ray.evaluation.profiling import ProfileResult, kernel_line
 from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.events import (
     Baseline,
@@ -638,8 +638,7 @@ class Search:
         if result.ok and result.kernels:
             top = result.kernels[0]
             self.on_line(f"profiled the best {best.solution_id} on {result.workload} in {result.seconds:.0f} s: "
-                         f"{result.kernel_count} kernel(s), the slowest {top.name} ({top.duration_ms:.3g} ms, "
-                         f"DRAM {top.dram_pct or 0:.0f}%, SM {top.sm_pct or 0:.0f}% of peak)")
+                         f"{result.kernel_count} kernel(s); the slowest: {kernel_line(top, result.kernels_ms)}")
         else:
             self.on_line(f"WARNING: profiling the best {best.solution_id} {result.status}: {result.message}; "
                          "the search goes on")

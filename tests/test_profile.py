@@ -71,9 +71,10 @@ def edited(text: str, changes: dict[str, str], row: int = 0) -> str:
 
 
 def trimul_identifiers() -> frozenset[str]:
-    from ksearch_ray.taskspec.task import find_task
-
-    return source_identifiers(find_task("trimul").solution("triton_fused").sources)
+    """The words of the code the TriMul log was recorded from (its Triton kernels' names), fixed here so the
+    test does not follow later changes of the bundled seed."""
+    return source_identifiers({"submission.py": "def _layernorm_kernel(): ...\ndef _project_kernel(): ...\n"
+                                                "def _contract_kernel(): ...\ndef _output_kernel(): ...\n"})
 
 
 DURATION, DRAM, SM = ("gpu__time_duration.sum", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",

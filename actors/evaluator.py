@@ -7,6 +7,7 @@ import ray
 from ksearch_ray.config import EvaluationConfig
 from ksearch_ray.evaluation.buildcache import BuildRecord
 from ksearch_ray.evaluation.describe import EvaluatorInfo, describe
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.run.evaluators import build_evaluator
@@ -49,6 +50,11 @@ class EvaluatorActor:
     def retime(self, task_name: str, task_dirs: list[str], solution: Solution, primary: EvalResult) -> RetimeResult:
         """A second, independent measurement of `primary` in a fresh worker (see evaluation/retime.py)."""
         return self.evaluator.retime(self._task(task_name, task_dirs), solution, primary)
+
+    def profile(self, task_name: str, task_dirs: list[str], solution: Solution, measured: EvalResult,
+                timeout_s: float) -> ProfileResult:
+        """One call of `solution` under Nsight Compute in a fresh worker, outside any timed measurement."""
+        return self.evaluator.profile(self._task(task_name, task_dirs), solution, measured, timeout_s=timeout_s)
 
     def close(self) -> None:
         """Stop the sandbox and remove its folder; the pool calls it before it kills the actor."""

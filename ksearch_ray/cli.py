@@ -211,6 +211,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("workloads", "--workloads", "evaluation.workloads"),
     ("mode", "--mode", "evaluation.mode"),
     ("isolation", "--isolation", "evaluation.isolation"),
+    ("profile_bests", "--profile-bests/--no-profile-bests", "evaluation.profile.bests"),
     ("ray", "--ray/--no-ray", "cluster.ray"),
     ("ray_address", "--ray-address", "cluster.address"),
     ("run_dir", "--run-dir", "run_dir"),

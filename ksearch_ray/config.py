@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from ksearch_ray.evaluation.settings import Limits, TimingPolicy
+from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 
 
 class ConfigError(Exception):
@@ -137,6 +137,23 @@ class BudgetConfig(_Section):
     max_wall_s: float | None = Field(default=None, gt=0, description="Wall-clock budget, seconds (the final re-timing included).")
 
 
+class ProfileConfig(_Section):
+    """Profiler evidence: each new best profiled once with Nsight Compute, outside its timed measurement."""
+
+    bests: bool = Field(
+        default=False,
+        description="Profile each new best once with Nsight Compute (ncu) on its slowest workload, outside any timed "
+        "measurement, for the planner's evidence and the report (a host without ncu says so and goes on).",
+    )
+    ncu: str | None = Field(default=None, description="The ncu executable (default: PATH, CUDA_HOME/bin, /opt/nvidia/nsight-compute).")
+    limit_s: float = Field(default=300.0, gt=0, description="Wall-clock limit of one profile, seconds.")
+    kernels: int = Field(default=5, ge=1, le=50, description="Kernels kept per profile, slowest first.")
+
+    def settings(self) -> ProfilerSettings | None:
+        """What an evaluator needs to profile; None when profiling was not asked for."""
+        return ProfilerSettings(ncu=self.ncu, timeout_s=self.limit_s, kernels=self.kernels) if self.bests else None
+
+
 class EvaluationConfig(_Section):
     device: Literal["cuda", "cpu"] | None = Field(default=None, description="cuda or cpu (default: cuda where there is a GPU).")
     workloads: str | None = Field(default=None, description="Workload set that scores candidates (default: the task's).")
@@ -155,6 +172,7 @@ class EvaluationConfig(_Section):
     timing: dict[str, Any] = Field(
         default_factory=dict, description="Changes to the device's timing rule (TimingPolicy fields), e.g. {max_calls: 50}."
     )
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
 
     @field_validator("timing")
     @classmethod

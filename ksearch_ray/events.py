@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.measure import Noise, Spread, noise_of
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
@@ -294,6 +295,25 @@ class Best(_Event):
     why: str = Field(default="new best", description="new best, the seed, re-measured this session, or back to the seed.")
 
 
+class ProfilerNote(_Event):
+    """Profiling was asked for (--profile-bests): which profiler the evaluators have, or why none can profile."""
+
+    kind: Literal["profiler"] = "profiler"
+    tool: str | None = None
+    evaluators: list[int] = Field(default_factory=list, description="The evaluators that can profile.")
+    problem: str | None = Field(default=None, description="Why no evaluator can profile.")
+
+
+class Profile(_Event):
+    """A best profiled once, outside its timed measurement: evidence for the planner and the report, never a score."""
+
+    kind: Literal["profile"] = "profile"
+    solution_id: str
+    evaluator: int
+    gpu: str
+    result: ProfileResult
+
+
 class EvaluatorLost(_Event):
     kind: Literal["evaluator_lost"] = "evaluator_lost"
     evaluator: int
@@ -331,7 +351,7 @@ class Confirm(_Event):
 Event = Annotated[
     WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
     | LlmCallEvent | PlanFailed | PlanEmpty | Outage | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
-    | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm,
+    | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm | ProfilerNote | Profile,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -465,6 +485,10 @@ class RunView:
     best_rows: list[BestRow] = field(default_factory=list)
     lost: list[EvaluatorLost] = field(default_factory=list)
     retimes: list[Retime] = field(default_factory=list)
+    profiler: ProfilerNote | None = None
+    """What the last session found when profiling was asked for."""
+    profiles: dict[tuple[str, str], Profile] = field(default_factory=dict)
+    """(solution id, GPU name) -> its profile (the last one, ok or not)."""
     run_ends: list[RunEnd] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     plan_rejections: list[tuple[int, str]] = field(default_factory=list)
@@ -519,6 +543,19 @@ class RunView:
             counts[r.status] = counts.get(r.status, 0) + 1
         order = [s.value for s in Status] + [NO_CODE]
         return {s: counts[s] for s in order if s in counts}
+
+    def best_profiles(self) -> dict[str, Profile]:
+        """What the planner is shown of the profiles, by role: the best's and, when the best is not the seed,
+        the seed's, on the best's GPU type (those that succeeded)."""
+        best = self.best
+        if best is None:
+            return {}
+        seed = self.seed.solution_id if self.seed else None
+        roles = {"the best kernel so far" if best.solution_id != seed else "the seed, the best kernel so far": best.solution_id}
+        if seed and seed != best.solution_id:
+            roles["the seed, the kernel the search started from"] = seed
+        return {role: p for role, sid in roles.items()
+                if (p := self.profiles.get((sid, best.gpu))) is not None and p.result.ok}
 
     def best_measurement(self) -> tuple[EvalResult, EvalResult | None] | None:
         """The best's latest measurement and the baseline measured beside it (same evaluator, session)."""
@@ -651,6 +688,10 @@ class RunView:
                                               self.active_s, cost))
         elif isinstance(e, Retime):
             self.retimes.append(e)
+        elif isinstance(e, ProfilerNote):
+            self.profiler = e
+        elif isinstance(e, Profile):
+            self.profiles[(e.solution_id, e.gpu)] = e
         elif isinstance(e, Confirm):
             self.confirms[e.gpu] = e
             for row in e.repeats:

@@ -398,6 +398,7 @@ ALL_FIELDS = {
     "world_model": "WORLD-MODEL-VIEW",
     "measurement": "MEASUREMENT-FACTS",
     "remarks": "",
+    "profile": "",
     "failure": "FAILED-ATTEMPT",
     "failure_section": "",
     "passed_code": format_sources({"kernel.py": "import torch  # passed\n"}),

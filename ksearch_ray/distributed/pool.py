@@ -38,6 +38,7 @@ from ray.exceptions import RayActorError, RayError
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.buildcache import BuildRecord, BuildTarget
 from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.evaluation.sandbox.build import arch_for
 from ksearch_ray.models import EvalResult, Solution, Status
@@ -313,6 +314,20 @@ class EvaluatorPool:
                 result: RetimeResult = await self.actors[target].retime.remote(
                     self.config.task, self.config.task_dirs, solution, primary)
                 return result
+            finally:
+                self.in_flight.pop(target, None)
+
+    async def profile_on(self, index: int, solution: Solution, measured: EvalResult, timeout_s: float) -> ProfileResult:
+        """One call of `solution` profiled by evaluator `index` (or its stand-in), between its measurements."""
+        target = self._stand_in(index)
+        async with self._locks[target]:
+            self.in_flight[target] = (f"{solution.name} (profiling)", time.monotonic())
+            try:
+                result: ProfileResult = await self.actors[target].profile.remote(
+                    self.config.task, self.config.task_dirs, solution, measured, timeout_s)
+                return result
+            except RayActorError:
+                raise EvaluatorPoolError(f"evaluator {target} died while it profiled {solution.name}") from None
             finally:
                 self.in_flight.pop(target, None)
 

@@ -50,6 +50,8 @@ class EvaluatorInfo(BaseModel):
     software: dict[str, str] = Field(default_factory=dict, description="torch, triton, CUDA versions the candidate runs with.")
     isolated: bool = False
     isolation_warnings: list[str] = Field(default_factory=list)
+    profiler: str | None = Field(default=None, description="The profiler this evaluator profiles bests with (ncu VERSION).")
+    profiler_problem: str | None = Field(default=None, description="Why it cannot profile, when profiling was asked for.")
 
 
 def describe(evaluator: Evaluator, *, node: str = "", gpu_ids: list[str] | None = None) -> EvaluatorInfo:
@@ -63,6 +65,9 @@ def describe(evaluator: Evaluator, *, node: str = "", gpu_ids: list[str] | None 
     info = EvaluatorInfo(device=evaluator.device, name="cpu", hardware="", pid=os.getpid(), node=node,
                          gpu_ids=gpu_ids or [], software=software, isolated=report.isolated,
                          isolation_warnings=report.warnings(evaluator.sandbox.isolation))
+    if evaluator.profiler is not None:
+        found = evaluator.profiler_status()
+        info.profiler, info.profiler_problem = found.tool, found.problem
     if evaluator.device != "cuda":
         info.hardware = ("no GPU: candidates run on the CPU in Triton's interpreter (TRITON_INTERPRET=1) "
                          "on reduced workloads; timings are host wall-clock")

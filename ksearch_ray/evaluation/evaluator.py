@@ -27,6 +27,8 @@ from ksearch_ray.evaluation.buildcache import BuildRecord, sha256_bytes
 from ksearch_ray.evaluation.compare import Comparison
 from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
 from ksearch_ray.evaluation.judge import Judge, reference_precision
+from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
+from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.retime import RetimeResult, retime
 from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, default_work_root
 from ksearch_ray.evaluation.sandbox.handover import describe
@@ -37,13 +39,14 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Job,
     Output,
     Prebuilt,
+    ProfileJob,
     Ready,
     StopCmd,
     WorkItem,
 )
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
-from ksearch_ray.evaluation.settings import Limits, TimingPolicy
+from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
@@ -108,6 +111,7 @@ class Evaluator:
         peaks: DevicePeaks | None = None,
         start: bool = True,
         device_handover: bool = True,
+        profiler: ProfilerSettings | None = None,
     ):
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
@@ -121,6 +125,9 @@ class Evaluator:
         # Peaks of the GPU for the physical floor; none on the CPU path unless a caller supplies them.
         self.peaks = peaks if peaks is not None else (peaks_for(device_name(device)) if device == "cuda" else None)
         self.device_handover = device_handover
+        self.profiler = profiler
+        """How `profile` runs ncu; None: this evaluator profiles nothing."""
+        self._profiler_found: ProfilerFound | None = None
         self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
         self.judge = Judge(device, self.limits.reference_cache_mb * 2**20)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
@@ -231,6 +238,60 @@ class Evaluator:
         """Time `solution` again by a second, independent method, in a fresh worker, and say whether
         `primary` (its evaluation) agrees. See evaluation/retime.py for the method and tolerance."""
         return retime(self.evaluate, self.device, task, solution, primary, frozenset(options))
+
+    def profiler_status(self) -> ProfilerFound:
+        """Whether this evaluator can profile, looked up once (`ncu --version` answers in a second or so)."""
+        if self._profiler_found is None:
+            if self.profiler is None:
+                found = ProfilerFound(problem="profiling was not asked for")
+            elif self.device != "cuda":
+                found = ProfilerFound(problem="the CPU path has no GPU profiler")
+            elif (path := find_ncu(self.profiler.ncu)) is None:
+                where = self.profiler.ncu or "PATH, CUDA_HOME/bin, /usr/local/cuda/bin, /opt/nvidia/nsight-compute"
+                found = ProfilerFound(problem=f"Nsight Compute (ncu) was not found ({where})")
+            elif (version := ncu_version(path)) is None:
+                found = ProfilerFound(problem=f"{path} does not answer `ncu --version`")
+            else:
+                found = ProfilerFound(tool=f"ncu {version}", path=str(path))
+            self._profiler_found = found
+        return self._profiler_found
+
+    def profile(self, task: Task, solution: Solution, measured: EvalResult, *, timeout_s: float | None = None,
+                options: frozenset[str] | set[str] = frozenset(), copy_logs_to: Path | None = None) -> ProfileResult:
+        """Profile one call of `solution` with Nsight Compute on the slowest workload of `measured` (its
+        evaluation), in a fresh worker of this evaluator's sandbox, outside any timed measurement, within
+        `timeout_s` (default: the profiler settings'); see evaluation/profiling.py. Never raises for the
+        candidate's doings: a failure is a result."""
+        slowest = slowest_workload(measured)
+        found = self.profiler_status()
+        if slowest is None or found.path is None or self.profiler is None:
+            return ProfileResult(status="failed", solution_id=solution.id, workload=slowest[0] if slowest else "",
+                                 message=found.problem or "the evaluation timed no workload")
+        name, mean_ms = slowest
+        workload = next((w for w in task.workloads(measured.workload_set, self.device) if w.name == name), None)
+        if workload is None:
+            return ProfileResult(status="failed", solution_id=solution.id, workload=name,
+                                 message=f"the workload set {measured.workload_set} has no workload {name}")
+        workdir = self._workdir(solution, gpumode=task.definition.interface == "gpumode")
+        cache = self.work_root / "cache" / solution.id / "triton"
+        cache.mkdir(parents=True, exist_ok=True)
+        job = ProfileJob(
+            workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(task.root), device="cuda" if self.device == "cuda" else "cpu",
+            options=sorted(options), solution_id=solution.id, language=solution.language, entry_file=solution.entry_file,
+            entry_point=solution.entry_point, prepare=trusted_prepare(task, solution),
+            item=WorkItem(index=0, workload=workload, seed=derive_seed(self.secret, name, workload.params.get("seed"), "profile")),
+            warmup_calls=self.profiler.warmup_calls, ncu=found.path, ncu_args=ncu_arguments(self.profiler.launch_count),
+        )
+        try:
+            return run_profile(self.sandbox, job, timeout_s or self.profiler.timeout_s, workload=name, measured_ms=mean_ms,
+                               tool=found.tool or "ncu", keep=self.profiler.kernels,
+                               launch_count=self.profiler.launch_count, identifiers=source_identifiers(solution.sources),
+                               copy_logs_to=copy_logs_to)
+        except (SandboxError, OSError, ConnectionError) as exc:  # the sandbox's own failure, not the candidate's
+            return ProfileResult(status="failed", solution_id=solution.id, workload=name, measured_ms=mean_ms,
+                                 message=f"the sandbox could not start the profile job: {clip(str(exc), 200)}")
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def learn_stage_times(self, task: Task, baseline: EvalResult) -> None:
         """Scale this evaluator's wait limits for `task` from `baseline` (a PASSED evaluation of the task's

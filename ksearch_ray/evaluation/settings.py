@@ -90,3 +90,16 @@ class TimingPolicy(BaseModel):
                 f"the standard error of the mean is below {self.target_rel_err:.2%} of the mean (at least "
                 f"{self.min_calls} calls), or {self.max_calls} calls, or {self.max_total_s:g} s of timed calls, "
                 f"or {self.max_wall_s:g} s of wall time")
+
+
+class ProfilerSettings(BaseModel):
+    """How an evaluator profiles a kernel (`Evaluator.profile`, evaluation/profiling.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ncu: str | None = Field(default=None, description=(
+        "The ncu executable; none: PATH, CUDA_HOME/bin, /usr/local/cuda/bin, /opt/nvidia/nsight-compute/*/ncu."))
+    timeout_s: float = Field(default=300.0, gt=0, description="Wall-clock limit of one profile, sandbox start to end.")
+    kernels: int = Field(default=5, ge=1, le=50, description="Kernels kept per profile, slowest first.")
+    launch_count: int = Field(default=200, ge=1, description="Most kernels of the call that ncu profiles.")
+    warmup_calls: int = Field(default=2, ge=1, description="Calls before the profiled one (compiles, autotuning, caches).")

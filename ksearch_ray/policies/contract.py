@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.llm.types import LLMCall
 from ksearch_ray.taskspec.task import TaskDefinition
@@ -133,6 +134,7 @@ class PlanRequest:
     facts: Facts | None = None
     rejected: list[str] = field(default_factory=list)  # edits of the planner's earlier replies that were not applied, and why
     empty_before: bool = False  # this very question got an empty plan; an empty one again ends the search
+    profiles: dict[str, ProfileResult] = field(default_factory=dict)  # role -> Nsight Compute profile (the best's, the seed's)
 
 
 @dataclass

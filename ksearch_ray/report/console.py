@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.events import (
     NO_CODE,
     Baseline,
@@ -25,6 +26,7 @@ from ksearch_ray.events import (
     Evaluation,
     Event,
     Outage,
+    Profile,
     Resume,
     RunEnd,
     Seed,
@@ -183,7 +185,23 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     for confirm in summary.confirmed:
         where = f" on {confirm['gpu']}" if len(summary.confirmed) > 1 else ""
         lines.append(f"re-timed{where}, interleaved with the baseline: {confirm.get('verdict')}")
+    lines += profile_lines(summary)
     return lines
+
+
+def profile_lines(summary: RunSummary) -> list[str]:
+    """The best's profile in a line or two (`ksearch report` has every kernel of every best)."""
+    if summary.profiler is None:
+        return []
+    if summary.profiler.get("problem"):
+        return [f"profiling (--profile-bests): {summary.profiler['problem']}"]
+    best = summary.best or {}
+    mine = [p for p in summary.profiles if p["solution_id"] == best.get("solution_id") and p["gpu"] == best.get("gpu")]
+    if not mine:
+        return [f"profile of the best: not yet ({len(summary.profiles)} profile(s) of earlier bests)"]
+    profile = ProfileResult.model_validate({k: v for k, v in mine[-1].items() if k != "gpu"})
+    head, *kernels = profile.lines(kernels=1)
+    return [f"profile of the best: {head}", *(f"  slowest kernel {k}" for k in kernels)]
 
 
 def ledger_table(summary: RunSummary) -> Table | None:
@@ -304,6 +322,13 @@ def event_line(ev: Event, elapsed_s: float) -> str | None:
         return f"{at} seed {ev.result.status.value}: the starting solution does not pass"
     if isinstance(ev, Confirm):
         return f"{at} re-timed against the baseline: {ev.verdict}"
+    if isinstance(ev, Profile):
+        r = ev.result
+        if not r.ok:
+            return f"{at} profile of {ev.solution_id} {r.status}: {r.message}"
+        top = r.kernels[0] if r.kernels else None
+        slowest = f"; the slowest {top.name} {top.duration_ms:.3g} ms" if top else ""
+        return f"{at} profiled {ev.solution_id} on {r.workload} in {r.seconds:.0f} s: {r.kernel_count} kernel(s){slowest}"
     if isinstance(ev, Outage):
         if ev.state == "began":
             return f"{at} the LLM provider is failing ({clip(ev.error, 120)}): the run waits; no round is spent"

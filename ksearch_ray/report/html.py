@@ -47,6 +47,7 @@ def render(run: Run, *, now: float | None = None) -> str:
         _section("world-model", "World model", _world_model(run)),
         _section("evaluations", "Evaluations", _evaluations(run)),
         _section("workloads", "Best against the baseline, per workload", _workloads(run)),
+        _section("profiles", "Profiles of the bests (Nsight Compute)", _profiles(run)),
         _section("llm", "LLM ledger", _ledger(run)),
         _section("code", "Best kernel", _code(run)),
         _section("settings", "Settings", _settings(run)),
@@ -76,7 +77,7 @@ def render(run: Run, *, now: float | None = None) -> str:
 
 
 NAV = [("outcome", "Outcome"), ("progress", "Best so far"), ("world-model", "World model"), ("evaluations", "Evaluations"),
-       ("workloads", "Per workload"), ("llm", "LLM ledger"), ("code", "Best kernel"), ("settings", "Settings")]
+       ("workloads", "Per workload"), ("profiles", "Profiles"), ("llm", "LLM ledger"), ("code", "Best kernel"), ("settings", "Settings")]
 
 
 # --------------------------------------------------------------------------------------- sections
@@ -284,6 +285,43 @@ def _workloads(run: Run) -> str:
             f"same evaluator in the same session as the best.</p>"
             f'<table class="sortable data"><thead><tr><th>workload</th><th>baseline ms</th><th>best ms</th><th>speedup</th>'
             f"<th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _profiles(run: Run) -> str:
+    note = run.view.profiler
+    if note is None:
+        return _empty("Profiling was not asked for (--profile-bests).")
+    if not note.evaluators:
+        return _empty(f"Profiling was asked for, but no evaluator could profile: {note.problem}.")
+    if not run.view.profiles:
+        return _empty(f"No best has been profiled yet ({note.tool}).")
+    parts = [f"<p>Each new best was profiled once with {h(note.tool)}, outside its timed measurement: one call on its "
+             "slowest workload, every kernel replayed with cold caches. Throughputs are % of the GPU's peak; stalls are "
+             "warp cycles per issued instruction. The profiler ran beside the candidate's code, so these figures were "
+             "checked for range and are evidence, not measurements.</p>"]
+    header = ["kernel", "ms", "share", "DRAM %", "DRAM GB/s", "SM %", "memory %", "occupancy %", "theoretical %",
+              "registers", "block", "grid", "top stalls"]
+    for profile in sorted(run.view.profiles.values(), key=lambda p: p.seq):
+        r = profile.result
+        title = f"solution {profile.solution_id} on {profile.gpu}"
+        if not r.ok:
+            parts.append(f"<h3>{h(title)}</h3>" + _empty(f"Not profiled ({r.status}, after {r.seconds:.0f} s): {r.message}."))
+            continue
+        rows = []
+        for k in r.kernels:
+            share = k.duration_ms / r.kernels_ms if r.kernels_ms else None
+            rows.append("<tr>" + "".join((
+                _cell(k.name, wrap=True), _cell(_ms(k.duration_ms), k.duration_ms),
+                _cell(f"{share:.0%}" if share is not None else "", share), *(_cell(_ms(v), v) for v in (
+                    k.dram_pct, k.dram_gb_s, k.sm_pct, k.memory_pct, k.occupancy_pct, k.theoretical_occupancy_pct)),
+                _cell(k.registers if k.registers is not None else "", k.registers),
+                _cell("x".join(map(str, k.block)) if k.block else ""), _cell("x".join(map(str, k.grid)) if k.grid else ""),
+                _cell(", ".join(f"{st.reason} {st.cycles:.2g}" for st in k.stalls), wrap=True),
+            )) + "</tr>")
+        parts.append(f"<h3>{h(title)}</h3><p>{h(r.lines()[0])}; the profile took {r.seconds:.1f} s.</p>"
+                     f'<div class="scroll"><table class="sortable data"><thead><tr>{"".join(f"<th>{c}</th>" for c in header)}'
+                     f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    return "".join(parts)
 
 
 def _ledger(run: Run) -> str:

@@ -63,6 +63,12 @@ class RunSummary(BaseModel):
     lost: list[str] = Field(default_factory=list, description=(
         "Evaluations an evaluator (or its node) took down with it: the solution, the evaluator, and whether it was "
         "evaluated again."))
+    profiler: dict[str, Any] | None = Field(default=None, description=(
+        "Profiling of the bests (--profile-bests): tool, evaluators, or the problem that kept every evaluator from it; "
+        "null when it was not asked for."))
+    profiles: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Each best's Nsight Compute profile, oldest first: solution_id, gpu, and the profile (status, message, "
+        "workload, measured_ms, seconds, tool, kernels with their throughputs, occupancy and top stalls)."))
     world_model: dict[str, Any] | None = Field(description="The world-model tree (JSON); null for methods that keep none.")
 
 
@@ -93,5 +99,9 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         ledger=[LedgerRow.model_validate(row) for row in run.ledger().iter_rows(named=True)],
         cycles_open=[{"cycle": c, "node": n} for c, n in run.cycles_in_flight()],
         lost=run.view.lost_phrases(),
+        profiler=run.view.profiler.model_dump(mode="json", include={"tool", "evaluators", "problem"})
+        if run.view.profiler else None,
+        profiles=[{"solution_id": p.solution_id, "gpu": p.gpu, **p.result.model_dump(mode="json", exclude={"solution_id"})}
+                  for p in sorted(run.view.profiles.values(), key=lambda p: p.seq)],
         world_model=tree.model_dump(mode="json") if tree else None,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
@@ -55,6 +56,10 @@ class EvaluatorPool(Protocol):
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult: ...
 
     async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult: ...
+
+    async def profile_on(self, index: int, solution: Solution, measured: EvalResult, timeout_s: float) -> ProfileResult:
+        """One call of `solution` profiled by evaluator `index`, on the slowest workload of `measured`, within `timeout_s`."""
+        ...
 
     def release(self) -> None:
         """Give back what the pool holds (actors, GPUs, sandboxes)."""

@@ -37,6 +37,7 @@ from typing import Any
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.profiling import ProfileResult, kernel_line
 from ksearch_ray.evaluation.scoring import speedup
 from ksearch_ray.events import (
     Baseline,
@@ -51,6 +52,8 @@ from ksearch_ray.events import (
     Outage,
     PlanEmpty,
     PlanFailed,
+    Profile,
+    ProfilerNote,
     Remeasure,
     Resume,
     Retime,
@@ -98,6 +101,8 @@ REJECTED_LIMIT = 5
 refusal is one failed call, but one that every request gets will not clear."""
 REJECTIONS_SHOWN = 12
 """Lines of not-applied edits a planner prompt repeats."""
+PROFILE_MIN_S = 30.0
+"""A profile is not started with less wall budget than this left (a TriMul best takes 10 to 15 s on an H200)."""
 
 
 class Search:
@@ -143,6 +148,7 @@ class Search:
         self._outage_failures = 0
         self._outage_error = ""
         self._rejected_in_a_row = 0
+        self._profiling: dict[str, asyncio.Task[None]] = {}  # solution id -> its profile in flight (between measurements)
 
     # --- the log ---------------------------------------------------------------------------------
 
@@ -205,6 +211,8 @@ class Search:
             for warning in info.isolation_warnings:
                 self.on_line(f"WARNING: evaluator {index}: {warning}")
                 self.record(IsolationWarning(evaluator=index, warning=warning))
+        if self.config.evaluation.profile.bests:
+            self._note_profiler()
         assert self.view.tree is not None
         self.mirror = WorldModelState(self.view.tree, self.store.has_solution)
         self.world_model = self.backends.world_model(self.view.tree)
@@ -369,7 +377,8 @@ class Search:
             kind, task=self.task.definition, tree=tree, hardware=self.hardware,
             language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.seeds(),
             max_actions=max_actions, noise=self._noise_value(), prompt_budget_tokens=self.config.llm.prompt_budget_tokens,
-            facts=self.facts(), rejected=self._rejections(), **fields,
+            facts=self.facts(), rejected=self._rejections(),
+            profiles={role: p.result for role, p in self.view.best_profiles().items()}, **fields,
         )
 
     def code_request(self, kind: str, **fields: Any) -> CodeRequest:
@@ -386,6 +395,12 @@ class Search:
         return noise.value if noise else None
 
     async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, dict[str, Any] | None]:
+        best = self.view.best
+        if best is not None and best.solution_id in self._profiling:
+            # The best's profile is on its way (a cycle that just found it asks the planner to refine now): the planner
+            # waits for it, at most one profile's limit, rather than plan without it.
+            await asyncio.shield(self._profiling[best.solution_id])
+            request.profiles = {role: p.result for role, p in self.view.best_profiles().items()}
         reply: PlanReply = await self._policy_call("planner", request.kind, request, cycle)
         for note in reply.notes:
             self.on_line(f"planner ({request.kind}): {note}")
@@ -544,6 +559,7 @@ class Search:
     def _set_best(self, best: Best) -> None:
         """Record a best and, when it is the run's best, write best.json and best/."""
         self.record(best)
+        self._profile_later(best)
         run_best = self.view.best
         if run_best is None or run_best.solution_id != best.solution_id or run_best.gpu != best.gpu:
             return  # a better kernel on another GPU type stays the run's best
@@ -564,6 +580,73 @@ class Search:
         if not check.agreed:
             self.on_line(f"not recorded as a best: the independent re-timing disagrees ({clip(check.message, 200)})")
         return check.agreed
+
+    # --- profiles of the bests (--profile-bests) ---------------------------------------------------------
+
+    def _note_profiler(self) -> None:
+        """Say in one line which profiler the evaluators have, or why none can profile (the run goes on)."""
+        able = [i for i, info in enumerate(self.infos) if info.profiler]
+        if able:
+            tool = self.infos[able[0]].profiler
+            self.record(ProfilerNote(tool=tool, evaluators=able))
+            self.on_line(f"profiling each new best once with {tool} (evaluators {', '.join(map(str, able))}), "
+                         "outside the timed measurements")
+            return
+        problem = next((info.profiler_problem for info in self.infos if info.profiler_problem), None) \
+            or "no evaluator reported a profiler"
+        self.record(ProfilerNote(problem=problem))
+        self.on_line(f"profiling (--profile-bests): {problem}; the run goes on without profiles")
+
+    def _profile_later(self, best: Best) -> None:
+        """Profile a new best once (per GPU type), beside the search: the evaluator takes it between
+        measurements, never inside one."""
+        note = self.view.profiler
+        if not self.config.evaluation.profile.bests or note is None or not note.evaluators:
+            return
+        if (best.solution_id, best.gpu) in self.view.profiles:
+            return  # profiled already (the seed given back, a best re-measured in a later session)
+        index = next((i for i in note.evaluators if i < len(self.infos) and self.infos[i].name == best.gpu), None)
+        measured = self.view.results.get(best.solution_id)
+        if index is None or measured is None:
+            return
+        limit = self.config.evaluation.profile.limit_s
+        left = self._wall_left()
+        if left is not None:  # within the wall budget, beside the room kept for the final re-timing
+            limit = min(limit, left - self.confirm_estimate_s())
+            if limit < PROFILE_MIN_S:
+                self.on_line(f"not profiling the best {best.solution_id}: the wall budget leaves {max(limit, 0):.0f} s")
+                return
+        task = asyncio.get_running_loop().create_task(self._profile(best, index, measured, limit))
+        self._profiling[best.solution_id] = task
+        solution_id = best.solution_id
+
+        def done(_task: asyncio.Task[None]) -> None:
+            self._profiling.pop(solution_id, None)
+        task.add_done_callback(done)
+
+    async def _profile(self, best: Best, index: int, measured: EvalResult, limit_s: float) -> None:
+        key = f"profile {best.solution_id}"
+        self.working(key, f"profiling the best {best.solution_id} with Nsight Compute")
+        try:
+            result = await self.pool.profile_on(index, self.solution(best.solution_id), measured, limit_s)
+        except SearchError as exc:  # the evaluator was lost meanwhile: a profile is evidence, the search goes on
+            result = ProfileResult(status="failed", solution_id=best.solution_id, workload="",
+                                   message=f"its evaluator failed: {clip(str(exc), 200)}")
+        finally:
+            self.working(key, None)
+        self.record(Profile(solution_id=best.solution_id, evaluator=index, gpu=best.gpu, result=result))
+        if result.ok and result.kernels:
+            top = result.kernels[0]
+            self.on_line(f"profiled the best {best.solution_id} on {result.workload} in {result.seconds:.0f} s: "
+                         f"{result.kernel_count} kernel(s); the slowest: {kernel_line(top, result.kernels_ms)}")
+        else:
+            self.on_line(f"WARNING: profiling the best {best.solution_id} {result.status}: {result.message}; "
+                         "the search goes on")
+
+    async def _profiles_done(self) -> None:
+        """Wait for the profiles in flight (before the planner's first call, and before the final re-timing)."""
+        while self._profiling:
+            await asyncio.gather(*list(self._profiling.values()))
 
     # --- budgets ------------------------------------------------------------------------------------------
 
@@ -635,12 +718,15 @@ class Search:
                 await self._seed()
             elif self.view.session > 0:
                 await self._remeasure_best()
+            await self._profiles_done()  # the first plan is made with the starting kernel's profile
             self._say_estimate()
             spent = self.budget_left()
             if spent:
                 self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
             reason = await self.method.run(self)
+            await self._profiles_done()
             await self._confirm()
+            await self._profiles_done()  # a best given back to the seed is profiled already; anything else, now
             best = self.view.best
             self.record(RunEnd(
                 reason=reason, rounds=self.view.rounds_used, best=best.model_dump(mode="json") if best else None,
@@ -649,6 +735,8 @@ class Search:
             ))
             return self.view
         finally:
+            for task in list(self._profiling.values()):
+                task.cancel()
             self.release()
 
     def _say_estimate(self) -> None:

@@ -16,5 +16,5 @@ def build_evaluator(settings: EvaluationConfig, device: str, work_root: Path | N
     return Evaluator(
         device, work_root,
         limits=settings.limits.model_copy(), timing=settings.timing_for(device),
-        isolation=Isolation(settings.isolation), start=start,
+        isolation=Isolation(settings.isolation), start=start, profiler=settings.profile.settings(),
     )

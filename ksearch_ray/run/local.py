@@ -18,6 +18,7 @@ from typing import Any
 from ksearch_ray.config import ConfigError, RunConfig
 from ksearch_ray.evaluation.describe import EvaluatorInfo, describe
 from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import EvalResult, Solution
@@ -129,6 +130,11 @@ class LocalEvaluatorPool:
     async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult:
         result: RetimeResult = await self._on(index, solution, f"{solution.name} (re-timing)",
                                               lambda ev: ev.retime(self.task, solution, primary))
+        return result
+
+    async def profile_on(self, index: int, solution: Solution, measured: EvalResult, timeout_s: float) -> ProfileResult:
+        result: ProfileResult = await self._on(index, solution, f"{solution.name} (profiling)",
+                                               lambda ev: ev.profile(self.task, solution, measured, timeout_s=timeout_s))
         return result
 
     def release(self) -> None:

@@ -18,6 +18,8 @@ report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
               evaluator -> FinishCmd ; worker -> Done
     any time: worker -> Progress (a kernel compiled, a warm-up call): it resets the wait limit.
 
+    profile:  evaluator -> ProfileJob (first frame) ; worker -> Ready ... Profiled     (sandbox/profiler.py)
+
 A hand-over (`Handover`) names tensors inside one buffer the worker passes as a file descriptor
 with the frame (sandbox/handover.py): a sealed memfd, or CUDA device memory exported by the
 driver.
@@ -84,6 +86,29 @@ class BuildJob(_Message):
     module_name: str
     archs: list[str]
     max_jobs: int = 1
+
+
+class ProfileJob(_Message):
+    """One call of a candidate under Nsight Compute (sandbox/profiler.py), outside any timed measurement:
+    the worker runs `ncu` as the wrapper of a fresh Python that builds the candidate, warms it up on
+    one workload and calls it once between cudaProfilerStart and cudaProfilerStop."""
+
+    type: Literal["profile"] = "profile"
+    workdir: str
+    triton_cache_dir: str
+    task_root: str
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="cpu: the plumbing alone (tests), no CUDA calls.")
+    options: list[str] = Field(default_factory=list)
+    solution_id: str
+    language: Language
+    entry_file: str
+    entry_point: str
+    prepare: str | None = Field(default=None, description="A trusted baseline's untimed setup function.")
+    item: WorkItem
+    warmup_calls: int = Field(default=2, ge=1)
+    ncu: str = Field(description="The ncu executable.")
+    ncu_args: list[str] = Field(description="ncu's options (evaluation/ncu.py), before --log-file and the command.")
+    log_name: str = Field(default="ncu.csv", pattern=r"^[A-Za-z0-9_.-]+$", description="ncu's log, in the job directory.")
 
 
 # --- hand-overs --------------------------------------------------------------------------------
@@ -173,7 +198,14 @@ class Ran(_Message):
     type: Literal["ran"] = "ran"
 
 
-ReportMessage = Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | Done | Fail | Prepared | Ran
+class Profiled(_Message):
+    """A profile job's end: ncu's exit code (negative: the signal that ended it)."""
+
+    type: Literal["profiled"] = "profiled"
+    code: int
+
+
+ReportMessage = Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | Done | Fail | Prepared | Ran | Profiled
 Report = Annotated[ReportMessage, Field(discriminator="type")]
 
 # --- evaluator -> worker -----------------------------------------------------------------------

@@ -91,6 +91,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         from ksearch_ray.evaluation.sandbox.build import serve_build
 
         return serve_build(chan, job)
+    if job.get("type") == "profile":  # one call under Nsight Compute (evaluation/profiling.py)
+        from ksearch_ray.evaluation.sandbox.profiler import serve_profile
+
+        return serve_profile(chan, job)
     t0 = _perf()
     worker: Worker | None = None
     try:

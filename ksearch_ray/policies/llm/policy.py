@@ -48,6 +48,7 @@ from ksearch_ray.policies.llm.views import (
     knowledge_text,
     measurement_text,
     noise_text,
+    profile_section,
     result_text,
     times_text,
 )
@@ -235,7 +236,7 @@ class LLMPolicy:
             "language": request.language, "noise": noise_text(request.noise), "max_actions": request.max_actions,
             "seed": self._seed_text(request), "node": render_node(request.tree, node),
             "evidence": evidence_text(request.evidence, request.facts), "code": self._code_text(request),
-            "world_model": "", "remarks": self._remarks(request),
+            "world_model": "", "remarks": self._remarks(request), "profile": profile_section(request.profiles),
         }
         rest = sum(len(m["content"]) for m in render(request.kind, prompts_dir=self.prompts_dir, **fields))
         room = budget - rest

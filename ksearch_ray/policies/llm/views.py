@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 
+from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import (
     Attempt,
@@ -47,6 +48,23 @@ def noise_text(noise: float | None) -> str:
         return "unknown (no kernel was measured twice yet)"
     return (f"repeated measurements of one unchanged kernel differ by up to {100 * noise:.2g}%: "
             "a speedup difference smaller than that is not evidence")
+
+
+def profile_section(profiles: dict[str, ProfileResult]) -> str:
+    """The planner head's profiler section ('' without a profile, so prompts without one are unchanged).
+    Every figure is a checked number, every name a folded identifier or a known stall reason
+    (evaluation/ncu.py): the profiled process was the candidate's, so nothing in it is free text."""
+    shown = {role: p for role, p in profiles.items() if p.ok}
+    if not shown:
+        return ""
+    parts = ["\n\n# Profile (Nsight Compute)\n\nOne call of the kernel on its slowest workload, profiled once outside "
+             "the timed measurements. Throughputs are percentages of this GPU's peak; achieved occupancy is the "
+             "share of the SM's warp slots in use; stalls are warp cycles per issued instruction, largest first. "
+             "Leads for where the time goes, not measurements (the timings are those)."]
+    for role, profile in shown.items():
+        head, *kernels = profile.lines()
+        parts.append(f"\n\nOf {role} (solution {profile.solution_id}), {head}:\n" + "\n".join(f"  {k}" for k in kernels))
+    return "".join(parts)
 
 
 def hardware_text(hardware: str, facts: Facts | None) -> str:

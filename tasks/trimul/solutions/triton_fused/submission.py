@@ -135,6 +135,8 @@ def _project_kernel(
             acc_a = _mma(tl.load(wa + ks[None, :], mask=k_ok[None, :], other=0.0), xt, acc_a, EMULATE)
             acc_b = _mma(tl.load(wb + ks[None, :], mask=k_ok[None, :], other=0.0), xt, acc_b, EMULATE)
     b0 = row0 // NN  # with TMA_STORE, the batch element of every row of the block
+    # A name bound in both branches of a runtime `if` must have one type in both (the compiler
+    # refuses it, the interpreter does not): hence gate_offs here and offs below.
     if is_gate:
         ga = tl.sigmoid(acc_a).to(tl.float16)
         gb = tl.sigmoid(acc_b).to(tl.float16)

@@ -3,7 +3,8 @@
 References are checked against independent float64 computations on hand-built page tables
 (uneven and even splits, empty requests, causal offsets, MoE tokens with and without local
 experts); input synthesis against its invariants; every solution through the real sandboxed
-evaluator on the CPU path; every tunable choice of the Triton seeds on a hard small case; and
+evaluator on the CPU path; every tunable choice of the Triton seeds on a hard small case; GQA's
+split-KV kernel on every CPU workload, on its edge cases and in every tunable choice; and
 FlashInfer-Bench datasets and solution JSON both ways. GPU tests are marked and skipped here.
 
 Triton fixes interpreter vs compiler for its own library when it is first imported, so the
@@ -497,19 +498,125 @@ def test_every_tunable_choice_passes(name, tunable, value, tmp_path):
 
 
 def _check_seed_variant(name: str, values: dict[str, Any], tmp_path: Path) -> None:
+    _check_variant(name, _seed_source(name), values, *_hard_case_with_reference(name), tmp_path)
+
+
+def _check_variant(name: str, source: str, values: dict[str, Any], inputs: dict[str, Any], expected: dict[str, Any],
+                   tmp_path: Path) -> None:
     # Triton reads kernel source from the file, so each variant needs a real file of its own.
     path = tmp_path / "main.py"
-    path.write_text(rewrite_tunables(_seed_source(name), values))
-    module_name = f"fi_seed_{name}_{'_'.join(f'{k}{v}' for k, v in values.items())}"
+    path.write_text(rewrite_tunables(source, values))
+    module_name = f"fi_variant_{tmp_path.name}"
     module = load_module_file(path, module_name)
     try:
         task = _task(name)
-        inputs, expected = _hard_case_with_reference(name)
         got = task.normalize_outputs(task.call(module.run, inputs))
         verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
         assert verdict.status is Status.PASSED, verdict.message
     finally:
         sys.modules.pop(module_name, None)
+
+
+# --- (e') the split-KV GQA kernel (issue 22) ------------------------------------------------------
+# Correct on the CPU first: the interpreter runs the same plan as the GPU (132 SMs), so requests
+# are cut into several pieces and merged even on the small CPU workloads.
+
+SPLITKV = "triton_splitkv"
+
+
+def _splitkv_source() -> str:
+    return (TASKS / GQA / "solutions" / SPLITKV / "main.py").read_text()
+
+
+@functools.cache
+def _splitkv_module() -> Any:
+    return load_module_file(TASKS / GQA / "solutions" / SPLITKV / "main.py", "fi_gqa_splitkv")
+
+
+@pytest.fixture(scope="module")
+def light_evaluator(tmp_path_factory: pytest.TempPathFactory):
+    """Two timed calls a workload and no warm-up: in fresh mode the second call's inputs (a new page
+    table and split) are judged too, and each call is a second or so of interpreter."""
+    ev = Evaluator(
+        "cpu", tmp_path_factory.mktemp("fi_light_sandbox"),
+        limits=Limits(setup=120, build_python=60, idle=60, total=240),
+        timing=TimingPolicy(max_calls=2, min_calls=2, warmup_calls=0, max_total_s=1.0),
+    )
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize(("workload_set", "mode", "count"), [("all", "fresh", 5), ("feedback", "reuse", 3)])
+def test_splitkv_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, workload_set, mode, count):
+    """Every CPU workload with new inputs for each timed call (feedback-cpu is a subset of all-cpu),
+    and the feedback ones on the same inputs call after call."""
+    task = _task(GQA)
+    result = light_evaluator.evaluate(task, task.solution(SPLITKV), workload_set=workload_set, mode=mode)
+    assert result.status is Status.PASSED, (result.message, result.log)
+    assert result.workload_set == f"{workload_set}-cpu" and len(result.workloads) == count
+    assert all(w.timing is not None for w in result.workloads)
+
+
+def test_splitkv_plan_covers_every_split_and_fills_the_gpu():
+    mod = _splitkv_module()
+    gen = torch.Generator().manual_seed(0)
+    for wl in _task(GQA).workloads("all", "cuda"):
+        batch, tokens = wl.axes["batch_size"], wl.axes["num_kv_indices"]
+        chunk, grid = mod.plan(batch, tokens, 4, 132)
+        assert chunk % mod.BLOCK_KV == 0 and chunk >= mod.MIN_PIECE_TILES * mod.BLOCK_KV
+        if tokens >= 132 * chunk:  # large enough to split: about PROGRAMS_PER_SM programs per SM
+            assert grid * 4 >= mod.PROGRAMS_PER_SM * 132
+        for style in SPLIT_STYLES:
+            lengths = split_lengths(tokens, batch, style, gen, "cpu")
+            assert int(((lengths + chunk - 1) // chunk).sum()) <= grid, (wl.name, style)
+
+
+def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
+    return {
+        "one_token": [1],
+        "one_full_piece": [chunk],
+        "one_past_a_piece": [chunk + 1],
+        "around_piece_edges": [chunk - 1, 0, 2 * chunk + 1, 1, 2 * chunk],
+        "skewed": [5 * chunk + 7, 1, 0, 2, 1, 1],
+        "all_empty": [0, 0, 0],
+        "many_requests": [3, 0, 1, chunk + 2, 0, 7, 1, 1, 2, 0, 9],  # several steps of the prefix sum
+    }
+
+
+@pytest.mark.parametrize("case", list(_splitkv_cases(64)))
+def test_splitkv_edge_cases_match_the_reference(case, monkeypatch):
+    mod = _splitkv_module()
+    chunk, _ = mod.plan(16, 800, 4, 132)
+    assert chunk == 64  # the default plan of every case below: short pieces, so requests split
+    lengths = _splitkv_cases(chunk)[case]
+    monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over kv_indptr in steps of 4 requests
+    task = _task(GQA)
+    inputs = _decode_case(GQA, lengths, seed=12)
+    got = task.normalize_outputs(task.call(mod.run, inputs))
+    expected = task.reference(inputs)
+    verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+    assert verdict.status is Status.PASSED, verdict.message
+    assert torch.equal(torch.isinf(got["lse"]), torch.isinf(expected["lse"]))
+
+
+SPLITKV_VARIANTS = [(t.name, c) for t in read_tunables(_splitkv_source()).values() for c in t.choices if c != t.value]
+
+
+def test_splitkv_declares_tile_split_warp_and_stage_tunables():
+    assert {"BLOCK_KV", "PROGRAMS_PER_SM", "NUM_WARPS", "NUM_STAGES"} <= set(read_tunables(_splitkv_source()))
+
+
+@functools.cache
+def _splitkv_hard_case() -> tuple[dict[str, Any], dict[str, Any]]:
+    # 300 tokens: longer than the longest piece of any variant (256), so every variant merges;
+    # 37 tokens: one piece in every variant; and an empty request.
+    inputs = _decode_case(GQA, [37, 0, 300], seed=13)
+    return inputs, _task(GQA).reference(inputs)
+
+
+@pytest.mark.parametrize(("tunable", "value"), SPLITKV_VARIANTS, ids=[f"{t}={v}" for t, v in SPLITKV_VARIANTS])
+def test_every_splitkv_tunable_choice_passes(tunable, value, tmp_path):
+    _check_variant(GQA, _splitkv_source(), {tunable: value}, *_splitkv_hard_case(), tmp_path)
 
 
 # --- (f) FlashInfer-Bench datasets and solution JSON --------------------------------------------
@@ -712,5 +819,17 @@ def test_every_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, va
     seed = task.solution("triton_seed")
     variant = Solution(**{**seed.model_dump(), "name": f"triton_seed[{tunable}={value}]",
                           "sources": {"main.py": rewrite_tunables(seed.sources["main.py"], {tunable: value})}})
+    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("tunable", "value"), SPLITKV_VARIANTS, ids=[f"{t}={v}" for t, v in SPLITKV_VARIANTS])
+def test_every_splitkv_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunable, value):
+    task = _task(GQA)
+    base = task.solution(SPLITKV)
+    variant = Solution(**{**base.model_dump(), "name": f"{SPLITKV}[{tunable}={value}]",
+                          "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})
     result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
     assert result.status is Status.PASSED, (result.message, result.log)

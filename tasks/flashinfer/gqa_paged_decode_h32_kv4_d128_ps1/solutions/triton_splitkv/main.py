@@ -1,0 +1,244 @@
+"""GQA paged decode (32 query heads, 4 KV heads, head dim 128, page size 1): split-KV in two Triton kernels.
+
+The sequence of every request is cut into pieces of `chunk` tokens, and one program of the split
+kernel handles one (piece, KV head): it holds the 8 query heads of its KV head as the rows of its
+tiles (padded to the 16 rows tl.dot needs), so every K and V row is loaded once for all 8, and walks
+the piece's page ids tile by tile with an online softmax in base 2. The chunk is chosen on the host
+from what the host knows without reading the page table (the number of requests and the total
+number of tokens, i.e. the length of kv_indices), so that the pieces of all requests together give
+about PROGRAMS_PER_SM programs per SM whatever the split of tokens over requests: a skewed batch,
+where one request holds most of the tokens, is spread over the SMs as well as an even one. No
+device-to-host copy: each program finds its (request, piece) from kv_indptr itself, by a prefix sum
+of the pieces per request.
+
+A request that fits in one piece is finished by the split kernel (output and lse written directly).
+The merge kernel, one program per (request, query head), combines the partial outputs of a request
+cut into several pieces by their lse, and writes 0 and -inf for an empty request.
+
+The tunables below are read and rewritten by the offline policy; every choice passes the task's
+tolerance on its own.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# Tokens per step of a piece's walk: K and V tiles are [BLOCK_KV, 128] bf16, 8 KiB each at 32.
+BLOCK_KV = 32  # tunable: [16, 32, 64, 128]
+# How many split programs to aim for per SM (over all requests and KV heads); more programs mean
+# shorter pieces (better balance, more latency hidden by other programs) but more partial outputs
+# to write and merge (16 KiB of fp32 per piece against 256 bytes of K and V per token).
+PROGRAMS_PER_SM = 4  # tunable: [1, 2, 4, 8, 16]
+# The shortest piece, in tiles: below it a split costs more in partials and merging than it saves.
+MIN_PIECE_TILES = 2  # tunable: [1, 2, 4, 8]
+NUM_WARPS = 4  # tunable: [2, 4, 8]
+# Software pipelining of the page walk. The page-id load feeding the K/V gathers costs stages:
+# compiled for sm_90 by Triton 3.9, 2 to 4 stages keep one K/V tile in flight, 5 and 6 keep two.
+NUM_STAGES = 2  # tunable: [1, 2, 3, 4, 5, 6]
+# Operands of P·V (fp32 accumulation always): "fp16" rounds P to fp16 and converts V (exact for
+# bf16 values between 6e-5 and 65504 in magnitude), "tf32" keeps P to 10 mantissa bits and V exact.
+# bf16 P is not offered: its 8-bit mantissa puts a few in 100k output elements past the tolerance
+# (the task's description; measured on the CPU with Hopper's rounding emulated).
+PV_PRECISION = "fp16"  # tunable: ["fp16", "tf32"]
+# Pieces combined per step of the merge, and its warps.
+MERGE_BLOCK = 32  # tunable: [16, 32, 64]
+MERGE_WARPS = 2  # tunable: [1, 2, 4]
+
+LOG2E = 1.4426950408889634
+H200_SMS = 132  # what the interpreter plans for, so the CPU exercises the GPU's splits
+MAX_BLOCK_B = 1024  # requests read per step of the prefix sum over kv_indptr
+
+_sm_counts: dict[int, int] = {}
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    batch, chunk, qk_scale,
+    NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_B: tl.constexpr,
+    PV_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    # KV heads fastest: the 4 programs of a piece run side by side, reading the same page ids and
+    # neighbouring 256-byte parts of the same 1 KiB token rows.
+    p = tl.program_id(0) // NUM_KV_HEADS
+    kvh = tl.program_id(0) % NUM_KV_HEADS
+    # Which request piece p belongs to. Pieces are numbered request by request, ceil(n / chunk) for
+    # a request of n tokens (none for an empty one): the request is the number of requests whose
+    # pieces all come before p (`batch` for a p past the last piece), `first` its first piece.
+    # (Inline rather than a helper: the interpreter pays about a millisecond per helper call.)
+    b = 0
+    first = 0
+    carry = 0
+    for b0 in range(0, batch, BLOCK_B):
+        offs_b = b0 + tl.arange(0, BLOCK_B)
+        b_ok = offs_b < batch
+        b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
+        b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
+        pieces = (b_hi - b_lo + chunk - 1) // chunk  # 0 on masked lanes
+        before = b_ok & (carry + tl.cumsum(pieces, 0) <= p)
+        b += tl.sum(before.to(tl.int32), 0)
+        first += tl.sum(tl.where(before, pieces, 0), 0)
+        carry += tl.sum(pieces, 0)
+    if b < batch:  # programs past the last piece (the grid is an upper bound) do nothing
+        lo = tl.load(indptr_ptr + b)
+        hi = tl.load(indptr_ptr + b + 1)
+        start = lo + (p - first) * chunk
+        end = tl.minimum(start + chunk, hi)  # start < end: a piece holds at least one token
+
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_n = tl.arange(0, BLOCK_KV)
+        h_ok = offs_h < GROUP
+        heads = kvh * GROUP + offs_h
+        row = b.to(tl.int64) * NUM_QO_HEADS + heads  # (request, query head) rows of q, out and lse
+        q = tl.load(q_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+        if INTERPRET:
+            # Triton's interpreter multiplies bf16 tiles as raw integers; fp32 products of bf16
+            # values are exact, so upcasting is the same arithmetic.
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max, log2 units
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        for n0 in range(start, end, BLOCK_KV):
+            pos = n0 + offs_n
+            ok = pos < end
+            # Page size 1: one page id per token, loaded once and used for both K and V.
+            page = tl.load(indices_ptr + pos, mask=ok, other=0).to(tl.int64)
+            kv_rows = (page * NUM_KV_HEADS + kvh) * HEAD_DIM
+            k = tl.load(k_ptr + kv_rows[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(v_ptr + kv_rows[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+            if INTERPRET:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            prob = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(prob, axis=1)
+            # P·V with fp32 accumulation; the interpreter (which multiplies 16-bit tiles as raw
+            # integers) gets the operands rounded the way the GPU rounds them, multiplied in fp32.
+            if PV_PRECISION == "fp16":
+                if INTERPRET:
+                    pv = tl.dot(prob.to(tl.float16).to(tl.float32), v.to(tl.float16).to(tl.float32))
+                else:
+                    pv = tl.dot(prob.to(tl.float16), v.to(tl.float16))
+            else:
+                if INTERPRET:  # Hopper's tf32 tensor cores read only the top 19 bits of an fp32 operand
+                    prob_tf32 = (prob.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+                    pv = tl.dot(prob_tf32, v.to(tl.float32))
+                else:
+                    pv = tl.dot(prob, v.to(tl.float32), input_precision="tf32")
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        out = acc / l_i[:, None]  # l_i >= 1: the row's maximum contributes exp2(0)
+        lse = m_i + tl.log2(l_i)
+        if hi - lo <= chunk:  # the request's only piece: final output, no merge
+            tl.store(out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out.to(tl.bfloat16), mask=h_ok[:, None])
+            tl.store(lse_ptr + row, lse, mask=h_ok)
+        else:
+            part = p.to(tl.int64) * NUM_QO_HEADS + heads
+            tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=h_ok[:, None])
+            tl.store(part_lse_ptr + part, lse, mask=h_ok)
+
+
+@triton.jit
+def _merge_kernel(
+    indptr_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, chunk,
+    NUM_QO_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    n = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) + chunk - 1) // chunk  # its pieces
+    row = b.to(tl.int64) * NUM_QO_HEADS + h
+    offs_d = tl.arange(0, HEAD_DIM)
+    if n == 0:  # an empty request: output 0 and lse -inf, as the definition says
+        tl.store(out_ptr + row * HEAD_DIM + offs_d, tl.zeros([HEAD_DIM], tl.bfloat16))
+        tl.store(lse_ptr + row, float("-inf"))
+    elif n > 1:  # (one piece: the split kernel wrote the result)
+        first = 0  # pieces of the requests before b
+        for b0 in range(0, b, BLOCK_B):
+            offs_b = b0 + tl.arange(0, BLOCK_B)
+            b_ok = offs_b < b
+            b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
+            b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
+            first += tl.sum((b_hi - b_lo + chunk - 1) // chunk, 0)
+        offs_j = tl.arange(0, MERGE_BLOCK)
+        # Two passes: the largest lse first (4 bytes a piece), then the weighted sum of the
+        # partial outputs, so no running rescale of the [HEAD_DIM] accumulator is needed.
+        top_j = tl.full([MERGE_BLOCK], float("-inf"), tl.float32)
+        for j0 in range(0, n, MERGE_BLOCK):
+            part = (first + j0 + offs_j).to(tl.int64) * NUM_QO_HEADS + h
+            top_j = tl.maximum(top_j, tl.load(part_lse_ptr + part, mask=j0 + offs_j < n, other=float("-inf")))
+        top = tl.max(top_j, 0)  # finite: every piece has a token
+        den = tl.zeros([MERGE_BLOCK], tl.float32)
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        for j0 in range(0, n, MERGE_BLOCK):
+            ok = j0 + offs_j < n
+            part = (first + j0 + offs_j).to(tl.int64) * NUM_QO_HEADS + h
+            w = tl.exp2(tl.load(part_lse_ptr + part, mask=ok, other=float("-inf")) - top)
+            o_j = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+            den += w
+            acc += tl.sum(w[:, None] * o_j, 0)
+        total = tl.sum(den, 0)  # >= 1: the piece with the largest lse weighs exp2(0)
+        tl.store(out_ptr + row * HEAD_DIM + offs_d, (acc / total).to(tl.bfloat16))
+        tl.store(lse_ptr + row, top + tl.log2(total))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
+def plan(batch: int, tokens: int, num_kv_heads: int, sms: int) -> tuple[int, int]:
+    """(chunk, pieces) from what the host knows without reading the page table; the split kernel's
+    grid is pieces x KV heads programs.
+
+    kv_indices holds every request's tokens, so its length `tokens` bounds their total; aiming at
+    PROGRAMS_PER_SM programs per SM gives the chunk, a whole number of tiles. A request of n tokens
+    has ceil(n / chunk) pieces, and summed over the requests that is at most
+    (tokens + batch * (chunk - 1)) // chunk, and at most `tokens`: `pieces`, whatever the split."""
+    per_kv_head = max(1, PROGRAMS_PER_SM * sms // num_kv_heads)
+    chunk = max(MIN_PIECE_TILES, triton.cdiv(triton.cdiv(tokens, per_kv_head), BLOCK_KV)) * BLOCK_KV
+    return chunk, min(tokens, (tokens + batch * (chunk - 1)) // chunk)
+
+
+@torch.no_grad()
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+    batch, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_qo_heads // num_kv_heads
+    q = q.contiguous()
+    k_cache = k_cache.contiguous()
+    v_cache = v_cache.contiguous()
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, num_qo_heads), dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out, lse
+    chunk, pieces = plan(batch, kv_indices.shape[0], num_kv_heads, _num_sms(q.device))
+    block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
+    interpret = q.device.type == "cpu"  # CPU tensors mean the interpreter
+    # Partial outputs and lse of every piece, one allocation: [pieces, heads, dim] then [pieces, heads].
+    rows = max(pieces, 1) * num_qo_heads
+    work = torch.empty(rows * (head_dim + 1), dtype=torch.float32, device=q.device)
+    part_o, part_lse = work[: rows * head_dim], work[rows * head_dim :]
+    if pieces > 0:
+        _split_kernel[(pieces * num_kv_heads,)](
+            q, k_cache, v_cache, kv_indptr, kv_indices, out, lse, part_o, part_lse,
+            batch, chunk, float(sm_scale) * LOG2E,
+            NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+            BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
+            PV_PRECISION=PV_PRECISION, INTERPRET=interpret, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )
+    _merge_kernel[(batch, num_qo_heads)](
+        kv_indptr, out, lse, part_o, part_lse, chunk,
+        NUM_QO_HEADS=num_qo_heads, HEAD_DIM=head_dim, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK,
+        num_warps=MERGE_WARPS,
+    )
+    return out, lse

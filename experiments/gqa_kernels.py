@@ -1,0 +1,340 @@
+"""GQA paged-decode kernels side by side on one GPU (issue 22).
+
+The evaluator's verdicts and timings, achieved bandwidth per workload against a measured peak, and
+a sweep of a Triton solution's tunables:
+
+    python experiments/gqa_kernels.py peak --out peak.json
+    python experiments/gqa_kernels.py eval --solutions triton_splitkv,triton_seed,flashinfer_kernel \
+        --sets feedback:fresh,all:fresh,feedback:reuse,all:reuse --peak peak.json --out eval.json
+    python experiments/gqa_kernels.py sweep --solution triton_splitkv --out sweep.json --best-out best.py \
+        --group "BLOCK_KV=16,32,64;NUM_STAGES=2,3,5" --group "PROGRAMS_PER_SM=2,4,8,16;MIN_PIECE_TILES=1,2,4"
+    ncu -k regex:_split_kernel -c 4 python experiments/gqa_kernels.py once --solution triton_splitkv \
+        --workload 06b8480d
+
+`eval` runs every solution through one `Evaluator` with `--isolation` (default: require), the task's
+tolerance, timing rules and fresh page tables, so the latencies are comparable as ratios; a
+solution is a name of the task's (`flashinfer_kernel`: the library's kernel, its plan() untimed) or
+a .py file of a Triton solution's source (such as a sweep's best). It prints, per set and mode,
+each solution's geomean latency and its FlashInfer-Bench score against the last solution named
+(the mean over workloads of that solution's latency / this one's), then per workload the bytes a
+call must move (the task's cost formula: K and V of every token, q, output, lse) over the mean
+latency, against the peak `peak` measured. `peak` times a read (a sum) and a copy of 2 GiB with
+CUDA events. `sweep` runs a solution's own kernels in this process (trusted code, never an LLM's):
+coordinate descent over groups of tunables, each variant timed as a CUDA-graph replay of the whole
+call after an L2 flush, on every workload of `--workloads` for `--seeds` input sets each (different
+page tables and length splits), and checked against the reference; sweep figures guide tuning,
+the evaluator's figures are the results. `once` calls a solution on one workload and does nothing
+else, for a profiler such as `ncu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import itertools
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ksearch_ray.evaluation.compare import compare_outputs
+from ksearch_ray.models import Solution
+from ksearch_ray.taskspec.task import Task, find_task, load_module_file
+from ksearch_ray.taskspec.tunables import declared_tunables, with_values
+
+GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
+DATASHEET_TBS = 4.8  # H200 HBM3e
+
+
+def _literal(text: str) -> Any:
+    """A tunable's value as written on the command line: a Python literal, or else a bare string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _label(name: str) -> str:
+    return Path(name).name if name.endswith(".py") else name
+
+
+def _solution(task: Task, name: str, base: str) -> Solution:
+    """A solution of the task by name, or a source file standing in for `base`'s (a sweep's best)."""
+    if not name.endswith(".py"):
+        return task.solution(name)
+    parent = task.solution(base)
+    text = Path(name).read_text()
+    return Solution(**{**parent.model_dump(), "name": f"{parent.name}[{Path(name).stem}]",
+                       "sources": {**parent.sources, parent.entry_file: text}})
+
+
+def _event_ms(fn: Any, reps: int) -> float:
+    """Median of `reps` CUDA-event timings of fn()."""
+    fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def cmd_peak(args: argparse.Namespace) -> dict[str, Any]:
+    n = 2**30  # bf16 elements: 2 GiB
+    x = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    read_ms = _event_ms(lambda: x.sum(dtype=torch.float32), args.reps)
+    copy_ms = _event_ms(lambda: y.copy_(x), args.reps)
+    out = {"read_tbs": nbytes / read_ms / 1e9, "copy_tbs": 2 * nbytes / copy_ms / 1e9, "datasheet_tbs": DATASHEET_TBS}
+    out["peak_tbs"] = max(out["read_tbs"], out["copy_tbs"])
+    print(f"DRAM bandwidth, 2 GiB, median of {args.reps}: read (sum) {out['read_tbs']:.3f} TB/s, "
+          f"copy (read + write) {out['copy_tbs']:.3f} TB/s; datasheet {DATASHEET_TBS} TB/s", flush=True)
+    return out
+
+
+def _peak_tbs(path: str) -> tuple[float, str]:
+    if path and Path(path).is_file():
+        return json.loads(Path(path).read_text())["result"]["peak_tbs"], "measured"
+    return DATASHEET_TBS, "datasheet"
+
+
+def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
+    from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
+    from ksearch_ray.evaluation.sandbox.isolation import Isolation
+
+    task = find_task(GQA)
+    names = args.solutions.split(",")
+    peak, peak_kind = _peak_tbs(args.peak)
+    cost = {w.name: task.workload_cost(w) for w in task.workloads("all", args.device)}
+    axes = {w.name: w.axes for w in task.workloads("all", args.device)}
+    out: dict[str, Any] = {"peak_tbs": peak, "peak_kind": peak_kind, "runs": {}}
+    with Evaluator(args.device, isolation=Isolation(args.isolation), timing=TimingPolicy(max_calls=args.feedback_calls)) as ev:
+        for spec in args.sets.split(","):
+            set_name, mode = spec.split(":")
+            ev.timing.max_calls = args.feedback_calls if set_name == "feedback" else args.all_calls
+            results = {}
+            for name in names:
+                if time.time() > args.deadline - 30:
+                    print(f"{spec} {name}: skipped, no time left", flush=True)
+                    continue
+                t0 = time.monotonic()
+                r = ev.evaluate(task, _solution(task, name, args.base), workload_set=set_name, mode=mode)
+                results[name] = r
+                row = {"status": r.status.value, "score": r.score, "seconds": round(time.monotonic() - t0, 1),
+                       "prepared_untimed": r.prepared_untimed, "message": r.message[:400],
+                       "workloads": {w.workload: {"status": w.status.value,
+                                                  "mean_ms": w.timing.mean_ms if w.timing else None,
+                                                  "median_ms": w.timing.median_ms if w.timing else None,
+                                                  "count": w.timing.count if w.timing else None,
+                                                  "method": w.timing.method if w.timing else None,
+                                                  "max_abs_err": w.max_abs_error, "max_rel_err": w.max_rel_error}
+                                     for w in r.workloads}}
+                out["runs"][f"{spec}/{name}"] = row
+                passed = sum(w.status.value == "PASSED" for w in r.workloads)
+                methods = sorted({w["method"] for w in row["workloads"].values() if w["method"]})
+                print(f"{spec:15s} {_label(name):24s} {row['status']:20s} {passed}/{len(r.workloads)} geomean "
+                      f"{r.score if r.score is None else round(r.score, 5)} ms ({row['seconds']} s, "
+                      f"timed as {'/'.join(methods)}) {row['message'][:160]}", flush=True)
+            _print_comparison(spec, names, results, cost, axes, peak, peak_kind)
+    return out
+
+
+def _print_comparison(spec: str, names: list[str], results: dict[str, Any], cost: dict[str, Any],
+                      axes: dict[str, dict[str, int]], peak: float, peak_kind: str) -> None:
+    against = names[-1]
+    means = {n: {w.workload: w.timing.mean_ms for w in r.workloads if w.timing} for n, r in results.items() if r.passed}
+    for name in names[:-1]:
+        if name in means and against in means:
+            shared = [k for k in means[name] if k in means[against]]
+            ratios = [means[against][k] / means[name][k] for k in shared]
+            if ratios:
+                wins = sum(x >= 1 for x in ratios)
+                print(f"  {spec} {_label(name)} vs {_label(against)}: score {sum(ratios) / len(ratios):.3f}x (mean of "
+                      f"{against}/{name}; {min(ratios):.2f}-{max(ratios):.2f}, geomean {_geomean(ratios):.3f}x, "
+                      f"faster on {wins}/{len(ratios)})", flush=True)
+    if not results:
+        return
+    print(f"  {spec} per workload: batch, tokens, MB a call must move; then per solution mean ms and TB/s "
+          f"(% of the {peak_kind} peak {peak:.2f} TB/s)", flush=True)
+    for w in next(iter(results.values())).workloads:
+        nbytes = cost[w.workload][1]
+        cells = []
+        for name in names:
+            ms = means.get(name, {}).get(w.workload)
+            cells.append(f"{_label(name)} -" if ms is None else
+                         f"{_label(name)} {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s ({100 * nbytes / ms / 1e9 / peak:.0f} %)")
+        a = axes[w.workload]
+        print(f"    {w.workload[:8]} b{a['batch_size']:<3d} {a['num_kv_indices']:6d} tok {nbytes / 1e6:7.2f} MB | "
+              + " | ".join(cells), flush=True)
+
+
+def _inputs(task: Task, workload_set: str, seeds: int, only: str = "", reference: bool = True,
+            device: str = "cuda") -> list[tuple[str, Any, Any]]:
+    """(workload, inputs, reference outputs or None) for `seeds` input sets of each workload of the set."""
+    sets = []
+    for w in task.workloads(workload_set, device):
+        if only and not w.name.startswith(only):
+            continue
+        for s in range(seeds):
+            inputs = task.generate_inputs(w, 1000 + s, device)
+            sets.append((w.name, inputs, task.reference(inputs) if reference else None))
+    if not sets:
+        raise SystemExit(f"no workload {only!r} in the set {workload_set}")
+    return sets
+
+
+def _graph_ms(fn: Any, flush: torch.Tensor, reps: int) -> float:
+    """Median time of fn as a CUDA-graph replay, each replay after an L2 flush (as the evaluator times);
+    on the CPU (a dry run of the sweep in the interpreter) the median wall time of a few calls."""
+    if flush.device.type == "cpu":
+        times = []
+        for _ in range(min(reps, 2)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends, strict=True):
+        flush.zero_()
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    task = find_task(GQA)
+    solution = task.solution(args.solution)
+    best = {k: t.value for k, t in declared_tunables(solution).items()}
+    inputs = _inputs(task, args.workloads, args.seeds, device=args.device)
+    flush = torch.empty(256 * 2**20 if args.device == "cuda" else 1, dtype=torch.uint8, device=args.device)
+    tmp = Path(tempfile.mkdtemp())
+    log: list[dict[str, Any]] = []
+
+    def measure(values: dict[str, Any]) -> float | None:
+        tag = abs(hash(json.dumps(values, sort_keys=True)))
+        path = tmp / f"variant_{tag}.py"  # Triton reads kernel source from the file
+        path.write_text(with_values(solution, values)[solution.entry_file])
+        try:
+            mod = load_module_file(path, path.stem)
+            per_workload: dict[str, list[float]] = {}
+            for name, data, expected in inputs:
+                got = task.normalize_outputs(task.call(mod.run, data))
+                verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+                if not verdict.status.passed:
+                    print(f"  {values}: wrong on {name[:8]}: {verdict.message[:200]}", flush=True)
+                    return None
+                ms = _graph_ms(lambda data=data: task.call(mod.run, data), flush, args.reps)
+                per_workload.setdefault(name, []).append(ms)
+            return _geomean([statistics.mean(v) for v in per_workload.values()])
+        except Exception as exc:  # a config that does not compile or fit: skipped, and said
+            # The last line of a compiler error says what went wrong; its first lines are source.
+            print(f"  {values}: failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:240]}", flush=True)
+            return None
+        finally:
+            sys.modules.pop(path.stem, None)
+
+    base = best_ms = measure(best)
+    print(f"start {best}: {base} ms (geomean over {args.workloads}, {args.seeds} input sets each)", flush=True)
+    log.append({"values": dict(best), "ms": base})
+    for group in args.group:
+        axes = [(k, [_literal(v) for v in vs.split(",")]) for k, vs in (part.split("=") for part in group.split(";"))]
+        scored = [(best_ms, best)] if best_ms is not None else []
+        for combo in itertools.product(*[vs for _, vs in axes]):
+            if time.time() > args.deadline - 20:
+                print("sweep stopped: no time left", flush=True)
+                break
+            values = {**best, **{k: v for (k, _), v in zip(axes, combo, strict=True)}}
+            if values == best and best_ms is not None:
+                continue
+            ms = measure(values)
+            log.append({"values": values, "ms": ms})
+            if ms is not None:
+                scored.append((ms, values))
+                print(f"  {dict(zip([k for k, _ in axes], combo, strict=True))}: {ms:.5f} ms", flush=True)
+        if scored:  # the best so far stays unless a combination beats it
+            best_ms, best = min(scored, key=lambda s: s[0])
+            print(f"best after {group}: {best_ms:.5f} ms {best}", flush=True)
+    if args.best_out:  # the best combination as a source file, for `eval` to judge
+        Path(args.best_out).write_text(with_values(solution, best)[solution.entry_file])
+    return {"start_ms": base, "best": best, "best_ms": best_ms, "log": log}
+
+
+def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
+    """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
+    task = find_task(GQA)
+    solution = _solution(task, args.solution, args.base)
+    path = Path(tempfile.mkdtemp()) / solution.entry_file
+    path.write_text(solution.sources[solution.entry_file])
+    mod = load_module_file(path, "once")
+    [(name, data, _)] = _inputs(task, "all", 1, only=args.workload, reference=False)
+    for _ in range(args.calls):
+        task.call(mod.run, data)
+    torch.cuda.synchronize()
+    return {"workload": name, "calls": args.calls}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("peak", "eval", "sweep", "once"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", required=name != "once")
+        p.add_argument("--deadline", type=float, default=math.inf, help="Epoch seconds: start nothing after it.")
+        p.add_argument("--base", default="triton_splitkv", help="The solution a .py file stands in for.")
+    sub.choices["peak"].add_argument("--reps", type=int, default=20)
+    ev = sub.choices["eval"]
+    ev.add_argument("--solutions", default="triton_splitkv,triton_seed,flashinfer_kernel",
+                    help="Comma-separated; the last one is what the others are scored against.")
+    ev.add_argument("--sets", default="feedback:fresh,all:fresh,feedback:reuse,all:reuse")
+    ev.add_argument("--isolation", default="require")
+    ev.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter on the -cpu sets.")
+    ev.add_argument("--peak", default="", help="peak.json from `peak` (else the datasheet's 4.8 TB/s).")
+    ev.add_argument("--feedback-calls", type=int, default=30, help="Cap on timed calls per workload on feedback.")
+    ev.add_argument("--all-calls", type=int, default=10, help="Cap on timed calls per workload on all.")
+    sw = sub.choices["sweep"]
+    sw.add_argument("--solution", default="triton_splitkv")
+    sw.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter (wall times).")
+    sw.add_argument("--workloads", default="feedback", help="A workload set (on the CPU: its -cpu variant).")
+    sw.add_argument("--seeds", type=int, default=2, help="Input sets per workload (page tables, length splits).")
+    sw.add_argument("--reps", type=int, default=30)
+    sw.add_argument("--group", action="append", default=[])
+    sw.add_argument("--best-out", default="", help="Write the best combination's source here.")
+    on = sub.choices["once"]
+    on.add_argument("--solution", default="triton_splitkv", help="A solution's name, or a .py file.")
+    on.add_argument("--workload", required=True, help="Prefix of the workload's name (set `all`).")
+    on.add_argument("--calls", type=int, default=3)
+    args = ap.parse_args()
+    info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
+    result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "once": cmd_once}[args.cmd](args)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GQA paged-decode kernels on the lent H200 (issue 22), in one call of under ten minutes: FlashInfer's
+# JIT module built outside the sandbox, the DRAM bandwidth measured, then the evaluator's verdicts
+# for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
+# both timing modes), with each workload's achieved bandwidth against the measured peak; then
+# (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
+# EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time
+# is left (BUDGET_S from the start); with NCU=1, Nsight Compute's DRAM throughput and occupancy of the
+# split kernel on the largest feedback workload. See experiments/gqa_kernels.py for each step.
+# Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
+# whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
+#   bash experiments/h200_gqa_kernels.sh
+set -uo pipefail
+START=$(date +%s)
+left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - START) )); }
+BUNDLES=${BUNDLES:-.gpubundle}
+mkdir -p /tmp/site
+for b in site flashinfer; do tar xJf "$BUNDLES/$b.tar.xz" -C /tmp/site & done; wait
+export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+# One JIT cache for the warm-up and every sandboxed worker (mounted read-only in each worker).
+export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
+OUT=${OUT:-/tmp/out}; R=/tmp/gqa-kernels; mkdir -p "$OUT" "$R"
+SOLUTIONS=${SOLUTIONS:-triton_splitkv,triton_seed,flashinfer_kernel}  # the last is what the others are scored against
+SETS=${SETS:-feedback:fresh,all:fresh,feedback:reuse,all:reuse}
+SWEEP_SOLUTION=${SWEEP_SOLUTION:-triton_splitkv}
+S=experiments/gqa_kernels.py
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+  cat GITREV 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true
+  python3 -c "import flashinfer, torch, triton, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__)"
+} 2>&1 | tee "$R/machine.txt"
+echo "unpacked in $(( $(date +%s) - START )) s"
+timeout 150 python3 experiments/flashinfer_warmup.py gqa --shipped-only 2>&1 | grep -v Warning | tee "$R/warmup.log" | tail -3
+timeout 60 python3 $S peak --out "$R/peak.json" 2>&1 | tee "$R/peak.log"
+if [ "${EVAL:-1}" = 1 ]; then
+  timeout "$(left)" python3 $S eval --solutions "$SOLUTIONS" --sets "$SETS" --peak "$R/peak.json" \
+    --deadline $(( START + ${EVAL_UNTIL_S:-400} )) --out "$R/eval.json" 2>&1 | tee "$R/eval.log"
+fi
+if [ "${SWEEP:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
+  # SWEEP_GROUPS: the sweep's groups, separated by "|" (each group: "NAME=v1,v2;NAME=v1,v2"), in order.
+  SWEEP_GROUPS=${SWEEP_GROUPS:-"BLOCK_KV=16,32,64,128;NUM_STAGES=2,3,5|PROGRAMS_PER_SM=1,2,4,8,16;MIN_PIECE_TILES=1,2,4|NUM_WARPS=2,4,8;PV_PRECISION=fp16,tf32|MERGE_BLOCK=16,32,64;MERGE_WARPS=1,2,4"}
+  args=(); IFS='|' read -ra parts <<< "$SWEEP_GROUPS"; for g in "${parts[@]}"; do args+=(--group "$g"); done
+  timeout "$(left)" python3 $S sweep --solution "$SWEEP_SOLUTION" --deadline $(( START + ${SWEEP_UNTIL_S:-500} )) \
+    --out "$R/sweep.json" --best-out "$R/best.py" "${args[@]}" 2>&1 | tee "$R/sweep.log"
+fi
+if [ "${EVAL_BEST:-1}" = 1 ] && [ -f "$R/best.py" ] && [ "$(left)" -gt 40 ]; then  # the sweep's best, judged
+  timeout "$(left)" python3 $S eval --base "$SWEEP_SOLUTION" --solutions "$R/best.py,$SWEEP_SOLUTION,flashinfer_kernel" \
+    --sets "${BEST_SETS:-feedback:fresh,all:fresh}" --peak "$R/peak.json" --deadline $(( START + ${BUDGET_S:-560} )) \
+    --out "$R/eval_best.json" 2>&1 | tee "$R/eval_best.log"
+fi
+if [ "${NCU:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then  # what limits the split kernel on the largest feedback workload
+  timeout "$(left)" ncu --set basic --metrics dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+    -k regex:_split_kernel -s 2 -c 2 python3 $S once --solution "${NCU_SOLUTION:-$SWEEP_SOLUTION}" --workload f46ddc2e --calls 4 \
+    > "$R/ncu.txt" 2>&1; tail -40 "$R/ncu.txt"
+fi
+tar czf "$OUT/gqa-kernels.tgz" -C /tmp gqa-kernels
+echo "total $(( $(date +%s) - START )) s"

@@ -564,11 +564,13 @@ def test_splitkv_plan_covers_every_split_and_fills_the_gpu():
         batch, tokens = wl.axes["batch_size"], wl.axes["num_kv_indices"]
         chunk, grid = mod.plan(batch, tokens, 4, 132)
         assert chunk % mod.BLOCK_KV == 0 and chunk >= mod.MIN_PIECE_TILES * mod.BLOCK_KV
-        if tokens >= 132 * chunk:  # large enough to split: about PROGRAMS_PER_SM programs per SM
-            assert grid * 4 >= mod.PROGRAMS_PER_SM * 132
         for style in SPLIT_STYLES:
             lengths = split_lengths(tokens, batch, style, gen, "cpu")
-            assert int(((lengths + chunk - 1) // chunk).sum()) <= grid, (wl.name, style)
+            pieces = int(((lengths + chunk - 1) // chunk).sum())
+            assert pieces <= grid, (wl.name, style)  # the grid covers every piece of any split
+            if chunk > mod.MIN_PIECE_TILES * mod.BLOCK_KV:  # long enough to split fully: rounding the
+                # chunk up to whole tiles costs at most a third of the PROGRAMS_PER_SM per SM aimed at
+                assert pieces * 4 >= mod.PROGRAMS_PER_SM * 132 * 2 // 3, (wl.name, style, pieces)
 
 
 def _splitkv_cases(chunk: int) -> dict[str, list[int]]:

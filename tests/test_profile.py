@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from cli_runner import ksearch
 from local_backends import FakeEvaluators, ScriptedPolicy, local_search
+from local_backends import idea_planner as planner
+from local_backends import toy_kernel as kernel
 
 from ksearch_ray.config import load_config
 from ksearch_ray.evaluation.describe import EvaluatorInfo
@@ -35,7 +37,7 @@ from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.settings import ProfilerSettings
 from ksearch_ray.events import Profile, ProfilerNote
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policies.contract import CodeReply, CodeRequest
 from ksearch_ray.policies.llm.views import profile_section
 from ksearch_ray.report.html import render
 from ksearch_ray.report.summary import summarize
@@ -224,16 +226,6 @@ def test_profiling_is_off_unless_asked_for_on_the_command_line_or_in_a_file(tmp_
 # ------------------------------------------------------------------------------------------ the engine
 
 
-def kernel(tag: str) -> Solution:
-    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
-
-
-def planner() -> ScriptedPolicy:
-    def plan(request: PlanRequest) -> PlanReply:
-        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
-                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}])
-    return ScriptedPolicy(plan=plan)
 
 
 def coder(*tags: str) -> ScriptedPolicy:

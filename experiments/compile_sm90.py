@@ -19,7 +19,6 @@ versions; the test (tests/test_compile_sm90.py) says so when it does."""
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -143,13 +142,6 @@ class _Stop(Exception):
     """A kernel did not compile: the call stops there (what follows would need its output)."""
 
 
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", default="trimul")
@@ -159,10 +151,10 @@ def main() -> None:
                     help="A workload of the task's smoke (else feedback) set, its CPU variant (default: the first).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = ap.parse_args()
-    values = {k: _literal(v) for k, _, v in (s.partition("=") for s in args.set)}
     from ksearch_ray.taskspec.spec import TaskError
-    from ksearch_ray.taskspec.tunables import TunableError
+    from ksearch_ray.taskspec.tunables import TunableError, value_from_text
 
+    values = {k: value_from_text(v) for k, _, v in (s.partition("=") for s in args.set)}
     try:
         rows = compile_solution(args.task, args.solution, values, args.workload)
     except (TaskError, TunableError) as exc:

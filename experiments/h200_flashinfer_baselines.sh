@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_
 # call replaces). The sandbox mounts it read-only; each worker mirrors it into a workspace of its own.
 export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ date -u; nvidia-smi -L; cat GITREV 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true; which ninja nvcc; ninja --version
+{ date -u; nvidia-smi -L; cat GITREV 2>/dev/null || echo "sources $(bash experiments/source_hash.sh)"; which ninja nvcc; ninja --version
   python3 -c "import flashinfer, torch, triton; print('flashinfer', flashinfer.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/machine.txt"
 echo "unpacked in $(( $(date +%s) - START )) s"

@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled CUDA_VISIBLE_DEVICES=${C
 export FLASHINFER_WORKSPACE_BASE=$PWD/.ficache  # one JIT cache for the warm-up and every sandboxed worker
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 GQA=gqa_paged_decode_h32_kv4_d128_ps1
-{ date -u; nvidia-smi -L; git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/machine.txt"
+{ date -u; nvidia-smi -L; echo "sources $(bash experiments/source_hash.sh)"; } | tee "$OUT/machine.txt"
 timeout 90 python3 experiments/flashinfer_warmup.py gqa 2>&1 | grep -v Warning | tail -3
 for pair in "flashinfer_kernel flashinfer" "triton_seed flashinfer_kernel"; do
   set -- $pair

@@ -23,7 +23,6 @@ prints the geomean. Sweep figures guide tuning only; the evaluator's figures are
 from __future__ import annotations
 
 import argparse
-import ast
 import itertools
 import json
 import math
@@ -36,15 +35,7 @@ from typing import Any
 import torch
 
 from ksearch_ray.taskspec.task import find_task, load_module_file, solution_from_file
-from ksearch_ray.taskspec.tunables import declared_tunables, with_values
-
-
-def _literal(text: str) -> Any:
-    """A tunable's value as written on the command line: a Python literal, or else a bare string."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
 
 
 def _geomean(values: list[float]) -> float:
@@ -178,7 +169,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     print(f"start {best}: {base} ms", flush=True)
     log.append({"values": dict(best), "ms": base})
     for group in args.group:
-        axes = [(k, [_literal(v) for v in vs.split(",")])
+        axes = [(k, [value_from_text(v) for v in vs.split(",")])
                 for k, vs in (part.split("=") for part in group.split(";"))]
         scored = [(best_ms, best)] if best_ms is not None else []
         for combo in itertools.product(*[vs for _, vs in axes]):

@@ -20,6 +20,7 @@ from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policies.llm.types import LLMCall
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.local import local_backends
 from ksearch_ray.store import RunStore
@@ -65,6 +66,20 @@ class ScriptedPolicy:
 
     def release(self) -> None:
         pass
+
+
+def toy_kernel(tag: str) -> Solution:
+    """A toy_axpy kernel named `tag` (fake evaluators judge it by name), its code its own per tag."""
+    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
+                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
+
+
+def idea_planner(calls: Callable[[], list[LLMCall]] = list) -> ScriptedPolicy:
+    """A planner that proposes one new idea under the node it is asked about, each reply with `calls()`."""
+    def plan(request: PlanRequest) -> PlanReply:
+        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
+                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}], calls=calls())
+    return ScriptedPolicy(plan=plan)
 
 
 def result(solution: Solution, ms: float | None, status: Status = Status.PASSED, message: str = "") -> EvalResult:

@@ -1,4 +1,5 @@
-"""CUDA/C++ builds off the evaluators: the build cache, build jobs in the sandbox, and the pool's builds.
+"""CUDA/C++ builds off the evaluators: the build cache, build jobs in the sandbox, and the pool's builds;
+and, on the same Ray pool, a profile of a best (--profile-bests) taking its turn on its evaluator.
 
 Real compiles throughout (torch's extension builder, the system C++ compiler): the toy C++
 candidate includes no torch header, so a build takes a second or two, not a minute.
@@ -155,3 +156,38 @@ def test_with_the_build_pool_off_the_evaluator_compiles(ray_session, tmp_path: P
     assert result.passed and index == 0 and pool.builds == 0
     assert not list((tmp_path / "scratch" / "build-cache").glob("*/*"))
     assert result.build_seconds > 0.2  # a compile in the evaluation (loading a built library takes milliseconds)
+
+
+@pytest.mark.slow
+def test_a_profile_through_the_ray_pool_waits_for_the_evaluators_measurement_and_returns_its_verdict(
+        ray_session, tmp_path: Path) -> None:
+    """--profile-bests on a Ray evaluator: the profile is the actor's (here the CPU path's one-line refusal,
+    carried back as a result, not an exception) and it waits for the evaluation in flight on that evaluator."""
+    slow = TASK.solution("good")
+    order: list[str] = []
+
+    async def go() -> tuple:
+        pool = _pool(tmp_path, evaluation__profile__bests=True)
+        try:
+            measured, _ = await pool.evaluate(SEED, "benchmarks")
+
+            async def evaluation() -> None:
+                await pool.evaluate_on(0, slow, "benchmarks")
+                order.append("evaluation")
+
+            async def profile():
+                while not pool.in_flight:  # start it while the evaluation holds the evaluator
+                    await asyncio.sleep(0.01)
+                result = await pool.profile_on(0, SEED, measured, 60.0)
+                order.append("profile")
+                return result
+            _, result = await asyncio.gather(evaluation(), profile())
+            return measured, result
+        finally:
+            pool.release()
+
+    measured, result = asyncio.run(go())
+    assert measured.passed
+    assert order == ["evaluation", "profile"]
+    assert result.status == "failed" and result.solution_id == SEED.id
+    assert result.message == "the CPU path has no GPU profiler"

@@ -9,23 +9,13 @@ import time
 
 import pytest
 from local_backends import FakeEvaluators, ScriptedPolicy, local_search, result
+from local_backends import idea_planner as planner
+from local_backends import toy_kernel as kernel
 
 from ksearch_ray.events import Best, Confirm, Remeasure, Resume, RunView
 from ksearch_ray.measure import noise_of, pair_differences
 from ksearch_ray.models import EvalResult, Solution, Status
-from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-
-
-def kernel(tag: str) -> Solution:
-    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
-
-
-def planner() -> ScriptedPolicy:
-    def plan(request: PlanRequest) -> PlanReply:
-        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
-                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}])
-    return ScriptedPolicy(plan=plan)
+from ksearch_ray.policies.contract import CodeReply, CodeRequest
 
 
 def coder(*tags: str) -> ScriptedPolicy:

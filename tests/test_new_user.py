@@ -305,3 +305,28 @@ def test_help_shows_the_defaults_and_every_option_in_a_pipe(home):
     text = " ".join(result.stdout.split())
     assert "[default: 40]" in text and "[default: 2]" in text and "[default: fresh]" in text
     assert "runs/<task>-<time>-<id>" in text  # the run directory's default, uncut
+
+
+def test_the_task_default_seed_decides_where_a_run_starts_and_a_wrong_one_is_refused_in_one_line(home):
+    toy = home / "data" / "toy"
+    shutil.copytree(toy / "solutions" / "triton_seed", toy / "solutions" / "a_seed")  # first by name now
+    meta = json.loads((toy / "solutions" / "a_seed" / "solution.json").read_text())
+    (toy / "solutions" / "a_seed" / "solution.json").write_text(json.dumps({**meta, "name": "a_seed"}))
+    run = [*LOCAL, "--rounds", "1", "--confirm-repeats", "0"]
+    spec = json.loads((toy / "task.json").read_text())
+
+    first = cli(home, "run", *run, "--run-dir", "by-name")
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "starting from the seed a_seed" in " ".join(first.stderr.split())
+
+    (toy / "task.json").write_text(json.dumps({**spec, "default_seed": "triton_seed"}))
+    second = cli(home, "run", *run, "--run-dir", "by-default")
+    assert second.returncode == 0, second.stderr + second.stdout
+    assert "starting from the seed triton_seed" in " ".join(second.stderr.split())
+
+    (toy / "task.json").write_text(json.dumps({**spec, "default_seed": "trition_seed"}))
+    wrong = cli(home, "run", *run, "--run-dir", "wrong")
+    assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
+    [line] = [ln for ln in wrong.stderr.splitlines() if "default_seed" in ln]
+    assert "'trition_seed' is not a solution" in line
+    assert not (home / "wrong").exists()  # refused before anything was written

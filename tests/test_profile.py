@@ -10,13 +10,14 @@ import asyncio
 import csv
 import io
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
 from cli_runner import ksearch
 from local_backends import FakeEvaluators, ScriptedPolicy, local_search
+from local_backends import idea_planner as planner
+from local_backends import toy_kernel as kernel
+from profile_support import Listener, measured
 
 from ksearch_ray.config import load_config
 from ksearch_ray.evaluation.describe import EvaluatorInfo
@@ -34,8 +35,8 @@ from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.settings import ProfilerSettings
 from ksearch_ray.events import Profile, ProfilerNote
-from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
-from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.models import EvalResult, Solution, Status
+from ksearch_ray.policies.contract import CodeReply, CodeRequest
 from ksearch_ray.policies.llm.views import profile_section
 from ksearch_ray.report.html import render
 from ksearch_ray.report.summary import summarize
@@ -224,16 +225,6 @@ def test_profiling_is_off_unless_asked_for_on_the_command_line_or_in_a_file(tmp_
 # ------------------------------------------------------------------------------------------ the engine
 
 
-def kernel(tag: str) -> Solution:
-    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
-
-
-def planner() -> ScriptedPolicy:
-    def plan(request: PlanRequest) -> PlanReply:
-        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
-                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}])
-    return ScriptedPolicy(plan=plan)
 
 
 def coder(*tags: str) -> ScriptedPolicy:
@@ -372,35 +363,6 @@ def test_the_report_and_show_read_the_profiles_from_the_run_directory(tmp_path):
 
 
 # --------------------------------------------------------------- the profile job, in the real sandbox
-
-
-class Listener:
-    """A service on the host's loopback that counts who reached it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.heard = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.heard += 1
-            conn.close()
-
-
-def measured(task: Task, solution_id: str) -> EvalResult:
-    """An evaluation to profile from: its slowest workload is n4096."""
-    def timing(ms: float) -> Timing:
-        return Timing(mean_ms=ms, median_ms=ms, min_ms=ms, std_ms=0.0, count=3, wall_median_ms=ms, clock="host_wall")
-    return EvalResult(solution_id=solution_id, solution_name="x", task=task.name, status=Status.PASSED,
-                      workload_set="benchmarks", mode="fresh", device="cpu", device_name="cpu", timed=True,
-                      workloads=[WorkloadResult(workload=w, status=Status.PASSED, timing=timing(ms))
-                                 for w, ms in (("n1000", 0.01), ("n4096", 0.02))])
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,15 @@ its connection do get through: that is what shows the test can fail.
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
+from profile_support import Listener, measured
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits
 from ksearch_ray.evaluation.ncu import find_ncu
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.settings import ProfilerSettings
-from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 from ksearch_ray.taskspec.task import Task, solution_from_file
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(find_ncu() is None, reason="no Nsight Compute (ncu) here")]
@@ -38,43 +36,13 @@ def evaluator(isolation: Isolation) -> Evaluator:
                      profiler=ProfilerSettings(timeout_s=180))
 
 
-def measured(task: Task, solution_id: str) -> EvalResult:
-    """An evaluation to profile from: its slowest workload is n4096."""
-    timing = {"n1000": 0.01, "n4096": 0.02}
-    return EvalResult(solution_id=solution_id, solution_name="x", task=task.name, status=Status.PASSED,
-                      workload_set="benchmarks", mode="fresh", device="cuda", device_name="gpu", timed=True,
-                      workloads=[WorkloadResult(workload=w, status=Status.PASSED,
-                                                timing=Timing(mean_ms=ms, median_ms=ms, min_ms=ms, std_ms=0.0, count=3,
-                                                              wall_median_ms=ms, clock="cuda_events"))
-                                 for w, ms in timing.items()])
-
-
-class Listener:
-    """A service on the host's loopback that counts who reached it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.heard = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.heard += 1
-            conn.close()
-
-
 def test_a_profile_of_the_toy_baseline_names_its_kernels_with_checked_figures(toy, tmp_path):
     ev = evaluator(Isolation.REQUIRE)
     try:
         assert ev.sandbox.report.isolated
         baseline = toy.baseline()
         logs = Path(os.environ["KSEARCH_PROFILE_LOGS"]) / "toy" if os.environ.get("KSEARCH_PROFILE_LOGS") else None
-        profile = ev.profile(toy, baseline, measured(toy, baseline.id), copy_logs_to=logs)
+        profile = ev.profile(toy, baseline, measured(toy, baseline.id, "cuda"), copy_logs_to=logs)
     finally:
         ev.close()
     assert profile.status == "ok", profile.message
@@ -101,7 +69,7 @@ def test_under_the_profiler_a_candidate_is_as_confined_as_in_an_evaluation(toy, 
     for isolation in (Isolation.REQUIRE, Isolation.OFF):
         ev = evaluator(isolation)
         try:
-            profile = ev.profile(toy, hostile, measured(toy, hostile.id))
+            profile = ev.profile(toy, hostile, measured(toy, hostile.id, "cuda"))
         finally:
             ev.close()
         assert profile.status == "ok", profile.message

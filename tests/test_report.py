@@ -461,3 +461,7 @@ def test_tasks_counts_the_workloads_that_run_on_this_machine_and_says_so_in_json
     assert on_gpu["benchmarks"]["resolved"] == "benchmarks"
     plain = ksearch("tasks", "--device", "cpu", cwd=tmp_path).stdout
     assert f"benchmarks ({len(trimul.workloads('benchmarks', 'cpu'))}, as benchmarks-cpu" in plain
+    # where scores compare and where runs start, by name
+    roles = {s["name"]: s["role"] for s in entries["trimul"]["solutions"]}
+    assert roles == {"baseline": "baseline", "triton_fused": "default seed", "triton_seed": None}
+    assert "  solutions: baseline (baseline), triton_fused (default seed), triton_seed" in plain.splitlines()

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_backends import DATA, FakeEvaluators, ScriptedPolicy, settings
+from local_backends import DATA, FakeEvaluators, ScriptedPolicy, idea_planner, settings
+from local_backends import toy_kernel as kernel
 
 from ksearch_ray import session as sessions
 from ksearch_ray.config import ConfigError
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.policies.contract import CodeReply, CodeRequest
 from ksearch_ray.policies.llm.types import LLMCall
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.local import local_backends
@@ -44,10 +45,6 @@ MS = {"good": 1.0, "triton_seed": 2.0, "k1": 0.8, "k2": 0.5, "k4": 0.4, "k5": 0.
 PRICE = 0.01  # dollars per scripted LLM call
 
 
-def kernel(tag: str) -> Solution:
-    return Solution(name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
-                    sources={"k.py": f"# {tag}\ndef run(x, a, b):\n    return a * x + b\n"})
-
 
 def call(kind: str) -> LLMCall:
     return LLMCall(kind=kind, model="scripted", prompt_tokens=100, completion_tokens=20, cost_usd=PRICE,
@@ -55,10 +52,7 @@ def call(kind: str) -> LLMCall:
 
 
 def planner() -> ScriptedPolicy:
-    def plan(request: PlanRequest) -> PlanReply:
-        return PlanReply(ops=[{"op": "insert", "parent": request.node_id or "root", "title": f"idea {len(request.tree.nodes)}",
-                               "difficulty": 1, "score": 0.5, "expected_speedup": 1.2}], calls=[call("plan")])
-    return ScriptedPolicy(plan=plan)
+    return idea_planner(lambda: [call("plan")])
 
 
 def coder(*tags: str) -> ScriptedPolicy:

@@ -142,7 +142,8 @@ def print_tasks(console: Console, entries: list[TaskEntry], device: str) -> None
                 for s in entry.workload_sets
             )
             say(console, f"  workloads on {device}: {sets or 'none'}")
-            sols = ", ".join(s.name + (f" (needs {', '.join(s.missing)})" if s.missing else "") for s in entry.solutions)
+            sols = ", ".join(s.name + "".join(f" ({note})" for note in (s.role, s.missing and f"needs {', '.join(s.missing)}")
+                                              if note) for s in entry.solutions)
             say(console, f"  solutions: {sols or 'none'}")
         say(console, f"  path: {entry.path}")
 

@@ -19,6 +19,8 @@ class WorkloadSetEntry(BaseModel):
 class SolutionEntry(BaseModel):
     name: str
     missing: list[str] = Field(default_factory=list, description="Modules it needs that are not installed here.")
+    role: str | None = Field(default=None, description="'baseline' (scores compare against it) or 'default seed' "
+                                                       "(task.json's default_seed: where runs start).")
 
 
 class TaskEntry(BaseModel):
@@ -46,7 +48,11 @@ def _entry(name: str, root: Path, device: str) -> TaskEntry:
             for s in task.definition.workload_sets
             if not (s.endswith("-cpu") and s.removesuffix("-cpu") in task.definition.workload_sets)  # twins resolve themselves
         ]
-        sols = [SolutionEntry(name=s, missing=task.missing_requirements(s)) for s in task.solution_names(include_unavailable=True)]
+        roles = {task.definition.baseline: "baseline"}
+        if task.definition.default_seed:
+            roles[task.definition.default_seed] = "default seed"
+        sols = [SolutionEntry(name=s, missing=task.missing_requirements(s), role=roles.get(s))
+                for s in task.solution_names(include_unavailable=True)]
     except TaskError as exc:
         return TaskEntry(name=name, path=str(root), error=str(exc))
     return TaskEntry(name=name, path=str(root), workload_sets=sets, solutions=sols)

@@ -786,13 +786,19 @@ class Search:
 
     def _start_solution(self) -> Solution | None:
         """What the run starts from: --from-solution, else (unless it starts from the specification) the
-        task's seed in the language searched."""
+        task's seed in the language searched: its default_seed where that is in the language, else the
+        first seed by name in it, else the first seed by name."""
         name = self.config.search.from_solution
         if name is None:
             if self.config.search.start == "spec":
                 return None
-            seeds = [n for n in self.seeds() if n != self.task.definition.baseline]
-            seeds.sort(key=lambda n: self.seeds()[n].language != self.config.search.language)
+            choices = {n: s for n, s in self.seeds().items() if n != self.task.definition.baseline}
+            preferred = self.task.definition.default_seed
+            if preferred is not None:
+                choices.setdefault(preferred, self.task.solution(preferred))
+            # name order, then the default seed first, then the language searched first (stable sorts)
+            seeds = sorted(choices, key=lambda n: n != preferred)
+            seeds.sort(key=lambda n: choices[n].language != self.config.search.language)
             if not seeds:
                 return None
             name = seeds[0]

@@ -74,6 +74,9 @@ class TaskDefinition(BaseModel):
     workload_sets: dict[str, str] = Field(description="Set name -> JSONL file inside the bundle.")
     default_workloads: str = Field(default="benchmarks", description="The set that scores candidates by default.")
     baseline: str = Field(description="Name of the solution under solutions/ that scores compare against.")
+    default_seed: str | None = Field(
+        default=None, description="The solution a run starts from when it is in the language searched (else: the "
+                                  "first seed by name in that language).")
     compat_options: dict[str, str] = Field(default_factory=dict, description="Option name -> what it changes.")
 
 

@@ -76,6 +76,9 @@ class Task:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise TaskError(f"{spec_file}: {where}: {first['msg']}") from None
+        seed = definition.default_seed
+        if seed is not None and not (root / "solutions" / seed / "solution.json").is_file():
+            raise TaskError(f"{spec_file}: default_seed {seed!r} is not a solution under {root / 'solutions'}")
         return cls(root, definition)
 
     # --- trusted reference code ---------------------------------------------------------

@@ -70,6 +70,15 @@ def read_tunables(source: str) -> dict[str, Tunable]:
     return out
 
 
+def value_from_text(text: str) -> Any:
+    """A tunable's value as typed on a command line: a Python literal (64, True, "fp16"), else the bare
+    text as a string (fp16)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 

@@ -56,10 +56,9 @@ class Prebuilt(_Message):
     module: str
 
 
-class Job(_Message):
-    """An evaluation job: build, check every workload, then wait for a command."""
+class _CandidateJob(_Message):
+    """What a worker needs to build and call one candidate of a task (an evaluation, a profile)."""
 
-    type: Literal["job"] = "job"
     workdir: str
     triton_cache_dir: str
     task_root: str
@@ -70,6 +69,12 @@ class Job(_Message):
     entry_file: str
     entry_point: str
     prepare: str | None = Field(default=None, description="A trusted baseline's untimed setup function.")
+
+
+class Job(_CandidateJob):
+    """An evaluation job: build, check every workload, then wait for a command."""
+
+    type: Literal["job"] = "job"
     prebuilt: Prebuilt | None = None
     check: list[WorkItem]
     device_handover: bool = Field(default=True, description="Hand outputs over in device memory where the driver allows.")
@@ -88,22 +93,13 @@ class BuildJob(_Message):
     max_jobs: int = 1
 
 
-class ProfileJob(_Message):
+class ProfileJob(_CandidateJob):
     """One call of a candidate under Nsight Compute (sandbox/profiler.py), outside any timed measurement:
     the worker runs `ncu` as the wrapper of a fresh Python that builds the candidate, warms it up on
     one workload and calls it once between cudaProfilerStart and cudaProfilerStop."""
 
     type: Literal["profile"] = "profile"
-    workdir: str
-    triton_cache_dir: str
-    task_root: str
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="cpu: the plumbing alone (tests), no CUDA calls.")
-    options: list[str] = Field(default_factory=list)
-    solution_id: str
-    language: Language
-    entry_file: str
-    entry_point: str
-    prepare: str | None = Field(default=None, description="A trusted baseline's untimed setup function.")
     item: WorkItem
     warmup_calls: int = Field(default=2, ge=1)
     ncu: str = Field(description="The ncu executable.")

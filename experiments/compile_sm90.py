@@ -1,0 +1,177 @@
+"""Compile a Triton solution's kernels for Hopper (sm_90) on a machine without a GPU, before device
+time is spent on it. The solution is called once on a small CPU workload with every Triton launch
+replaced by a compile: Triton's CUDA backend (its frontend, LLVM and the ptxas it ships) builds each
+kernel for sm_90 and nothing is launched. Per kernel it prints registers, local memory (spills) and
+shared memory, and it fails on what would fail on the GPU before a kernel runs: a compile error
+(Triton's interpreter accepts code the compiler refuses, such as a name bound to two types in the two
+branches of a runtime `if`) or more shared memory than an H100/H200 block can have.
+
+    python experiments/compile_sm90.py --task trimul --solution triton_fused
+    python experiments/compile_sm90.py --task trimul --solution triton_fused --set PROJ_TMA=False --set OUT_TMA=False
+    python experiments/compile_sm90.py --task trimul --solution my_kernel.py --json
+
+What it cannot see: the kernels' speed, and code paths the small workload does not take. A constexpr
+named EMULATE (the project's seeds switch the interpreter's arithmetic with it) is set False, as on a
+GPU. Host code that needs a GPU (torch.cuda calls) fails here and is reported as such. It relies on
+Triton's driver interface (a stand-in driver reports an sm_90 target), which can change between Triton
+versions; the test (tests/test_compile_sm90.py) says so when it does."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SHARED_LIMIT = 232448
+"""Shared memory one block may have on an H100/H200 (227 KB): Triton refuses a launch above it."""
+
+
+def _stand_in_driver() -> None:
+    """Make Triton's active driver a CUDA driver for an sm_90 device that is not there."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime.driver import driver
+
+    class Sm90(CudaDriver):
+        def __init__(self) -> None:  # CudaDriver's own would load libcuda
+            self.backend = "cuda"
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 90, 128)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_capability(self, device: int = 0) -> tuple[int, int]:
+            return (9, 0)
+
+        def get_active_torch_device(self) -> Any:
+            return torch.device("cpu")
+
+    driver.set_active(Sm90())
+
+
+def _usage(cubin: bytes) -> dict[str, int]:
+    """REG, LOCAL (bytes of spills) and the like, from cuobjdump's resource usage of the cubin."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    line = next((ln for ln in text.splitlines() if "REG:" in ln), "")
+    out = {}
+    for part in line.split():
+        key, _, value = part.partition(":")
+        if value.isdigit():
+            out[key] = int(value)
+    return out
+
+
+def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], workload: str = "") -> list[dict[str, Any]]:
+    """Every kernel launch of one call of the solution, compiled for sm_90: a row per launch."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("TRITON_INTERPRET is set: unset it, the interpreter compiles nothing")
+    _stand_in_driver()
+    from triton.runtime.jit import JITFunction
+
+    from ksearch_ray.evaluation.sandbox.build import load_entry
+    from ksearch_ray.taskspec.task import find_task, solution_from_file
+    from ksearch_ray.taskspec.tunables import read_tunables, with_values
+
+    task = find_task(task_name)
+    solution = (solution_from_file(Path(solution_arg), task) if Path(solution_arg).exists()
+                else task.solution(solution_arg))
+    if solution.language == "cuda":
+        raise SystemExit(f"{solution.name} is a CUDA solution; this compiles the Triton kernels of Python ones")
+    declared = {name for text in solution.sources.values() for name in read_tunables(text)}
+    unknown = sorted(set(values) - declared)
+    if unknown:
+        raise SystemExit(f"error: {', '.join(unknown)}: not a tunable of {solution.name} "
+                         f"(its tunables: {', '.join(sorted(declared)) or 'none'})")
+    src = Path(tempfile.mkdtemp(prefix="sm90-"))
+    for name, text in with_values(solution, values).items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    launches: list[dict[str, Any]] = []
+    run = JITFunction.run
+
+    def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if "EMULATE" in self.arg_names:
+            kwargs["EMULATE"] = False
+        row: dict[str, Any] = {"kernel": self.__name__, "num_warps": kwargs.get("num_warps"),
+                               "num_stages": kwargs.get("num_stages")}
+        try:
+            kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        except Exception as exc:  # a compile error: its last line says what went wrong
+            row["error"] = str(exc).strip().splitlines()[-1][:300]
+            launches.append(row)
+            raise _Stop from exc
+        row.update(shared=kernel.metadata.shared, **{k.lower(): v for k, v in _usage(kernel.asm["cubin"]).items()
+                                                     if k in ("REG", "LOCAL", "STACK")})
+        if row["shared"] > SHARED_LIMIT:
+            row["error"] = f"needs {row['shared']} bytes of shared memory; a block may have {SHARED_LIMIT}"
+        launches.append(row)
+        return kernel
+
+    JITFunction.run = compile_only  # type: ignore[method-assign]
+    entry = load_entry(src, solution.language, solution.entry_file, solution.entry_point, "sm90_candidate")
+    sets = task.definition.workload_sets
+    workload_set = next((s for s in ("smoke", "feedback") if s in sets), next(iter(sets)))
+    chosen = [w for w in task.workloads(workload_set, "cpu") if not workload or w.name == workload]
+    if not chosen:
+        raise SystemExit(f"no workload {workload!r} in the task's set {workload_set} (its CPU variant)")
+    inputs = task.generate_inputs(chosen[0], 0, "cpu")
+    with contextlib.suppress(_Stop):  # the failed kernel's row says why
+        task.call(entry, inputs)
+    return launches
+
+
+class _Stop(Exception):
+    """A kernel did not compile: the call stops there (what follows would need its output)."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="trimul")
+    ap.add_argument("--solution", required=True, help="A solution's name, or a solution file or directory.")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="A tunable's value (repeatable).")
+    ap.add_argument("--workload", default="",
+                    help="A workload of the task's smoke (else feedback) set, its CPU variant (default: the first).")
+    ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
+    args = ap.parse_args()
+    from ksearch_ray.taskspec.spec import TaskError
+    from ksearch_ray.taskspec.tunables import TunableError, value_from_text
+
+    values = {k: value_from_text(v) for k, _, v in (s.partition("=") for s in args.set)}
+    try:
+        rows = compile_solution(args.task, args.solution, values, args.workload)
+    except (TaskError, TunableError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            figures = (f"{r.get('reg')} registers, {r.get('local')} B local, {r.get('shared')} B shared"
+                       if "shared" in r else "")
+            print(f"{r['kernel']} (warps {r['num_warps']}, stages {r['num_stages']}): "
+                  f"{r.get('error') and 'FAILED: ' + r['error'] or figures}")
+    if not rows:
+        print("no Triton kernel was launched")
+    if not rows or any("error" in r for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ a sweep of a Triton solution's tunables:
         --sets feedback:fresh,all:fresh,feedback:reuse,all:reuse --peak peak.json --out eval.json
     python experiments/gqa_kernels.py sweep --solution triton_splitkv --out sweep.json --best-out best.py \
         --group "BLOCK_KV=16,32,64;NUM_STAGES=2,3,5" --group "PROGRAMS_PER_SM=2,4,8,16;MIN_PIECE_TILES=1,2,4"
+    python experiments/gqa_kernels.py graphs --solutions triton_splitkv,triton_seed,flashinfer_kernel --out graphs.json
     ncu -k regex:_split_kernel -c 4 python experiments/gqa_kernels.py once --solution triton_splitkv \
         --workload 06b8480d
 
@@ -23,14 +24,16 @@ CUDA events. `sweep` runs a solution's own kernels in this process (trusted code
 coordinate descent over groups of tunables, each variant timed as a CUDA-graph replay of the whole
 call after an L2 flush, on every workload of `--workloads` for `--seeds` input sets each (different
 page tables and length splits), and checked against the reference; sweep figures guide tuning,
-the evaluator's figures are the results. `once` calls a solution on one workload and does nothing
+the evaluator's figures are the results. `graphs` times every solution named the same way in this
+process (trusted code only), a CUDA-graph replay after an L2 flush with a solution's per-input setup
+run before the capture: kernel against kernel, where the evaluator times a solution with a setup
+step as plain calls (its host-side Python included). `once` calls a solution on one workload and does nothing
 else, for a profiler such as `ncu`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import itertools
 import json
 import math
@@ -46,18 +49,10 @@ import torch
 from ksearch_ray.evaluation.compare import compare_outputs
 from ksearch_ray.models import Solution
 from ksearch_ray.taskspec.task import Task, find_task, load_module_file
-from ksearch_ray.taskspec.tunables import declared_tunables, with_values
+from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
 
 GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
 DATASHEET_TBS = 4.8  # H200 HBM3e
-
-
-def _literal(text: str) -> Any:
-    """A tunable's value as written on the command line: a Python literal, or else a bare string."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 def _geomean(values: list[float]) -> float:
@@ -262,7 +257,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     print(f"start {best}: {base} ms (geomean over {args.workloads}, {args.seeds} input sets each)", flush=True)
     log.append({"values": dict(best), "ms": base})
     for group in args.group:
-        axes = [(k, [_literal(v) for v in vs.split(",")]) for k, vs in (part.split("=") for part in group.split(";"))]
+        axes = [(k, [value_from_text(v) for v in vs.split(",")]) for k, vs in (part.split("=") for part in group.split(";"))]
         scored = [(best_ms, best)] if best_ms is not None else []
         for combo in itertools.product(*[vs for _, vs in axes]):
             if time.time() > args.deadline - 20:
@@ -284,6 +279,60 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     return {"start_ms": base, "best": best, "best_ms": best_ms, "log": log}
 
 
+def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
+    """Kernel against kernel: each solution's call timed the same way, as a CUDA-graph replay after an
+    L2 flush, in this process (trusted code only: the task's own solutions and FlashInfer's). A
+    solution with a per-input setup (`flashinfer_kernel`'s plan) runs it before the capture, untimed,
+    so its host-side Python is out of the figure as it is out of a graph-replayed Triton call's. Each
+    solution is checked against the reference on every input set first."""
+    task = find_task(GQA)
+    names = args.solutions.split(",")
+    mods = {}
+    for name in names:
+        solution = _solution(task, name, args.base)
+        path = Path(tempfile.mkdtemp()) / solution.entry_file  # Triton reads kernel source from the file
+        path.write_text(solution.sources[solution.entry_file])
+        mods[name] = (load_module_file(path, f"graphs_{len(mods)}"), solution.prepare)
+    inputs = _inputs(task, args.workloads, args.seeds, device=args.device)
+    flush = torch.empty(256 * 2**20 if args.device == "cuda" else 1, dtype=torch.uint8, device=args.device)
+    per: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    for workload, data, expected in inputs:
+        for name in names:
+            mod, prepare = mods[name]
+            if time.time() > args.deadline - 10:
+                print("graphs stopped: no time left", flush=True)
+                break
+            try:
+                if prepare:
+                    task.call(getattr(mod, prepare), data)
+                got = task.normalize_outputs(task.call(mod.run, data))
+                verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+                if not verdict.status.passed:
+                    print(f"  {_label(name)} wrong on {workload[:8]}: {verdict.message[:200]}", flush=True)
+                    continue
+                ms = _graph_ms(lambda mod=mod, data=data: task.call(mod.run, data), flush, args.reps)
+            except Exception as exc:  # e.g. a call that cannot be captured: said, not hidden
+                print(f"  {_label(name)} on {workload[:8]}: {type(exc).__name__}: "
+                      f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}", flush=True)
+                continue
+            per[name].setdefault(workload, []).append(ms)
+    means = {n: {w: statistics.mean(v) for w, v in d.items()} for n, d in per.items()}
+    against = names[-1]
+    for name in names:
+        m = means[name]
+        line = f"{_label(name):24s} {len(m)} workloads, geomean {_geomean(list(m.values())):.5f} ms" if m else f"{_label(name)}: none timed"
+        shared = [w for w in m if w in means[against]]
+        if name != against and shared:
+            ratios = [means[against][w] / m[w] for w in shared]
+            line += (f"; vs {_label(against)} score {sum(ratios) / len(ratios):.3f}x (mean of ratios, "
+                     f"{min(ratios):.2f}-{max(ratios):.2f}, faster on {sum(x >= 1 for x in ratios)}/{len(ratios)})")
+        print(line, flush=True)
+    for w in sorted({w for m in means.values() for w in m}):
+        print(f"    {w[:8]} " + " | ".join(f"{_label(n)} {means[n][w]:.4f}" if w in means[n] else f"{_label(n)} -"
+                                         for n in names), flush=True)
+    return {"means_ms": means, "samples_ms": per}
+
+
 def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
     """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
     task = find_task(GQA)
@@ -301,7 +350,7 @@ def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("peak", "eval", "sweep", "once"):
+    for name in ("peak", "eval", "sweep", "graphs", "once"):
         p = sub.add_parser(name)
         p.add_argument("--out", required=name != "once")
         p.add_argument("--deadline", type=float, default=math.inf, help="Epoch seconds: start nothing after it.")
@@ -324,6 +373,13 @@ def main() -> None:
     sw.add_argument("--reps", type=int, default=30)
     sw.add_argument("--group", action="append", default=[])
     sw.add_argument("--best-out", default="", help="Write the best combination's source here.")
+    gr = sub.choices["graphs"]
+    gr.add_argument("--solutions", default="triton_splitkv,triton_seed,flashinfer_kernel",
+                    help="Comma-separated names or .py files; the last one is what the others are scored against.")
+    gr.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter (wall times).")
+    gr.add_argument("--workloads", default="feedback", help="A workload set (on the CPU: its -cpu variant).")
+    gr.add_argument("--seeds", type=int, default=2, help="Input sets per workload (page tables, length splits).")
+    gr.add_argument("--reps", type=int, default=30)
     on = sub.choices["once"]
     on.add_argument("--solution", default="triton_splitkv", help="A solution's name, or a .py file.")
     on.add_argument("--workload", required=True, help="Prefix of the workload's name (set `all`).")
@@ -331,7 +387,7 @@ def main() -> None:
     args = ap.parse_args()
     info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
-    result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "once": cmd_once}[args.cmd](args)
+    result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "graphs": cmd_graphs, "once": cmd_once}[args.cmd](args)
     if args.out:
         Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
 

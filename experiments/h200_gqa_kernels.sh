@@ -5,8 +5,9 @@
 # both timing modes), with each workload's achieved bandwidth against the measured peak; then
 # (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
 # EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time
-# is left (BUDGET_S from the start); with NCU=1, Nsight Compute's DRAM throughput and occupancy of the
-# split kernel on the largest feedback workload. See experiments/gqa_kernels.py for each step.
+# is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions timed
+# in process as CUDA-graph replays (FlashInfer's plan untimed): kernel against kernel. With NCU=1,
+# Nsight Compute's DRAM throughput and occupancy of the split kernel on the largest feedback workload. See experiments/gqa_kernels.py for each step.
 # Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
 # whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
 #   bash experiments/h200_gqa_kernels.sh
@@ -25,12 +26,15 @@ SETS=${SETS:-feedback:fresh,all:fresh,feedback:reuse,all:reuse}
 SWEEP_SOLUTION=${SWEEP_SOLUTION:-triton_splitkv}
 S=experiments/gqa_kernels.py
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
-  cat GITREV 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true
+  echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"
   python3 -c "import flashinfer, torch, triton, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__)"
 } 2>&1 | tee "$R/machine.txt"
 echo "unpacked in $(( $(date +%s) - START )) s"
 timeout 150 python3 experiments/flashinfer_warmup.py gqa --shipped-only 2>&1 | grep -v Warning | tee "$R/warmup.log" | tail -3
 timeout 60 python3 $S peak --out "$R/peak.json" 2>&1 | tee "$R/peak.log"
+if [ "${GRAPHS:-1}" = 1 ]; then  # kernel against kernel: every solution a graph replay, FlashInfer's plan untimed
+  timeout 120 python3 $S graphs --solutions "$SOLUTIONS" --workloads feedback --out "$R/graphs.json" 2>&1 | tee "$R/graphs.log"
+fi
 if [ "${EVAL:-1}" = 1 ]; then
   timeout "$(left)" python3 $S eval --solutions "$SOLUTIONS" --sets "$SETS" --peak "$R/peak.json" \
     --deadline $(( START + ${EVAL_UNTIL_S:-400} )) --out "$R/eval.json" 2>&1 | tee "$R/eval.log"

@@ -60,11 +60,15 @@ def _geomean(values: list[float]) -> float:
 
 
 def _label(name: str) -> str:
+    name = name.split(":")[0]
     return Path(name).name if name.endswith(".py") else name
 
 
 def _solution(task: Task, name: str, base: str) -> Solution:
-    """A solution of the task by name, or a source file standing in for `base`'s (a sweep's best)."""
+    """A solution of the task by name, or a source file standing in for `base`'s (a sweep's best);
+    `file.py:other` names the solution the file stands in for."""
+    if ":" in name:
+        name, base = name.rsplit(":", 1)
     if not name.endswith(".py"):
         return task.solution(name)
     parent = task.solution(base)
@@ -192,15 +196,18 @@ def _inputs(task: Task, workload_set: str, seeds: int, only: str = "", reference
     return sets
 
 
-def _graph_ms(fn: Any, flush: torch.Tensor, reps: int) -> float:
+def _graph_ms(fn: Any, flush: torch.Tensor, reps: int, check: Any = None) -> float:
     """Median time of fn as a CUDA-graph replay, each replay after an L2 flush (as the evaluator times);
-    on the CPU (a dry run of the sweep in the interpreter) the median wall time of a few calls."""
+    on the CPU (a dry run of the sweep in the interpreter) the median wall time of a few calls.
+    `check`, if given, is called on what the last replay (the last call) wrote."""
     if flush.device.type == "cpu":
         times = []
         for _ in range(min(reps, 2)):
             t0 = time.perf_counter()
-            fn()
+            got = fn()
             times.append((time.perf_counter() - t0) * 1e3)
+        if check:
+            check(got)
         return statistics.median(times)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -209,7 +216,7 @@ def _graph_ms(fn: Any, flush: torch.Tensor, reps: int) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        captured = fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends, strict=True):
@@ -218,6 +225,8 @@ def _graph_ms(fn: Any, flush: torch.Tensor, reps: int) -> float:
         graph.replay()
         e.record()
     torch.cuda.synchronize()
+    if check:
+        check(captured)
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
@@ -284,7 +293,8 @@ def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
     L2 flush, in this process (trusted code only: the task's own solutions and FlashInfer's). A
     solution with a per-input setup (`flashinfer_kernel`'s plan) runs it before the capture, untimed,
     so its host-side Python is out of the figure as it is out of a graph-replayed Triton call's. Each
-    solution is checked against the reference on every input set first."""
+    solution is checked against the reference on every input set, on a plain call and on what the
+    graph's last replay wrote."""
     task = find_task(GQA)
     names = args.solutions.split(",")
     mods = {}
@@ -305,12 +315,14 @@ def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if prepare:
                     task.call(getattr(mod, prepare), data)
-                got = task.normalize_outputs(task.call(mod.run, data))
-                verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
-                if not verdict.status.passed:
-                    print(f"  {_label(name)} wrong on {workload[:8]}: {verdict.message[:200]}", flush=True)
-                    continue
-                ms = _graph_ms(lambda mod=mod, data=data: task.call(mod.run, data), flush, args.reps)
+                def check(outputs: Any, expected: Any = expected) -> None:
+                    verdict = compare_outputs(task.normalize_outputs(outputs), expected, task.definition.outputs,
+                                              task.definition.tolerance)
+                    if not verdict.status.passed:
+                        raise ValueError(f"wrong: {verdict.message[:200]}")
+
+                check(task.call(mod.run, data))  # a plain call first, then what the graph's last replay wrote
+                ms = _graph_ms(lambda mod=mod, data=data: task.call(mod.run, data), flush, args.reps, check)
             except Exception as exc:  # e.g. a call that cannot be captured: said, not hidden
                 print(f"  {_label(name)} on {workload[:8]}: {type(exc).__name__}: "
                       f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}", flush=True)

@@ -5,8 +5,9 @@
 # both timing modes), with each workload's achieved bandwidth against the measured peak; then
 # (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
 # EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time
-# is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions timed
-# in process as CUDA-graph replays (FlashInfer's plan untimed): kernel against kernel. With NCU=1,
+# is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions (or
+# GRAPH_SOLUTIONS; `file.py:solution` for a variant's source) timed in process as CUDA-graph replays
+# with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against kernel. With NCU=1,
 # Nsight Compute's DRAM throughput and occupancy of the split kernel on the largest feedback workload. See experiments/gqa_kernels.py for each step.
 # Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
 # whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
@@ -33,7 +34,10 @@ echo "unpacked in $(( $(date +%s) - START )) s"
 timeout 150 python3 experiments/flashinfer_warmup.py gqa --shipped-only 2>&1 | grep -v Warning | tee "$R/warmup.log" | tail -3
 timeout 60 python3 $S peak --out "$R/peak.json" 2>&1 | tee "$R/peak.log"
 if [ "${GRAPHS:-1}" = 1 ]; then  # kernel against kernel: every solution a graph replay, FlashInfer's plan untimed
-  timeout 120 python3 $S graphs --solutions "$SOLUTIONS" --workloads feedback --out "$R/graphs.json" 2>&1 | tee "$R/graphs.log"
+  for set in ${GRAPH_SETS:-feedback}; do
+    timeout "${GRAPHS_TIMEOUT:-120}" python3 $S graphs --solutions "${GRAPH_SOLUTIONS:-$SOLUTIONS}" --workloads "$set" \
+      --out "$R/graphs-$set.json" 2>&1 | tee "$R/graphs-$set.log"
+  done
 fi
 if [ "${EVAL:-1}" = 1 ]; then
   timeout "$(left)" python3 $S eval --solutions "$SOLUTIONS" --sets "$SETS" --peak "$R/peak.json" \

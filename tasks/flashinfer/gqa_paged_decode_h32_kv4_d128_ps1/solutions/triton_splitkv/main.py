@@ -16,7 +16,8 @@ The merge kernel, one program per (request, query head), combines the partial ou
 cut into several pieces by their lse, and writes 0 and -inf for an empty request.
 
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
-tolerance on its own.
+tolerance on its own. Their defaults are the best of a coordinate sweep on the H200 over the
+feedback workloads (docs/benchmarks.md, 2026-12-01).
 """
 
 import torch
@@ -28,13 +29,13 @@ BLOCK_KV = 32  # tunable: [16, 32, 64, 128]
 # How many split programs to aim for per SM (over all requests and KV heads); more programs mean
 # shorter pieces (better balance, more latency hidden by other programs) but more partial outputs
 # to write and merge (16 KiB of fp32 per piece against 256 bytes of K and V per token).
-PROGRAMS_PER_SM = 4  # tunable: [1, 2, 4, 8, 16]
+PROGRAMS_PER_SM = 2  # tunable: [1, 2, 4, 8, 16]
 # The shortest piece, in tiles: below it a split costs more in partials and merging than it saves.
 MIN_PIECE_TILES = 2  # tunable: [1, 2, 4, 8]
 NUM_WARPS = 4  # tunable: [2, 4, 8]
 # Software pipelining of the page walk. The page-id load feeding the K/V gathers costs stages:
 # compiled for sm_90 by Triton 3.9, 2 to 4 stages keep one K/V tile in flight, 5 and 6 keep two.
-NUM_STAGES = 2  # tunable: [1, 2, 3, 4, 5, 6]
+NUM_STAGES = 5  # tunable: [1, 2, 3, 4, 5, 6]
 # Operands of P·V (fp32 accumulation always): "fp16" rounds P to fp16 and converts V (exact for
 # bf16 values between 6e-5 and 65504 in magnitude), "tf32" keeps P to 10 mantissa bits and V exact.
 # bf16 P is not offered: its 8-bit mantissa puts a few in 100k output elements past the tolerance
@@ -42,7 +43,7 @@ NUM_STAGES = 2  # tunable: [1, 2, 3, 4, 5, 6]
 PV_PRECISION = "fp16"  # tunable: ["fp16", "tf32"]
 # Pieces combined per step of the merge, and its warps.
 MERGE_BLOCK = 32  # tunable: [16, 32, 64]
-MERGE_WARPS = 2  # tunable: [1, 2, 4]
+MERGE_WARPS = 1  # tunable: [1, 2, 4]
 
 LOG2E = 1.4426950408889634
 H200_SMS = 132  # what the interpreter plans for, so the CPU exercises the GPU's splits

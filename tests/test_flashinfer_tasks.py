@@ -576,6 +576,7 @@ def test_splitkv_plan_covers_every_split_and_fills_the_gpu():
 def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
     return {
         "one_token": [1],
+        "short_with_empty_requests": [0, 5, 0, 3],  # within one chunk in all: one program a request
         "one_full_piece": [chunk],
         "one_past_a_piece": [chunk + 1],
         "around_piece_edges": [chunk - 1, 0, 2 * chunk + 1, 1, 2 * chunk],
@@ -594,7 +595,20 @@ def test_splitkv_edge_cases_match_the_reference(case, monkeypatch):
     monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over kv_indptr in steps of 4 requests
     task = _task(GQA)
     inputs = _decode_case(GQA, lengths, seed=12)
+    merges = []
+    merge = mod._merge_kernel
+
+    class CountingMerge:  # the merge kernel, launched as before, with its launches counted
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return merge[grid]
+
+    monkeypatch.setattr(mod, "_merge_kernel", CountingMerge())
     got = task.normalize_outputs(task.call(mod.run, inputs))
+    # kv_indices no longer than a chunk (all tokens in one): no request can split, and no merge runs
+    single = sum(lengths) <= mod.plan(len(lengths), sum(lengths), 4, 132)[0]
+    assert single == (case in ("one_token", "short_with_empty_requests", "one_full_piece", "all_empty"))
+    assert len(merges) == (0 if single else 1)
     expected = task.reference(inputs)
     verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
     assert verdict.status is Status.PASSED, verdict.message

@@ -11,7 +11,9 @@ where one request holds most of the tokens, is spread over the SMs as well as an
 device-to-host copy: each program finds its (request, piece) from kv_indptr itself, by a prefix sum
 of the pieces per request.
 
-A request that fits in one piece is finished by the split kernel (output and lse written directly).
+A request that fits in one piece is finished by the split kernel (output and lse written directly);
+when every request must fit in one (kv_indices is no longer than a chunk), the split kernel runs one
+program per request and KV head, writes empty requests too, and the merge is not launched.
 The merge kernel, one program per (request, query head), combines the partial outputs of a request
 cut into several pieces by their lse, and writes 0 and -inf for an empty request.
 
@@ -58,7 +60,7 @@ def _split_kernel(
     batch, chunk, qk_scale,
     NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_B: tl.constexpr,
-    PV_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    PV_PRECISION: tl.constexpr, SINGLE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # KV heads fastest: the 4 programs of a piece run side by side, reading the same page ids and
     # neighbouring 256-byte parts of the same 1 KiB token rows.
@@ -68,24 +70,28 @@ def _split_kernel(
     # a request of n tokens (none for an empty one): the request is the number of requests whose
     # pieces all come before p (`batch` for a p past the last piece), `first` its first piece.
     # (Inline rather than a helper: the interpreter pays about a millisecond per helper call.)
-    b = 0
-    first = 0
-    carry = 0
-    for b0 in range(0, batch, BLOCK_B):
-        offs_b = b0 + tl.arange(0, BLOCK_B)
-        b_ok = offs_b < batch
-        b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
-        b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
-        pieces = (b_hi - b_lo + chunk - 1) // chunk  # 0 on masked lanes
-        before = b_ok & (carry + tl.cumsum(pieces, 0) <= p)
-        b += tl.sum(before.to(tl.int32), 0)
-        first += tl.sum(tl.where(before, pieces, 0), 0)
-        carry += tl.sum(pieces, 0)
+    if SINGLE:  # no request is longer than a chunk: program p is request p, empty ones included
+        b = p
+        first = p
+    else:
+        b = 0
+        first = 0
+        carry = 0
+        for b0 in range(0, batch, BLOCK_B):
+            offs_b = b0 + tl.arange(0, BLOCK_B)
+            b_ok = offs_b < batch
+            b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
+            b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
+            pieces = (b_hi - b_lo + chunk - 1) // chunk  # 0 on masked lanes
+            before = b_ok & (carry + tl.cumsum(pieces, 0) <= p)
+            b += tl.sum(before.to(tl.int32), 0)
+            first += tl.sum(tl.where(before, pieces, 0), 0)
+            carry += tl.sum(pieces, 0)
     if b < batch:  # programs past the last piece (the grid is an upper bound) do nothing
         lo = tl.load(indptr_ptr + b)
         hi = tl.load(indptr_ptr + b + 1)
         start = lo + (p - first) * chunk
-        end = tl.minimum(start + chunk, hi)  # start < end: a piece holds at least one token
+        end = tl.minimum(start + chunk, hi)  # start < end but for an empty request (SINGLE only)
 
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -134,7 +140,9 @@ def _split_kernel(
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        out = acc / l_i[:, None]  # l_i >= 1: the row's maximum contributes exp2(0)
+        # l_i >= 1 (the row's maximum contributes exp2(0)) but for an empty request (SINGLE only),
+        # which gets 0 and lse -inf as the definition says (m_i is -inf, log2(0) too).
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         lse = m_i + tl.log2(l_i)
         if hi - lo <= chunk:  # the request's only piece: final output, no merge
             tl.store(out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out.to(tl.bfloat16), mask=h_ok[:, None])
@@ -223,20 +231,27 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
     if batch == 0:
         return out, lse
     chunk, pieces = plan(batch, kv_indices.shape[0], num_kv_heads, _num_sms(q.device))
+    # Every request in one piece (the bound on tokens is within a chunk): one program per request and
+    # KV head writes the result, empty requests included, and the merge is not launched. Decided from
+    # shapes alone, like the plan, so a captured graph stays right for every split.
+    single = kv_indices.shape[0] <= chunk
     block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
     interpret = q.device.type == "cpu"  # CPU tensors mean the interpreter
     # Partial outputs and lse of every piece, one allocation: [pieces, heads, dim] then [pieces, heads].
     rows = max(pieces, 1) * num_qo_heads
     work = torch.empty(rows * (head_dim + 1), dtype=torch.float32, device=q.device)
     part_o, part_lse = work[: rows * head_dim], work[rows * head_dim :]
-    if pieces > 0:
-        _split_kernel[(pieces * num_kv_heads,)](
+    if pieces > 0 or single:
+        _split_kernel[((batch if single else pieces) * num_kv_heads,)](
             q, k_cache, v_cache, kv_indptr, kv_indices, out, lse, part_o, part_lse,
             batch, chunk, float(sm_scale) * LOG2E,
             NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
             BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
-            PV_PRECISION=PV_PRECISION, INTERPRET=interpret, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
         )
+    if single:
+        return out, lse
     _merge_kernel[(batch, num_qo_heads)](
         kv_indptr, out, lse, part_o, part_lse, chunk,
         NUM_QO_HEADS=num_qo_heads, HEAD_DIM=head_dim, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK,

@@ -66,9 +66,10 @@ def test_a_configuration_beyond_the_shared_memory_of_a_block_is_refused():
     assert "shared memory" in failed["error"]
 
 
-@pytest.mark.parametrize("task", ["gqa_paged_decode_h32_kv4_d128_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps1",
-                                  "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"])
-def test_the_flashinfer_triton_seeds_compile_for_sm90(task):
-    rc, rows, err = _compile("--task", task, "--solution", "triton_seed")
+@pytest.mark.parametrize(("task", "solution"), [
+    ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_seed"), ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_splitkv"),
+    ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_seed"), ("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "triton_seed")])
+def test_the_flashinfer_triton_seeds_compile_for_sm90(task, solution):
+    rc, rows, err = _compile("--task", task, "--solution", solution)
     assert rc == 0, f"{rows}\n{err[-2000:]}"
     assert all("error" not in r and r["shared"] <= 232448 for r in rows), rows

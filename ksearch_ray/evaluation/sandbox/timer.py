@@ -7,7 +7,10 @@ that call's fresh inputs into the captured buffers, flushes the L2 and syncs, al
 timed region, and replays the graph between the stopwatch's events, so no candidate Python, launch
 gap or host jitter is in the figure and the candidate cannot tell one timed call from another (the
 L2 flush is queued just ahead of the start event, so the graph's launch latency is hidden behind it). A
-call that cannot be captured (it syncs, or plans on the host) is called instead, as on the CPU.
+call that cannot be captured (it syncs, or plans on the host) is called instead, as on the CPU. A
+trusted baseline's per-input setup (`prepare`, e.g. FlashInfer's plan) runs before the capture, and
+in fresh mode the call is captured again after the setup for every input set, so a library's kernel
+is timed as a replay like a candidate's, without its wrapper's host-side Python.
 Whatever is timed, the output of the last timed call is handed over and judged against the
 reference for that call's inputs.
 """
@@ -128,7 +131,7 @@ def _time_one(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
     inputs: dict[str, Any] | None = w.inputs_for(item.workload, call_seed(item.seed, 0))
     assert inputs is not None
     w.set_up(inputs)
-    replay = Replay.capture(w, inputs) if cmd.graphs and w.cuda and w.prepare is None else None
+    replay = Replay.capture(w, inputs) if cmd.graphs and w.cuda else None
     every_call_replayed = replay is not None
     result: Any = None
     seed_index, n, start = 0, 0, _perf()
@@ -138,10 +141,16 @@ def _time_one(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
             if replay is None:
                 result = inputs = None  # free the last call's memory first
             new = w.inputs_for(item.workload, call_seed(item.seed, i))
-            if replay is not None and not replay.refill(new):
+            # Recaptured when the new inputs do not fit the captured buffers, and always for a trusted
+            # baseline with a per-input setup: that setup (a library's plan for this page table) runs
+            # on the new inputs first, and the graph holds what it planned.
+            if replay is not None and (w.prepare is not None or not replay.refill(new)):
+                w.set_up(new)
                 replay = Replay.capture(w, new)
                 every_call_replayed = every_call_replayed and replay is not None
-            if replay is None:
+                if replay is None:
+                    inputs = new
+            elif replay is None:
                 inputs = new
                 w.set_up(inputs)
             del new

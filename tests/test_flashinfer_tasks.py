@@ -816,6 +816,9 @@ def test_solution_is_timed_on_feedback_workloads_on_the_gpu(gpu_evaluator, name,
     result = gpu_evaluator.evaluate(task, task.solution(solution), workload_set="feedback", mode="fresh")
     assert result.status is Status.PASSED, (result.message, result.log)
     assert all(w.timing is not None and w.timing.clock == "cuda_events" for w in result.workloads)
+    if task.solution(solution).prepare:  # a library's plan, then its kernel captured and replayed, as candidates are
+        assert result.prepared_untimed
+        assert all(w.timing is not None and w.timing.method == "graph_replay" for w in result.workloads)
 
 
 @pytest.mark.gpu

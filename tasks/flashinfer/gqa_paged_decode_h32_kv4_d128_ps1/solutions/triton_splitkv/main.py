@@ -141,9 +141,10 @@ def _split_kernel(
             m_i = m_new
 
         # l_i >= 1 (the row's maximum contributes exp2(0)) but for an empty request (SINGLE only),
-        # which gets 0 and lse -inf as the definition says (m_i is -inf, log2(0) too).
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = m_i + tl.log2(l_i)
+        # which gets 0 and lse -inf as the definition says (acc is 0 and m_i -inf).
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = m_i + tl.log2(l_safe)
         if hi - lo <= chunk:  # the request's only piece: final output, no merge
             tl.store(out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out.to(tl.bfloat16), mask=h_ok[:, None])
             tl.store(lse_ptr + row, lse, mask=h_ok)

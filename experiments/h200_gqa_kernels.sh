@@ -7,8 +7,9 @@
 # EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time
 # is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions (or
 # GRAPH_SOLUTIONS; `file.py:solution` for a variant's source) timed in process as CUDA-graph replays
-# with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against kernel. With NCU=1,
-# Nsight Compute's DRAM throughput and occupancy of the split kernel on the largest feedback workload. See experiments/gqa_kernels.py for each step.
+# with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against
+# kernel. With NCU=1, Nsight Compute's DRAM throughput and occupancy of the split kernel on the
+# largest feedback workload. See experiments/gqa_kernels.py for each step.
 # Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
 # whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
 #   bash experiments/h200_gqa_kernels.sh

@@ -517,20 +517,29 @@ def _check_variant(name: str, source: str, values: dict[str, Any], inputs: dict[
         sys.modules.pop(module_name, None)
 
 
-# --- (e') the split-KV GQA kernel (issue 22) ------------------------------------------------------
+# --- (e') the split-KV decode kernels (GQA: issue 22, MLA: issue 23) -----------------------------
 # Correct on the CPU first: the interpreter runs the same plan as the GPU (132 SMs), so requests
 # are cut into several pieces and merged even on the small CPU workloads.
 
 SPLITKV = "triton_splitkv"
+SPLITKV_TASKS = [GQA, MLA_DECODE]
+# Split programs per piece: GQA runs one per KV head (4), MLA's latent cache is shared by all heads.
+SPLITKV_PROGRAMS_PER_PIECE = {GQA: 4, MLA_DECODE: 1}
 
 
-def _splitkv_source() -> str:
-    return (TASKS / GQA / "solutions" / SPLITKV / "main.py").read_text()
+def _splitkv_source(name: str) -> str:
+    return (TASKS / name / "solutions" / SPLITKV / "main.py").read_text()
 
 
 @functools.cache
-def _splitkv_module() -> Any:
-    return load_module_file(TASKS / GQA / "solutions" / SPLITKV / "main.py", "fi_gqa_splitkv")
+def _splitkv_module(name: str) -> Any:
+    return load_module_file(TASKS / name / "solutions" / SPLITKV / "main.py", f"fi_splitkv_{name[:3]}")
+
+
+def _splitkv_plan(name: str, batch: int, tokens: int) -> tuple[int, int]:
+    """(chunk, pieces) the kernel plans on an H200 (132 SMs)."""
+    mod = _splitkv_module(name)
+    return mod.plan(batch, tokens, 4, 132) if name == GQA else mod.plan(batch, tokens, 132)
 
 
 @pytest.fixture(scope="module")
@@ -546,23 +555,26 @@ def light_evaluator(tmp_path_factory: pytest.TempPathFactory):
     ev.close()
 
 
+@pytest.mark.parametrize("name", SPLITKV_TASKS)
 @pytest.mark.parametrize(("workload_set", "mode", "count"), [("all", "fresh", 5), ("feedback", "reuse", 3)])
-def test_splitkv_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, workload_set, mode, count):
+def test_splitkv_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, name, workload_set, mode, count):
     """Every CPU workload with new inputs for each timed call (feedback-cpu is a subset of all-cpu),
     and the feedback ones on the same inputs call after call."""
-    task = _task(GQA)
+    task = _task(name)
     result = light_evaluator.evaluate(task, task.solution(SPLITKV), workload_set=workload_set, mode=mode)
     assert result.status is Status.PASSED, (result.message, result.log)
     assert result.workload_set == f"{workload_set}-cpu" and len(result.workloads) == count
     assert all(w.timing is not None for w in result.workloads)
 
 
-def test_splitkv_plan_covers_every_split_and_fills_the_gpu():
-    mod = _splitkv_module()
+@pytest.mark.parametrize("name", SPLITKV_TASKS)
+def test_splitkv_plan_covers_every_split_and_fills_the_gpu(name):
+    mod = _splitkv_module(name)
+    per_piece = SPLITKV_PROGRAMS_PER_PIECE[name]
     gen = torch.Generator().manual_seed(0)
-    for wl in _task(GQA).workloads("all", "cuda"):
+    for wl in _task(name).workloads("all", "cuda"):
         batch, tokens = wl.axes["batch_size"], wl.axes["num_kv_indices"]
-        chunk, grid = mod.plan(batch, tokens, 4, 132)
+        chunk, grid = _splitkv_plan(name, batch, tokens)
         assert chunk % mod.BLOCK_KV == 0 and chunk >= mod.MIN_PIECE_TILES * mod.BLOCK_KV
         for style in SPLIT_STYLES:
             lengths = split_lengths(tokens, batch, style, gen, "cpu")
@@ -570,7 +582,7 @@ def test_splitkv_plan_covers_every_split_and_fills_the_gpu():
             assert pieces <= grid, (wl.name, style)  # the grid covers every piece of any split
             if chunk > mod.MIN_PIECE_TILES * mod.BLOCK_KV:  # long enough to split fully: rounding the
                 # chunk up to whole tiles costs at most a third of the PROGRAMS_PER_SM per SM aimed at
-                assert pieces * 4 >= mod.PROGRAMS_PER_SM * 132 * 2 // 3, (wl.name, style, pieces)
+                assert pieces * per_piece >= mod.PROGRAMS_PER_SM * 132 * 2 // 3, (wl.name, style, pieces)
 
 
 def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
@@ -586,15 +598,16 @@ def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
     }
 
 
+@pytest.mark.parametrize("name", SPLITKV_TASKS)
 @pytest.mark.parametrize("case", list(_splitkv_cases(64)))
-def test_splitkv_edge_cases_match_the_reference(case, monkeypatch):
-    mod = _splitkv_module()
-    chunk, _ = mod.plan(16, 800, 4, 132)
+def test_splitkv_edge_cases_match_the_reference(name, case, monkeypatch):
+    mod = _splitkv_module(name)
+    chunk, _ = _splitkv_plan(name, 16, 800)
     assert chunk == 64  # the default plan of every case below: short pieces, so requests split
     lengths = _splitkv_cases(chunk)[case]
     monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over kv_indptr in steps of 4 requests
-    task = _task(GQA)
-    inputs = _decode_case(GQA, lengths, seed=12)
+    task = _task(name)
+    inputs = _decode_case(name, lengths, seed=12)
     merges = []
     merge = mod._merge_kernel
 
@@ -606,7 +619,7 @@ def test_splitkv_edge_cases_match_the_reference(case, monkeypatch):
     monkeypatch.setattr(mod, "_merge_kernel", CountingMerge())
     got = task.normalize_outputs(task.call(mod.run, inputs))
     # kv_indices no longer than a chunk (all tokens in one): no request can split, and no merge runs
-    single = sum(lengths) <= mod.plan(len(lengths), sum(lengths), 4, 132)[0]
+    single = sum(lengths) <= _splitkv_plan(name, len(lengths), sum(lengths))[0]
     assert single == (case in ("one_token", "short_with_empty_requests", "one_full_piece", "all_empty"))
     assert len(merges) == (0 if single else 1)
     expected = task.reference(inputs)
@@ -615,24 +628,29 @@ def test_splitkv_edge_cases_match_the_reference(case, monkeypatch):
     assert torch.equal(torch.isinf(got["lse"]), torch.isinf(expected["lse"]))
 
 
-SPLITKV_VARIANTS = [(t.name, c) for t in read_tunables(_splitkv_source()).values() for c in t.choices if c != t.value]
+SPLITKV_VARIANTS = [(n, t.name, c) for n in SPLITKV_TASKS for t in read_tunables(_splitkv_source(n)).values()
+                    for c in t.choices if c != t.value]
+SPLITKV_VARIANT_IDS = [f"{n[:3]}-{t}={v}" for n, t, v in SPLITKV_VARIANTS]
 
 
-def test_splitkv_declares_tile_split_warp_and_stage_tunables():
-    assert {"BLOCK_KV", "PROGRAMS_PER_SM", "NUM_WARPS", "NUM_STAGES"} <= set(read_tunables(_splitkv_source()))
+@pytest.mark.parametrize("name", SPLITKV_TASKS)
+def test_splitkv_declares_tile_split_warp_and_stage_tunables(name):
+    assert {"BLOCK_KV", "PROGRAMS_PER_SM", "NUM_WARPS", "NUM_STAGES"} <= set(read_tunables(_splitkv_source(name)))
 
 
 @functools.cache
-def _splitkv_hard_case() -> tuple[dict[str, Any], dict[str, Any]]:
-    # 300 tokens: longer than the longest piece of any variant (256), so every variant merges;
-    # 37 tokens: one piece in every variant; and an empty request.
-    inputs = _decode_case(GQA, [37, 0, 300], seed=13)
-    return inputs, _task(GQA).reference(inputs)
+def _splitkv_hard_case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    # A request longer than the longest piece of any variant (MIN_PIECE_TILES x BLOCK_KV at their
+    # largest), so every variant merges; 37 tokens: one piece in every variant; and an empty request.
+    tunables = read_tunables(_splitkv_source(name))
+    longest = max(tunables["MIN_PIECE_TILES"].choices) * max(tunables["BLOCK_KV"].choices)
+    inputs = _decode_case(name, [37, 0, longest + 44], seed=13)
+    return inputs, _task(name).reference(inputs)
 
 
-@pytest.mark.parametrize(("tunable", "value"), SPLITKV_VARIANTS, ids=[f"{t}={v}" for t, v in SPLITKV_VARIANTS])
-def test_every_splitkv_tunable_choice_passes(tunable, value, tmp_path):
-    _check_variant(GQA, _splitkv_source(), {tunable: value}, *_splitkv_hard_case(), tmp_path)
+@pytest.mark.parametrize(("name", "tunable", "value"), SPLITKV_VARIANTS, ids=SPLITKV_VARIANT_IDS)
+def test_every_splitkv_tunable_choice_passes(name, tunable, value, tmp_path):
+    _check_variant(name, _splitkv_source(name), {tunable: value}, *_splitkv_hard_case(name), tmp_path)
 
 
 # --- (f) FlashInfer-Bench datasets and solution JSON --------------------------------------------
@@ -844,9 +862,9 @@ def test_every_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, va
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize(("tunable", "value"), SPLITKV_VARIANTS, ids=[f"{t}={v}" for t, v in SPLITKV_VARIANTS])
-def test_every_splitkv_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunable, value):
-    task = _task(GQA)
+@pytest.mark.parametrize(("name", "tunable", "value"), SPLITKV_VARIANTS, ids=SPLITKV_VARIANT_IDS)
+def test_every_splitkv_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, value):
+    task = _task(name)
     base = task.solution(SPLITKV)
     variant = Solution(**{**base.model_dump(), "name": f"{SPLITKV}[{tunable}={value}]",
                           "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})

@@ -1,24 +1,26 @@
-"""GQA paged-decode kernels side by side on one GPU (issue 22).
+"""Paged-decode attention kernels side by side on one GPU: GQA (issue 22) and MLA (issue 23).
 
 The evaluator's verdicts and timings, achieved bandwidth per workload against a measured peak, and
 a sweep of a Triton solution's tunables:
 
-    python experiments/gqa_kernels.py peak --out peak.json
-    python experiments/gqa_kernels.py eval --solutions triton_splitkv,triton_seed,flashinfer_kernel \
+    python experiments/decode_kernels.py peak --out peak.json
+    python experiments/decode_kernels.py eval --solutions triton_splitkv,triton_seed,flashinfer_kernel \
         --sets feedback:fresh,all:fresh,feedback:reuse,all:reuse --peak peak.json --out eval.json
-    python experiments/gqa_kernels.py sweep --solution triton_splitkv --out sweep.json --best-out best.py \
+    python experiments/decode_kernels.py sweep --solution triton_splitkv --out sweep.json --best-out best.py \
         --group "BLOCK_KV=16,32,64;NUM_STAGES=2,3,5" --group "PROGRAMS_PER_SM=2,4,8,16;MIN_PIECE_TILES=1,2,4"
-    python experiments/gqa_kernels.py graphs --solutions triton_splitkv,triton_seed,flashinfer_kernel --out graphs.json
-    ncu -k regex:_split_kernel -c 4 python experiments/gqa_kernels.py once --solution triton_splitkv \
+    python experiments/decode_kernels.py graphs --solutions triton_splitkv,triton_seed,flashinfer_kernel \
+        --out graphs.json
+    ncu -k regex:_split_kernel -c 4 python experiments/decode_kernels.py once --solution triton_splitkv \
         --workload 06b8480d
 
+The task is GQA's unless `--task mla_decode` comes first (`decode_kernels.py --task mla_decode eval ...`).
 `eval` runs every solution through one `Evaluator` with `--isolation` (default: require), the task's
 tolerance, timing rules and fresh page tables, so the latencies are comparable as ratios; a
 solution is a name of the task's (`flashinfer_kernel`: the library's kernel, its plan() untimed) or
 a .py file of a Triton solution's source (such as a sweep's best). It prints, per set and mode,
 each solution's geomean latency and its FlashInfer-Bench score against the last solution named
 (the mean over workloads of that solution's latency / this one's), then per workload the bytes a
-call must move (the task's cost formula: K and V of every token, q, output, lse) over the mean
+call must move (the task's cost formula: the KV cache rows of every token, q, output, lse) over the mean
 latency, against the peak `peak` measured. `peak` times a read (a sum) and a copy of 2 GiB with
 CUDA events. `sweep` runs a solution's own kernels in this process (trusted code, never an LLM's):
 coordinate descent over groups of tunables, each variant timed as a CUDA-graph replay of the whole
@@ -26,8 +28,8 @@ call after an L2 flush, on every workload of `--workloads` for `--seeds` input s
 page tables and length splits), and checked against the reference; sweep figures guide tuning,
 the evaluator's figures are the results. `graphs` times every solution named the same way in this
 process (trusted code only), a CUDA-graph replay after an L2 flush with a solution's per-input setup
-run before the capture: kernel against kernel, where the evaluator times a solution with a setup
-step as plain calls (its host-side Python included). `once` calls a solution on one workload and does nothing
+run before the capture: kernel against kernel, as the evaluator now times a prepared baseline too,
+for any variant's source, such as a library wrapper with other settings. `once` calls a solution on one workload and does nothing
 else, for a profiler such as `ncu`.
 """
 
@@ -51,7 +53,7 @@ from ksearch_ray.models import Solution
 from ksearch_ray.taskspec.task import Task, find_task, load_module_file
 from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
 
-GQA = "gqa_paged_decode_h32_kv4_d128_ps1"
+TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1"}
 DATASHEET_TBS = 4.8  # H200 HBM3e
 
 
@@ -115,7 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
 
-    task = find_task(GQA)
+    task = find_task(TASKS[args.task])
     names = args.solutions.split(",")
     peak, peak_kind = _peak_tbs(args.peak)
     cost = {w.name: task.workload_cost(w) for w in task.workloads("all", args.device)}
@@ -231,7 +233,7 @@ def _graph_ms(fn: Any, flush: torch.Tensor, reps: int, check: Any = None) -> flo
 
 
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
-    task = find_task(GQA)
+    task = find_task(TASKS[args.task])
     solution = task.solution(args.solution)
     best = {k: t.value for k, t in declared_tunables(solution).items()}
     inputs = _inputs(task, args.workloads, args.seeds, device=args.device)
@@ -295,7 +297,7 @@ def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
     so its host-side Python is out of the figure as it is out of a graph-replayed Triton call's. Each
     solution is checked against the reference on every input set, on a plain call and on what the
     graph's last replay wrote."""
-    task = find_task(GQA)
+    task = find_task(TASKS[args.task])
     names = args.solutions.split(",")
     mods = {}
     for name in names:
@@ -347,7 +349,7 @@ def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
     """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
-    task = find_task(GQA)
+    task = find_task(TASKS[args.task])
     solution = _solution(task, args.solution, args.base)
     path = Path(tempfile.mkdtemp()) / solution.entry_file
     path.write_text(solution.sources[solution.entry_file])
@@ -361,6 +363,7 @@ def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", choices=sorted(TASKS), default="gqa")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("peak", "eval", "sweep", "graphs", "once"):
         p = sub.add_parser(name)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GQA paged-decode kernels on the lent H200 (issue 22), in one call of under ten minutes: FlashInfer's
-# JIT module built outside the sandbox, the DRAM bandwidth measured, then the evaluator's verdicts
+# Paged-decode kernels on the lent H200 (TASK: gqa, issue 22, the default; or mla_decode, issue 23),
+# in one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM bandwidth measured, then the evaluator's verdicts
 # for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
 # both timing modes), with each workload's achieved bandwidth against the measured peak; then
 # (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
@@ -9,10 +9,11 @@
 # GRAPH_SOLUTIONS; `file.py:solution` for a variant's source) timed in process as CUDA-graph replays
 # with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against
 # kernel. With NCU=1, Nsight Compute's DRAM throughput and occupancy of the split kernel on the
-# largest feedback workload. See experiments/gqa_kernels.py for each step.
+# largest feedback workload (NCU_WORKLOAD). See experiments/decode_kernels.py for each step.
 # Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
 # whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
-#   bash experiments/h200_gqa_kernels.sh
+#   bash experiments/h200_decode_kernels.sh
+#   TASK=mla_decode bash experiments/h200_decode_kernels.sh
 set -uo pipefail
 START=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - START) )); }
@@ -22,17 +23,25 @@ for b in site flashinfer; do tar xJf "$BUNDLES/$b.tar.xz" -C /tmp/site & done; w
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 # One JIT cache for the warm-up and every sandboxed worker (mounted read-only in each worker).
 export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
-OUT=${OUT:-/tmp/out}; R=/tmp/gqa-kernels; mkdir -p "$OUT" "$R"
+TASK=${TASK:-gqa}
+case $TASK in
+  gqa) NCU_WORKLOAD=${NCU_WORKLOAD:-f46ddc2e}
+       DEFAULT_GROUPS="BLOCK_KV=16,32,64,128;NUM_STAGES=2,3,5|PROGRAMS_PER_SM=1,2,4,8,16;MIN_PIECE_TILES=1,2,4|NUM_WARPS=2,4,8;PV_PRECISION=fp16,tf32|MERGE_BLOCK=16,32,64;MERGE_WARPS=1,2,4" ;;
+  mla_decode) NCU_WORKLOAD=${NCU_WORKLOAD:-939f995a}
+       DEFAULT_GROUPS="BLOCK_KV=16,32,64;NUM_STAGES=1,2,3|PROGRAMS_PER_SM=1,2,4,8;MIN_PIECE_TILES=1,2,4|NUM_WARPS=4,8;PV_PRECISION=fp16,tf32|MERGE_DIM=64,128,256,512;MERGE_WARPS=1,2,4" ;;
+  *) echo "TASK must be gqa or mla_decode, not $TASK"; exit 2 ;;
+esac
+OUT=${OUT:-/tmp/out}; R=/tmp/decode-kernels-$TASK; mkdir -p "$OUT" "$R"
 SOLUTIONS=${SOLUTIONS:-triton_splitkv,triton_seed,flashinfer_kernel}  # the last is what the others are scored against
 SETS=${SETS:-feedback:fresh,all:fresh,feedback:reuse,all:reuse}
 SWEEP_SOLUTION=${SWEEP_SOLUTION:-triton_splitkv}
-S=experiments/gqa_kernels.py
+S="experiments/decode_kernels.py --task $TASK"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"
   python3 -c "import flashinfer, torch, triton, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__)"
 } 2>&1 | tee "$R/machine.txt"
 echo "unpacked in $(( $(date +%s) - START )) s"
-timeout 150 python3 experiments/flashinfer_warmup.py gqa --shipped-only 2>&1 | grep -v Warning | tee "$R/warmup.log" | tail -3
+timeout 150 python3 experiments/flashinfer_warmup.py "$TASK" --shipped-only 2>&1 | grep -v Warning | tee "$R/warmup.log" | tail -3
 timeout 60 python3 $S peak --out "$R/peak.json" 2>&1 | tee "$R/peak.log"
 if [ "${GRAPHS:-1}" = 1 ]; then  # kernel against kernel: every solution a graph replay, FlashInfer's plan untimed
   for set in ${GRAPH_SETS:-feedback}; do
@@ -46,7 +55,7 @@ if [ "${EVAL:-1}" = 1 ]; then
 fi
 if [ "${SWEEP:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
   # SWEEP_GROUPS: the sweep's groups, separated by "|" (each group: "NAME=v1,v2;NAME=v1,v2"), in order.
-  SWEEP_GROUPS=${SWEEP_GROUPS:-"BLOCK_KV=16,32,64,128;NUM_STAGES=2,3,5|PROGRAMS_PER_SM=1,2,4,8,16;MIN_PIECE_TILES=1,2,4|NUM_WARPS=2,4,8;PV_PRECISION=fp16,tf32|MERGE_BLOCK=16,32,64;MERGE_WARPS=1,2,4"}
+  SWEEP_GROUPS=${SWEEP_GROUPS:-$DEFAULT_GROUPS}
   args=(); IFS='|' read -ra parts <<< "$SWEEP_GROUPS"; for g in "${parts[@]}"; do args+=(--group "$g"); done
   timeout "$(left)" python3 $S sweep --solution "$SWEEP_SOLUTION" --deadline $(( START + ${SWEEP_UNTIL_S:-500} )) \
     --out "$R/sweep.json" --best-out "$R/best.py" "${args[@]}" 2>&1 | tee "$R/sweep.log"
@@ -58,8 +67,8 @@ if [ "${EVAL_BEST:-1}" = 1 ] && [ -f "$R/best.py" ] && [ "$(left)" -gt 40 ]; the
 fi
 if [ "${NCU:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then  # what limits the split kernel on the largest feedback workload
   timeout "$(left)" ncu --set basic --metrics dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
-    -k regex:_split_kernel -s 2 -c 2 python3 $S once --solution "${NCU_SOLUTION:-$SWEEP_SOLUTION}" --workload f46ddc2e --calls 4 \
+    -k regex:_split_kernel -s 2 -c 2 python3 $S once --solution "${NCU_SOLUTION:-$SWEEP_SOLUTION}" --workload "$NCU_WORKLOAD" --calls 4 \
     > "$R/ncu.txt" 2>&1; tail -40 "$R/ncu.txt"
 fi
-tar czf "$OUT/gqa-kernels.tgz" -C /tmp gqa-kernels
+tar czf "$OUT/decode-kernels-$TASK.tgz" -C /tmp "decode-kernels-$TASK"
 echo "total $(( $(date +%s) - START )) s"

@@ -1,0 +1,258 @@
+"""MLA paged decode (16 heads, ckv 512, kpe 64, page size 1): split-KV in two Triton kernels.
+
+The sequence of every request is cut into pieces of `chunk` tokens, and one program of the split
+kernel handles one piece with all 16 heads as the rows of its tiles: each step loads a
+[BLOCK_KV, 512] ckv tile and a [BLOCK_KV, 64] kpe tile once, uses the ckv tile both as keys
+(Q·Kᵀ) and as values (P·V), and updates an online softmax in base 2. The chunk is chosen on the
+host from what the host knows without reading the page table (the number of requests and the
+length of kv_indices, which bounds the tokens), so that the pieces of all requests together give
+about PROGRAMS_PER_SM programs per SM whatever the split of tokens over requests. No
+device-to-host copy: each program finds its (request, piece) from kv_indptr itself, by a prefix
+sum of the pieces per request, so one captured CUDA graph is right for every page table.
+
+A request that fits in one piece is finished by the split kernel (output and lse written
+directly); when every request must fit in one (kv_indices is no longer than a chunk), the split
+kernel runs one program per request, writes empty requests too, and the merge is not launched.
+Otherwise the merge kernel, one program per (request, head, slice of MERGE_DIM output columns),
+combines the partial outputs of a request cut into several pieces by their lse, and writes 0 and
+-inf for an empty request.
+
+The tunables below are read and rewritten by the offline policy; every choice passes the task's
+tolerance on its own.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# Tokens per step of a piece's walk: the ckv tile is [BLOCK_KV, 512] bf16, 32 KiB at 32.
+BLOCK_KV = 32  # tunable: [16, 32, 64]
+# How many split programs to aim for per SM; more programs mean shorter pieces (better balance,
+# more latency hidden) but more partial outputs to write and merge (32 KiB of fp32 per piece,
+# against 1,152 bytes of ckv and kpe per token).
+PROGRAMS_PER_SM = 2  # tunable: [1, 2, 4, 8]
+# The shortest piece, in tiles: below it a split costs more in partials and merging than it saves.
+MIN_PIECE_TILES = 2  # tunable: [1, 2, 4, 8]
+NUM_WARPS = 8  # tunable: [4, 8]
+NUM_STAGES = 2  # tunable: [1, 2, 3]
+# Operands of P·V (fp32 accumulation always): "fp16" rounds P to fp16 and converts V (exact for
+# bf16 values between 6e-5 and 65504 in magnitude), "tf32" keeps P to 10 mantissa bits and V exact.
+# bf16 P is not offered: its 8-bit mantissa puts a few in 100k output elements past the tolerance.
+PV_PRECISION = "fp16"  # tunable: ["fp16", "tf32"]
+# Pieces combined per step of the merge, output columns per merge program, and its warps.
+MERGE_BLOCK = 16  # tunable: [8, 16, 32]
+MERGE_DIM = 128  # tunable: [64, 128, 256, 512]
+MERGE_WARPS = 2  # tunable: [1, 2, 4]
+
+LOG2E = 1.4426950408889634
+H200_SMS = 132  # the plan on a CPU (Triton's interpreter) is the H200's, so CPU tests cut and merge alike
+MAX_BLOCK_B = 1024  # requests read per step of the prefix sum over kv_indptr
+
+_sm_counts: dict[int, int] = {}
+
+
+@triton.jit
+def _split_kernel(
+    qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, indptr_ptr, indices_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    batch, chunk, qk_scale,
+    NUM_HEADS: tl.constexpr, DIM_CKV: tl.constexpr, DIM_KPE: tl.constexpr, BLOCK_KV: tl.constexpr,
+    BLOCK_B: tl.constexpr, PV_PRECISION: tl.constexpr, SINGLE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    p = tl.program_id(0)
+    # Which request piece p belongs to. Pieces are numbered request by request, ceil(n / chunk) for
+    # a request of n tokens (none for an empty one): the request is the number of requests whose
+    # pieces all come before p (`batch` for a p past the last piece), `first` its first piece.
+    # (Inline rather than a helper: the interpreter pays about a millisecond per helper call.)
+    if SINGLE:  # no request is longer than a chunk: program p is request p, empty ones included
+        b = p
+        first = p
+    else:
+        b = 0
+        first = 0
+        carry = 0
+        for b0 in range(0, batch, BLOCK_B):
+            offs_b = b0 + tl.arange(0, BLOCK_B)
+            b_ok = offs_b < batch
+            b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
+            b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
+            pieces = (b_hi - b_lo + chunk - 1) // chunk  # 0 on masked lanes
+            before = b_ok & (carry + tl.cumsum(pieces, 0) <= p)
+            b += tl.sum(before.to(tl.int32), 0)
+            first += tl.sum(tl.where(before, pieces, 0), 0)
+            carry += tl.sum(pieces, 0)
+    if b < batch:  # programs past the last piece (the grid is an upper bound) do nothing
+        lo = tl.load(indptr_ptr + b)
+        hi = tl.load(indptr_ptr + b + 1)
+        start = lo + (p - first) * chunk
+        end = tl.minimum(start + chunk, hi)  # start < end but for an empty request (SINGLE only)
+
+        offs_h = tl.arange(0, NUM_HEADS)
+        offs_c = tl.arange(0, DIM_CKV)
+        offs_p = tl.arange(0, DIM_KPE)
+        offs_n = tl.arange(0, BLOCK_KV)
+        row = b.to(tl.int64) * NUM_HEADS + offs_h  # (request, head) rows of q, out and lse
+        qn = tl.load(qn_ptr + row[:, None] * DIM_CKV + offs_c[None, :])
+        qp = tl.load(qp_ptr + row[:, None] * DIM_KPE + offs_p[None, :])
+        if INTERPRET:
+            # Triton's interpreter multiplies bf16 tiles as raw integers; fp32 products of bf16
+            # values are exact, so upcasting is the same arithmetic.
+            qn = qn.to(tl.float32)
+            qp = qp.to(tl.float32)
+
+        m_i = tl.full([NUM_HEADS], float("-inf"), tl.float32)  # running max, log2 units
+        l_i = tl.zeros([NUM_HEADS], tl.float32)
+        acc = tl.zeros([NUM_HEADS, DIM_CKV], tl.float32)
+        for n0 in range(start, end, BLOCK_KV):
+            pos = n0 + offs_n
+            ok = pos < end
+            # Page size 1: one page id per token, loaded once and used for ckv and kpe.
+            page = tl.load(indices_ptr + pos, mask=ok, other=0).to(tl.int64)
+            kc = tl.load(ckv_ptr + page[:, None] * DIM_CKV + offs_c[None, :], mask=ok[:, None], other=0.0)
+            kp = tl.load(kpe_ptr + page[:, None] * DIM_KPE + offs_p[None, :], mask=ok[:, None], other=0.0)
+            if INTERPRET:
+                kcf = kc.to(tl.float32)
+                s = (tl.dot(qn, tl.trans(kcf)) + tl.dot(qp, tl.trans(kp.to(tl.float32)))) * qk_scale
+            else:
+                s = (tl.dot(qn, tl.trans(kc)) + tl.dot(qp, tl.trans(kp))) * qk_scale
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            prob = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(prob, axis=1)
+            # P·V with fp32 accumulation; the interpreter (which multiplies 16-bit tiles as raw
+            # integers) gets the operands rounded the way the GPU rounds them, multiplied in fp32.
+            if PV_PRECISION == "fp16":
+                if INTERPRET:
+                    pv = tl.dot(prob.to(tl.float16).to(tl.float32), kc.to(tl.float16).to(tl.float32))
+                else:
+                    pv = tl.dot(prob.to(tl.float16), kc.to(tl.float16))
+            else:
+                if INTERPRET:  # Hopper's tf32 tensor cores read only the top 19 bits of an fp32 operand
+                    prob_tf32 = (prob.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+                    pv = tl.dot(prob_tf32, kc.to(tl.float32))
+                else:
+                    pv = tl.dot(prob, kc.to(tl.float32), input_precision="tf32")
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        # l_i >= 1 (the row's maximum contributes exp2(0)) but for an empty request (SINGLE only),
+        # which gets 0 and lse -inf as the definition says (acc is 0 and m_i -inf).
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = m_i + tl.log2(l_safe)
+        if hi - lo <= chunk:  # the request's only piece: final output, no merge
+            tl.store(out_ptr + row[:, None] * DIM_CKV + offs_c[None, :], out.to(tl.bfloat16))
+            tl.store(lse_ptr + row, lse)
+        else:
+            part = p.to(tl.int64) * NUM_HEADS + offs_h
+            tl.store(part_o_ptr + part[:, None] * DIM_CKV + offs_c[None, :], out)
+            tl.store(part_lse_ptr + part, lse)
+
+
+@triton.jit
+def _merge_kernel(
+    indptr_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, chunk,
+    NUM_HEADS: tl.constexpr, DIM_CKV: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+    MERGE_DIM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    d0 = tl.program_id(2) * MERGE_DIM
+    n = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) + chunk - 1) // chunk  # its pieces
+    row = b.to(tl.int64) * NUM_HEADS + h
+    offs_d = d0 + tl.arange(0, MERGE_DIM)
+    if n == 0:  # an empty request: output 0 and lse -inf, as the definition says
+        tl.store(out_ptr + row * DIM_CKV + offs_d, tl.zeros([MERGE_DIM], tl.bfloat16))
+        if d0 == 0:
+            tl.store(lse_ptr + row, float("-inf"))
+    elif n > 1:  # (one piece: the split kernel wrote the result)
+        first = 0  # pieces of the requests before b
+        for b0 in range(0, b, BLOCK_B):
+            offs_b = b0 + tl.arange(0, BLOCK_B)
+            b_ok = offs_b < b
+            b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
+            b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
+            first += tl.sum((b_hi - b_lo + chunk - 1) // chunk, 0)
+        offs_j = tl.arange(0, MERGE_BLOCK)
+        # Two passes: the largest lse first (4 bytes a piece), then the weighted sum of the
+        # partial outputs, so no running rescale of the accumulator is needed.
+        top_j = tl.full([MERGE_BLOCK], float("-inf"), tl.float32)
+        for j0 in range(0, n, MERGE_BLOCK):
+            part = (first + j0 + offs_j).to(tl.int64) * NUM_HEADS + h
+            top_j = tl.maximum(top_j, tl.load(part_lse_ptr + part, mask=j0 + offs_j < n, other=float("-inf")))
+        top = tl.max(top_j, 0)  # finite: every piece has a token
+        den = tl.zeros([MERGE_BLOCK], tl.float32)
+        acc = tl.zeros([MERGE_DIM], tl.float32)
+        for j0 in range(0, n, MERGE_BLOCK):
+            ok = j0 + offs_j < n
+            part = (first + j0 + offs_j).to(tl.int64) * NUM_HEADS + h
+            w = tl.exp2(tl.load(part_lse_ptr + part, mask=ok, other=float("-inf")) - top)
+            o_j = tl.load(part_o_ptr + part[:, None] * DIM_CKV + offs_d[None, :], mask=ok[:, None], other=0.0)
+            den += w
+            acc += tl.sum(w[:, None] * o_j, 0)
+        total = tl.sum(den, 0)  # >= 1: the piece with the largest lse weighs exp2(0)
+        tl.store(out_ptr + row * DIM_CKV + offs_d, (acc / total).to(tl.bfloat16))
+        if d0 == 0:
+            tl.store(lse_ptr + row, top + tl.log2(total))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
+def plan(batch: int, tokens: int, sms: int) -> tuple[int, int]:
+    """(chunk, pieces) from what the host knows without reading the page table; the split kernel's
+    grid is `pieces` programs.
+
+    kv_indices holds every request's tokens, so its length `tokens` bounds their total; aiming at
+    PROGRAMS_PER_SM programs per SM gives the chunk, a whole number of tiles. A request of n tokens
+    has ceil(n / chunk) pieces, and summed over the requests that is at most
+    (tokens + batch * (chunk - 1)) // chunk, and at most `tokens`: `pieces`, whatever the split."""
+    programs = max(1, PROGRAMS_PER_SM * sms)
+    chunk = max(MIN_PIECE_TILES, triton.cdiv(triton.cdiv(tokens, programs), BLOCK_KV)) * BLOCK_KV
+    return chunk, min(tokens, (tokens + batch * (chunk - 1)) // chunk)
+
+
+@torch.no_grad()
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
+    batch, num_heads, dim_ckv = q_nope.shape
+    dim_kpe = q_pe.shape[-1]
+    q_nope, q_pe = q_nope.contiguous(), q_pe.contiguous()
+    ckv = ckv_cache.reshape(-1, dim_ckv).contiguous()  # page size 1: a page is a token
+    kpe = kpe_cache.reshape(-1, dim_kpe).contiguous()
+    out = torch.empty_like(q_nope)
+    lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q_nope.device)
+    if batch == 0:
+        return out, lse
+    chunk, pieces = plan(batch, kv_indices.shape[0], _num_sms(q_nope.device))
+    # Every request in one piece (the bound on tokens is within a chunk): one program per request
+    # writes the result, empty requests included, and the merge is not launched. Decided from
+    # shapes alone, like the plan, so a captured graph stays right for every split.
+    single = kv_indices.shape[0] <= chunk
+    block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
+    interpret = q_nope.device.type == "cpu"  # CPU tensors mean the interpreter
+    # Partial outputs and lse of every piece, one allocation: [pieces, heads, 512] then [pieces, heads].
+    rows = (1 if single else max(pieces, 1)) * num_heads
+    work = torch.empty(rows * (dim_ckv + 1), dtype=torch.float32, device=q_nope.device)
+    part_o, part_lse = work[: rows * dim_ckv], work[rows * dim_ckv :]
+    if pieces > 0 or single:
+        _split_kernel[(batch if single else pieces,)](
+            q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, out, lse, part_o, part_lse,
+            batch, chunk, float(sm_scale) * LOG2E,
+            NUM_HEADS=num_heads, DIM_CKV=dim_ckv, DIM_KPE=dim_kpe, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
+            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
+        )
+    if single:
+        return out, lse
+    _merge_kernel[(batch, num_heads, triton.cdiv(dim_ckv, MERGE_DIM))](
+        kv_indptr, out, lse, part_o, part_lse, chunk,
+        NUM_HEADS=num_heads, DIM_CKV=dim_ckv, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK, MERGE_DIM=MERGE_DIM,
+        num_warps=MERGE_WARPS,
+    )
+    return out, lse

@@ -164,7 +164,9 @@ def main() -> None:
         print(json.dumps(rows))
     else:
         for r in rows:
-            figures = (f"{r.get('reg')} registers, {r.get('local')} B local, {r.get('shared')} B shared"
+            # ptxas puts spills in the stack frame (STACK) as often as in LOCAL: both are printed
+            figures = (f"{r.get('reg')} registers, {r.get('local')} B local, {r.get('stack')} B stack, "
+                       f"{r.get('shared')} B shared"
                        if "shared" in r else "")
             print(f"{r['kernel']} (warps {r['num_warps']}, stages {r['num_stages']}): "
                   f"{r.get('error') and 'FAILED: ' + r['error'] or figures}")

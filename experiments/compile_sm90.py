@@ -11,8 +11,8 @@ branches of a runtime `if`) or more shared memory than an H100/H200 block can ha
     python experiments/compile_sm90.py --task trimul --solution my_kernel.py --json
 
 What it cannot see: the kernels' speed, and code paths the small workload does not take. A constexpr
-named EMULATE (the project's seeds switch the interpreter's arithmetic with it) is set False, as on a
-GPU. Host code that needs a GPU (torch.cuda calls) fails here and is reported as such. It relies on
+named EMULATE or INTERPRET (the project's kernels switch the interpreter's arithmetic with it) is set
+False, as on a GPU. Host code that needs a GPU (torch.cuda calls) fails here and is reported as such. It relies on
 Triton's driver interface (a stand-in driver reports an sm_90 target), which can change between Triton
 versions; the test (tests/test_compile_sm90.py) says so when it does."""
 
@@ -108,8 +108,9 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     run = JITFunction.run
 
     def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        if "EMULATE" in self.arg_names:
-            kwargs["EMULATE"] = False
+        for flag in ("EMULATE", "INTERPRET"):  # the seeds' and the split-KV kernels' interpreter switch
+            if flag in self.arg_names:
+                kwargs[flag] = False
         row: dict[str, Any] = {"kernel": self.__name__, "num_warps": kwargs.get("num_warps"),
                                "num_stages": kwargs.get("num_stages")}
         try:
@@ -163,7 +164,9 @@ def main() -> None:
         print(json.dumps(rows))
     else:
         for r in rows:
-            figures = (f"{r.get('reg')} registers, {r.get('local')} B local, {r.get('shared')} B shared"
+            # ptxas puts spills in the stack frame (STACK) as often as in LOCAL: both are printed
+            figures = (f"{r.get('reg')} registers, {r.get('local')} B local, {r.get('stack')} B stack, "
+                       f"{r.get('shared')} B shared"
                        if "shared" in r else "")
             print(f"{r['kernel']} (warps {r['num_warps']}, stages {r['num_stages']}): "
                   f"{r.get('error') and 'FAILED: ' + r['error'] or figures}")

@@ -1,4 +1,5 @@
-"""Paged-decode attention kernels side by side on one GPU: GQA (issue 22) and MLA (issue 23).
+"""Paged attention kernels side by side on one GPU: GQA decode (issue 22), MLA decode (issue 23) and
+MLA prefill (issue 24).
 
 The evaluator's verdicts and timings, achieved bandwidth per workload against a measured peak, and
 a sweep of a Triton solution's tunables:
@@ -13,7 +14,8 @@ a sweep of a Triton solution's tunables:
     ncu -k regex:_split_kernel -c 4 python experiments/decode_kernels.py once --solution triton_splitkv \
         --workload 06b8480d
 
-The task is GQA's unless `--task mla_decode` comes first (`decode_kernels.py --task mla_decode eval ...`).
+The task is GQA's unless `--task mla_decode` or `--task mla_prefill` comes first (`decode_kernels.py --task
+mla_decode eval ...`); the solution defaults (`triton_splitkv`, for MLA prefill `triton_flash`) follow it.
 `eval` runs every solution through one `Evaluator` with `--isolation` (default: require), the task's
 tolerance, timing rules and fresh page tables, so the latencies are comparable as ratios; a
 solution is a name of the task's (`flashinfer_kernel`: the library's kernel, its plan() untimed) or
@@ -39,6 +41,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -53,7 +56,10 @@ from ksearch_ray.models import Solution
 from ksearch_ray.taskspec.task import Task, find_task, load_module_file
 from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
 
-TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1"}
+TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1",
+         "mla_prefill": "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"}
+KERNELS = {"gqa": "triton_splitkv", "mla_decode": "triton_splitkv", "mla_prefill": "triton_flash"}
+"""Each task's kernel under study: the default of --solution(s) and --base."""
 DATASHEET_TBS = 4.8  # H200 HBM3e
 
 
@@ -178,9 +184,14 @@ def _print_comparison(spec: str, names: list[str], results: dict[str, Any], cost
             ms = means.get(name, {}).get(w.workload)
             cells.append(f"{_label(name)} -" if ms is None else
                          f"{_label(name)} {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s ({100 * nbytes / ms / 1e9 / peak:.0f} %)")
-        a = axes[w.workload]
-        print(f"    {w.workload[:8]} b{a['batch_size']:<3d} {a['num_kv_indices']:6d} tok {nbytes / 1e6:7.2f} MB | "
-              + " | ".join(cells), flush=True)
+        print(f"    {w.workload[:8]} {_shape(axes[w.workload])} {nbytes / 1e6:7.2f} MB | " + " | ".join(cells), flush=True)
+
+
+def _shape(a: dict[str, int]) -> str:
+    """A workload's size in its task's axes: decode has batch_size, prefill total_q and len_indptr."""
+    if "batch_size" in a:
+        return f"b{a['batch_size']:<3d} {a['num_kv_indices']:6d} tok"
+    return f"q{a['total_q']:<5d} b{a['len_indptr'] - 1:<3d} {a['num_kv_indices']:6d} tok"
 
 
 def _inputs(task: Task, workload_set: str, seeds: int, only: str = "", reference: bool = True,
@@ -369,11 +380,11 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("--out", required=name != "once")
         p.add_argument("--deadline", type=float, default=math.inf, help="Epoch seconds: start nothing after it.")
-        p.add_argument("--base", default="triton_splitkv", help="The solution a .py file stands in for.")
+        p.add_argument("--base", default="", help="The solution a .py file stands in for (default: the task's kernel).")
     sub.choices["peak"].add_argument("--reps", type=int, default=20)
     ev = sub.choices["eval"]
-    ev.add_argument("--solutions", default="triton_splitkv,triton_seed,flashinfer_kernel",
-                    help="Comma-separated; the last one is what the others are scored against.")
+    ev.add_argument("--solutions", default="", help="Comma-separated; the last one is what the others are scored "
+                    "against (default: the task's kernel, triton_seed, flashinfer_kernel).")
     ev.add_argument("--sets", default="feedback:fresh,all:fresh,feedback:reuse,all:reuse")
     ev.add_argument("--isolation", default="require")
     ev.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter on the -cpu sets.")
@@ -381,7 +392,7 @@ def main() -> None:
     ev.add_argument("--feedback-calls", type=int, default=30, help="Cap on timed calls per workload on feedback.")
     ev.add_argument("--all-calls", type=int, default=10, help="Cap on timed calls per workload on all.")
     sw = sub.choices["sweep"]
-    sw.add_argument("--solution", default="triton_splitkv")
+    sw.add_argument("--solution", default="", help="Default: the task's kernel.")
     sw.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter (wall times).")
     sw.add_argument("--workloads", default="feedback", help="A workload set (on the CPU: its -cpu variant).")
     sw.add_argument("--seeds", type=int, default=2, help="Input sets per workload (page tables, length splits).")
@@ -389,17 +400,25 @@ def main() -> None:
     sw.add_argument("--group", action="append", default=[])
     sw.add_argument("--best-out", default="", help="Write the best combination's source here.")
     gr = sub.choices["graphs"]
-    gr.add_argument("--solutions", default="triton_splitkv,triton_seed,flashinfer_kernel",
-                    help="Comma-separated names or .py files; the last one is what the others are scored against.")
+    gr.add_argument("--solutions", default="", help="Comma-separated names or .py files; the last one is what the "
+                    "others are scored against (default: the task's kernel, triton_seed, flashinfer_kernel).")
     gr.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter (wall times).")
     gr.add_argument("--workloads", default="feedback", help="A workload set (on the CPU: its -cpu variant).")
     gr.add_argument("--seeds", type=int, default=2, help="Input sets per workload (page tables, length splits).")
     gr.add_argument("--reps", type=int, default=30)
     on = sub.choices["once"]
-    on.add_argument("--solution", default="triton_splitkv", help="A solution's name, or a .py file.")
+    on.add_argument("--solution", default="", help="A solution's name, or a .py file (default: the task's kernel).")
     on.add_argument("--workload", required=True, help="Prefix of the workload's name (set `all`).")
     on.add_argument("--calls", type=int, default=3)
     args = ap.parse_args()
+    if getattr(args, "device", "cuda") == "cpu":  # in-process runs (graphs, sweep) need the interpreter too
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    kernel = KERNELS[args.task]
+    args.base = args.base or kernel
+    if getattr(args, "solutions", None) == "":
+        args.solutions = f"{kernel},triton_seed,flashinfer_kernel"
+    if getattr(args, "solution", None) == "":
+        args.solution = kernel
     info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
     result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "graphs": cmd_graphs, "once": cmd_once}[args.cmd](args)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Paged-decode kernels on the lent H200 (TASK: gqa, issue 22, the default; or mla_decode, issue 23),
+# Paged-attention kernels on the lent H200 (TASK: gqa, issue 22, the default; mla_decode, issue 23;
+# or mla_prefill, issue 24, whose kernel is triton_flash where the others' is triton_splitkv),
 # in one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM bandwidth measured, then the evaluator's verdicts
 # for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
 # both timing modes), with each workload's achieved bandwidth against the measured peak; then
@@ -8,12 +9,13 @@
 # is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions (or
 # GRAPH_SOLUTIONS; `file.py:solution` for a variant's source) timed in process as CUDA-graph replays
 # with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against
-# kernel. With NCU=1, Nsight Compute's DRAM throughput and occupancy of the split kernel on the
-# largest feedback workload (NCU_WORKLOAD). See experiments/decode_kernels.py for each step.
+# kernel. With NCU=1, Nsight Compute's DRAM throughput and occupancy of the main kernel (NCU_KERNEL) on
+# the largest feedback workload (NCU_WORKLOAD). See experiments/decode_kernels.py for each step.
 # Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
 # whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
 #   bash experiments/h200_decode_kernels.sh
 #   TASK=mla_decode bash experiments/h200_decode_kernels.sh
+#   TASK=mla_prefill bash experiments/h200_decode_kernels.sh
 set -uo pipefail
 START=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - START) )); }
@@ -24,17 +26,20 @@ export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_
 # One JIT cache for the warm-up and every sandboxed worker (mounted read-only in each worker).
 export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
 TASK=${TASK:-gqa}
+KERNEL=triton_splitkv; NCU_KERNEL=${NCU_KERNEL:-_split_kernel}
 case $TASK in
   gqa) NCU_WORKLOAD=${NCU_WORKLOAD:-f46ddc2e}
        DEFAULT_GROUPS="BLOCK_KV=16,32,64,128;NUM_STAGES=2,3,5|PROGRAMS_PER_SM=1,2,4,8,16;MIN_PIECE_TILES=1,2,4|NUM_WARPS=2,4,8;PV_PRECISION=fp16,tf32|MERGE_BLOCK=16,32,64;MERGE_WARPS=1,2,4" ;;
   mla_decode) NCU_WORKLOAD=${NCU_WORKLOAD:-939f995a}
        DEFAULT_GROUPS="BLOCK_KV=16,32,64;NUM_STAGES=1,2,3|PROGRAMS_PER_SM=1,2,4,8;MIN_PIECE_TILES=1,2,4|NUM_WARPS=4,8;PV_PRECISION=fp16,tf32|MERGE_DIM=64,128,256,512;MERGE_WARPS=1,2,4" ;;
-  *) echo "TASK must be gqa or mla_decode, not $TASK"; exit 2 ;;
+  mla_prefill) NCU_WORKLOAD=${NCU_WORKLOAD:-77737de2}; KERNEL=triton_flash; NCU_KERNEL=${NCU_KERNEL:-_attend_kernel}
+       DEFAULT_GROUPS="BLOCK_Q=1,2,4;NUM_WARPS=4,8|BLOCK_N=16,32,64;NUM_STAGES=1,2,3|PROGRAMS_PER_SM=1,2,4;MAX_SPLITS=1,4,8,16|MIN_SPLIT_TILES=2,4,8;PV_PRECISION=fp16,tf32|MERGE_DIM=128,256,512;MERGE_WARPS=2,4,8" ;;
+  *) echo "TASK must be gqa, mla_decode or mla_prefill, not $TASK"; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/out}; R=/tmp/decode-kernels-$TASK; mkdir -p "$OUT" "$R"
-SOLUTIONS=${SOLUTIONS:-triton_splitkv,triton_seed,flashinfer_kernel}  # the last is what the others are scored against
+SOLUTIONS=${SOLUTIONS:-$KERNEL,triton_seed,flashinfer_kernel}  # the last is what the others are scored against
 SETS=${SETS:-feedback:fresh,all:fresh,feedback:reuse,all:reuse}
-SWEEP_SOLUTION=${SWEEP_SOLUTION:-triton_splitkv}
+SWEEP_SOLUTION=${SWEEP_SOLUTION:-$KERNEL}
 S="experiments/decode_kernels.py --task $TASK"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"
@@ -65,9 +70,9 @@ if [ "${EVAL_BEST:-1}" = 1 ] && [ -f "$R/best.py" ] && [ "$(left)" -gt 40 ]; the
     --sets "${BEST_SETS:-feedback:fresh,all:fresh}" --peak "$R/peak.json" --deadline $(( START + ${BUDGET_S:-560} )) \
     --out "$R/eval_best.json" 2>&1 | tee "$R/eval_best.log"
 fi
-if [ "${NCU:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then  # what limits the split kernel on the largest feedback workload
+if [ "${NCU:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then  # what limits the main kernel on the largest feedback workload
   timeout "$(left)" ncu --set basic --metrics dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
-    -k regex:_split_kernel -s 2 -c 2 python3 $S once --solution "${NCU_SOLUTION:-$SWEEP_SOLUTION}" --workload "$NCU_WORKLOAD" --calls 4 \
+    -k "regex:$NCU_KERNEL" -s 2 -c 2 python3 $S once --solution "${NCU_SOLUTION:-$SWEEP_SOLUTION}" --workload "$NCU_WORKLOAD" --calls 4 \
     > "$R/ncu.txt" 2>&1; tail -40 "$R/ncu.txt"
 fi
 tar czf "$OUT/decode-kernels-$TASK.tgz" -C /tmp "decode-kernels-$TASK"

@@ -4,7 +4,8 @@ References are checked against independent float64 computations on hand-built pa
 (uneven and even splits, empty requests, causal offsets, MoE tokens with and without local
 experts); input synthesis against its invariants; every solution through the real sandboxed
 evaluator on the CPU path; every tunable choice of the Triton seeds on a hard small case; GQA's
-split-KV kernel on every CPU workload, on its edge cases and in every tunable choice; and
+split-KV kernels and the MLA prefill flash kernel on every CPU workload, on their edge cases and
+in every tunable choice; and
 FlashInfer-Bench datasets and solution JSON both ways. GPU tests are marked and skipped here.
 
 Triton fixes interpreter vs compiler for its own library when it is first imported, so the
@@ -598,6 +599,20 @@ def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
     }
 
 
+def _count_merges(mod: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The grids of the module's merge-kernel launches, which go on as before."""
+    merges: list[Any] = []
+    merge = mod._merge_kernel
+
+    class CountingMerge:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return merge[grid]
+
+    monkeypatch.setattr(mod, "_merge_kernel", CountingMerge())
+    return merges
+
+
 @pytest.mark.parametrize("name", SPLITKV_TASKS)
 @pytest.mark.parametrize("case", list(_splitkv_cases(64)))
 def test_splitkv_edge_cases_match_the_reference(name, case, monkeypatch):
@@ -608,15 +623,7 @@ def test_splitkv_edge_cases_match_the_reference(name, case, monkeypatch):
     monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over kv_indptr in steps of 4 requests
     task = _task(name)
     inputs = _decode_case(name, lengths, seed=12)
-    merges = []
-    merge = mod._merge_kernel
-
-    class CountingMerge:  # the merge kernel, launched as before, with its launches counted
-        def __getitem__(self, grid):
-            merges.append(grid)
-            return merge[grid]
-
-    monkeypatch.setattr(mod, "_merge_kernel", CountingMerge())
+    merges = _count_merges(mod, monkeypatch)
     got = task.normalize_outputs(task.call(mod.run, inputs))
     # kv_indices no longer than a chunk (all tokens in one): no request can split, and no merge runs
     single = sum(lengths) <= _splitkv_plan(name, len(lengths), sum(lengths))[0]
@@ -651,6 +658,97 @@ def _splitkv_hard_case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 @pytest.mark.parametrize(("name", "tunable", "value"), SPLITKV_VARIANTS, ids=SPLITKV_VARIANT_IDS)
 def test_every_splitkv_tunable_choice_passes(name, tunable, value, tmp_path):
     _check_variant(name, _splitkv_source(name), {tunable: value}, *_splitkv_hard_case(name), tmp_path)
+
+
+# --- (e'') the flash-attention prefill kernel (MLA prefill: issue 24) ---------------------------
+# The interpreter runs the H200's plan (132 SMs): a few queries over a long history split their keys
+# and merge on the CPU too.
+
+FLASH = "triton_flash"
+
+
+def _flash_source() -> str:
+    return (TASKS / MLA_PREFILL / "solutions" / FLASH / "main.py").read_text()
+
+
+@functools.cache
+def _flash_module() -> Any:
+    return load_module_file(TASKS / MLA_PREFILL / "solutions" / FLASH / "main.py", "fi_flash_prefill")
+
+
+@pytest.mark.parametrize(("workload_set", "mode", "count"), [("all", "fresh", 5), ("feedback", "reuse", 3)])
+def test_flash_prefill_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, workload_set, mode, count):
+    task = _task(MLA_PREFILL)
+    result = light_evaluator.evaluate(task, task.solution(FLASH), workload_set=workload_set, mode=mode)
+    assert result.status is Status.PASSED, (result.message, result.log)
+    assert result.workload_set == f"{workload_set}-cpu" and len(result.workloads) == count
+    assert all(w.timing is not None for w in result.workloads)
+
+
+def test_flash_prefill_plan_covers_every_split_and_fills_the_gpu():
+    mod = _flash_module()
+    gen = torch.Generator().manual_seed(0)
+    for wl in _task(MLA_PREFILL).workloads("all", "cuda"):
+        total_q, batch, tokens = wl.axes["total_q"], wl.axes["len_indptr"] - 1, wl.axes["num_kv_indices"]
+        blocks, splits = mod.plan(total_q, batch, tokens, 132)
+        assert 1 <= splits <= mod.MAX_SPLITS and blocks * splits <= max(blocks, mod.PROGRAMS_PER_SM * 132)
+        if blocks < mod.PROGRAMS_PER_SM * 132 // 2 and tokens >= 2 * mod.MIN_SPLIT_TILES * mod.BLOCK_N:
+            assert splits > 1, wl.name  # too few blocks for the SMs and keys enough: the keys split
+        for style in SPLIT_STYLES:
+            q_lens = split_lengths(total_q, batch, style, gen, "cpu")
+            assert int(((q_lens + mod.BLOCK_Q - 1) // mod.BLOCK_Q).sum()) <= blocks, (wl.name, style)
+
+
+FLASH_CASES = {
+    "one_token": ([1], [1]),
+    "one_query_long_history": ([1], [700]),  # decode-like: one block, its keys in pieces
+    "offsets": PREFILL_CASES["offsets"],  # prefix 0, no queries, prefix 15, 0, 2; no split
+    "diagonal_inside_pieces": ([6, 0, 2], [300, 5, 170]),  # blocks across requests' ends, split
+    "square": ([37], [37]),  # causal from key 0: most tiles skipped, the diagonal masked
+    "many_requests": ([1, 1, 0, 1, 1, 1, 3, 0, 1, 2], [200, 1, 0, 129, 64, 400, 3, 2, 1, 90]),
+    "no_queries": ([0, 0], [5, 3]),
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_flash_prefill_edge_cases_match_the_reference(case, monkeypatch):
+    mod = _flash_module()
+    q_lens, kv_lens = FLASH_CASES[case]
+    monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over qo_indptr in steps of 4 requests
+    merges = _count_merges(mod, monkeypatch)
+    task = _task(MLA_PREFILL)
+    inputs = _prefill_case(q_lens, kv_lens, seed=12)
+    got = task.normalize_outputs(task.call(mod.run, inputs))
+    _, splits = mod.plan(sum(q_lens), len(q_lens), sum(kv_lens), 132)
+    assert (splits > 1) == (case in ("one_query_long_history", "diagonal_inside_pieces", "many_requests"))
+    assert len(merges) == (1 if splits > 1 else 0)
+    expected = task.reference(inputs)
+    verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+    assert verdict.status is Status.PASSED, verdict.message
+
+
+FLASH_VARIANTS = [(t.name, c) for t in read_tunables(_flash_source()).values() for c in t.choices if c != t.value]
+
+
+def test_flash_prefill_declares_block_split_warp_and_stage_tunables():
+    assert {"BLOCK_Q", "BLOCK_N", "PROGRAMS_PER_SM", "MAX_SPLITS", "NUM_WARPS", "NUM_STAGES"} <= set(
+        read_tunables(_flash_source()))
+
+
+@functools.cache
+def _flash_hard_case() -> tuple[dict[str, Any], dict[str, Any]]:
+    # A request of 5 queries (two blocks at BLOCK_Q 4, one of a single query) over 588 keys, more
+    # than the longest minimum piece (MIN_SPLIT_TILES x BLOCK_N at their largest), so every variant
+    # that may split does; a request without queries; 2 queries at prefix 38; one token.
+    tunables = read_tunables(_flash_source())
+    longest = max(tunables["MIN_SPLIT_TILES"].choices) * max(tunables["BLOCK_N"].choices)
+    inputs = _prefill_case([5, 0, 2, 1], [longest + 76, 4, 40, 1], seed=13)
+    return inputs, _task(MLA_PREFILL).reference(inputs)
+
+
+@pytest.mark.parametrize(("tunable", "value"), FLASH_VARIANTS, ids=[f"{t}={v}" for t, v in FLASH_VARIANTS])
+def test_every_flash_prefill_tunable_choice_passes(tunable, value, tmp_path):
+    _check_variant(MLA_PREFILL, _flash_source(), {tunable: value}, *_flash_hard_case(), tmp_path)
 
 
 # --- (f) FlashInfer-Bench datasets and solution JSON --------------------------------------------

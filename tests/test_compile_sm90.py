@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "experiments" / "compile_sm90.py"
 BRANCH_TYPES = ROOT / "tests" / "data" / "candidates" / "trimul_branch_types.py"
+INTERPRETER_SWITCH = ROOT / "tests" / "data" / "candidates" / "trimul_interpreter_switch.py"
 
 
 def _compile(*args: str) -> tuple[int, list[dict], str]:
@@ -64,6 +65,13 @@ def test_a_configuration_beyond_the_shared_memory_of_a_block_is_refused():
     [failed] = [r for r in rows if "error" in r]
     assert failed["kernel"] == "_contract_tma_kernel" and failed["shared"] > 232448
     assert "shared memory" in failed["error"]
+
+
+def test_the_gpu_path_is_compiled_not_the_interpreters():
+    # The kernel refuses to compile with INTERPRET or EMULATE on, which is what a call on CPU tensors passes.
+    rc, rows, err = _compile("--task", "trimul", "--solution", str(INTERPRETER_SWITCH))
+    assert rc == 0, f"{rows}\n{err[-2000:]}"
+    assert [r["kernel"] for r in rows] == ["_copy_kernel"] and "error" not in rows[0]
 
 
 @pytest.mark.parametrize(("task", "solution"), [

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Paged-attention kernels on the lent H200 (TASK: gqa, issue 22, the default; mla_decode, issue 23;
 # or mla_prefill, issue 24, whose kernel is triton_flash where the others' is triton_splitkv),
-# in one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM bandwidth measured, then the evaluator's verdicts
-# for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
+# in one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM
+# bandwidth measured, then the evaluator's verdicts for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
 # both timing modes), with each workload's achieved bandwidth against the measured peak; then
 # (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
 # EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time

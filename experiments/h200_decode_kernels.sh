@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Paged-attention kernels on the lent H200 (TASK: gqa, issue 22, the default; mla_decode, issue 23;
-# or mla_prefill, issue 24, whose kernel is triton_flash where the others' is triton_splitkv),
-# in one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM
-# bandwidth measured, then the evaluator's verdicts for SOLUTIONS side by side in one evaluator with isolation required (SETS: both workload sets in
-# both timing modes), with each workload's achieved bandwidth against the measured peak; then
-# (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's tunables (SWEEP_GROUPS) and, unless
-# EVAL_BEST=0, the sweep's best judged beside its defaults and FlashInfer on BEST_SETS, while time
-# is left (BUDGET_S from the start). Before the evaluator, unless GRAPHS=0, the same solutions (or
-# GRAPH_SOLUTIONS; `file.py:solution` for a variant's source) timed in process as CUDA-graph replays
-# with FlashInfer's plan untimed, on each set of GRAPH_SETS (default feedback): kernel against
-# kernel. With NCU=1, Nsight Compute's DRAM throughput and occupancy of the main kernel (NCU_KERNEL) on
-# the largest feedback workload (NCU_WORKLOAD). See experiments/decode_kernels.py for each step.
-# Carry the bundles site and flashinfer (BUNDLES: where they are; default .gpubundle), not the
-# whole folder (llm.tar.xz would take the call past 64 MiB). Results land in $OUT as one tarball.
+# or mla_prefill, issue 24, whose kernel is triton_flash where the others' is triton_splitkv), in
+# one call of under ten minutes: FlashInfer's JIT module built outside the sandbox, the DRAM
+# bandwidth measured, then the evaluator's verdicts for SOLUTIONS side by side in one evaluator with
+# isolation required (SETS: both workload sets in both timing modes), with each workload's achieved
+# bandwidth against the measured peak; then (unless SWEEP=0) a coordinate sweep of SWEEP_SOLUTION's
+# tunables (SWEEP_GROUPS) and, unless EVAL_BEST=0, the sweep's best judged beside its defaults and
+# FlashInfer on BEST_SETS, while time is left (BUDGET_S from the start). Before the evaluator,
+# unless GRAPHS=0, the same solutions (or GRAPH_SOLUTIONS; `file.py:solution` for a variant's
+# source) timed in process as CUDA-graph replays with FlashInfer's plan untimed, on each set of
+# GRAPH_SETS (default feedback): kernel against kernel. With NCU=1, Nsight Compute's DRAM throughput
+# and occupancy of the main kernel (NCU_KERNEL) on the largest feedback workload (NCU_WORKLOAD). See
+# experiments/decode_kernels.py for each step. Carry the bundles site and flashinfer (BUNDLES: where
+# they are; default .gpubundle), not the whole folder (llm.tar.xz would take the call past 64 MiB).
+# Results land in $OUT as one tarball.
 #   bash experiments/h200_decode_kernels.sh
 #   TASK=mla_decode bash experiments/h200_decode_kernels.sh
 #   TASK=mla_prefill bash experiments/h200_decode_kernels.sh

@@ -38,7 +38,6 @@ else, for a profiler such as `ncu`.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -50,11 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tunable_sweep import coordinate_sweep
 
 from ksearch_ray.evaluation.compare import compare_outputs
 from ksearch_ray.models import Solution
 from ksearch_ray.taskspec.task import Task, find_task, load_module_file
-from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
+from ksearch_ray.taskspec.tunables import declared_tunables, with_values
 
 TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1",
          "mla_prefill": "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"}
@@ -250,7 +250,6 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     inputs = _inputs(task, args.workloads, args.seeds, device=args.device)
     flush = torch.empty(256 * 2**20 if args.device == "cuda" else 1, dtype=torch.uint8, device=args.device)
     tmp = Path(tempfile.mkdtemp())
-    log: list[dict[str, Any]] = []
 
     def measure(values: dict[str, Any]) -> float | None:
         tag = abs(hash(json.dumps(values, sort_keys=True)))
@@ -275,30 +274,11 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             sys.modules.pop(path.stem, None)
 
-    base = best_ms = measure(best)
-    print(f"start {best}: {base} ms (geomean over {args.workloads}, {args.seeds} input sets each)", flush=True)
-    log.append({"values": dict(best), "ms": base})
-    for group in args.group:
-        axes = [(k, [value_from_text(v) for v in vs.split(",")]) for k, vs in (part.split("=") for part in group.split(";"))]
-        scored = [(best_ms, best)] if best_ms is not None else []
-        for combo in itertools.product(*[vs for _, vs in axes]):
-            if time.time() > args.deadline - 20:
-                print("sweep stopped: no time left", flush=True)
-                break
-            values = {**best, **{k: v for (k, _), v in zip(axes, combo, strict=True)}}
-            if values == best and best_ms is not None:
-                continue
-            ms = measure(values)
-            log.append({"values": values, "ms": ms})
-            if ms is not None:
-                scored.append((ms, values))
-                print(f"  {dict(zip([k for k, _ in axes], combo, strict=True))}: {ms:.5f} ms", flush=True)
-        if scored:  # the best so far stays unless a combination beats it
-            best_ms, best = min(scored, key=lambda s: s[0])
-            print(f"best after {group}: {best_ms:.5f} ms {best}", flush=True)
+    result = coordinate_sweep(args.group, best, measure, deadline=args.deadline, skip_best=True, digits=5,
+                              start_note=f" (geomean over {args.workloads}, {args.seeds} input sets each)")
     if args.best_out:  # the best combination as a source file, for `eval` to judge
-        Path(args.best_out).write_text(with_values(solution, best)[solution.entry_file])
-    return {"start_ms": base, "best": best, "best_ms": best_ms, "log": log}
+        Path(args.best_out).write_text(with_values(solution, result["best"])[solution.entry_file])
+    return result
 
 
 def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:

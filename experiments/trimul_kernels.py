@@ -23,7 +23,6 @@ prints the geomean. Sweep figures guide tuning only; the evaluator's figures are
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -33,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tunable_sweep import coordinate_sweep
 
 from ksearch_ray.taskspec.task import find_task, load_module_file, solution_from_file
-from ksearch_ray.taskspec.tunables import declared_tunables, value_from_text, with_values
+from ksearch_ray.taskspec.tunables import declared_tunables, with_values
 
 
 def _geomean(values: list[float]) -> float:
@@ -148,7 +148,6 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     best = {k: t.value for k, t in declared.items()}
     inputs = _inputs(task, args.workloads, args.device)
     tmp = Path(tempfile.mkdtemp())
-    log: list[dict[str, Any]] = []
 
     def measure(values: dict[str, Any]) -> float | None:
         try:
@@ -165,26 +164,10 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {values}: failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:240]}", flush=True)
             return None
 
-    base = best_ms = measure(best)
-    print(f"start {best}: {base} ms", flush=True)
-    log.append({"values": dict(best), "ms": base})
-    for group in args.group:
-        axes = [(k, [value_from_text(v) for v in vs.split(",")])
-                for k, vs in (part.split("=") for part in group.split(";"))]
-        scored = [(best_ms, best)] if best_ms is not None else []
-        for combo in itertools.product(*[vs for _, vs in axes]):
-            values = {**best, **{k: v for (k, _), v in zip(axes, combo, strict=True)}}
-            ms = measure(values)
-            log.append({"values": values, "ms": ms})
-            if ms is not None:
-                scored.append((ms, values))
-                print(f"  {dict(zip([k for k, _ in axes], combo, strict=True))}: {ms:.4f} ms", flush=True)
-        if scored:  # the best so far stays unless a combination beats it
-            best_ms, best = min(scored, key=lambda s: s[0])
-            print(f"best after {group}: {best_ms:.4f} ms {best}", flush=True)
+    result = coordinate_sweep(args.group, best, measure)
     if args.best_out:  # the best combination as a source file, for `eval` to judge
-        Path(args.best_out).write_text(with_values(solution, best)[solution.entry_file])
-    return {"start_ms": base, "best": best, "best_ms": best_ms, "log": log}
+        Path(args.best_out).write_text(with_values(solution, result["best"])[solution.entry_file])
+    return result
 
 
 def main() -> None:

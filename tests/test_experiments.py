@@ -164,3 +164,27 @@ def test_a_bad_grid_file_is_one_line(tmp_path):
                           cwd=fresh_home(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "widht" in done.stderr and "did you mean search.width" in done.stderr
+
+
+def test_the_kernel_scripts_coordinate_sweep_keeps_each_groups_best_and_skips_failures(capsys):
+    sweep = script("tunable_sweep").coordinate_sweep
+    cost = {("a", 1): 3.0, ("a", 2): 1.0, ("a", 3): None, ("b", "x"): 0.0, ("b", "y"): 0.5}
+    seen: list[dict] = []
+
+    def measure(values: dict) -> float | None:  # None: a variant that fails, skipped
+        seen.append(dict(values))
+        a, b = cost[("a", values["A"])], cost[("b", values["B"])]
+        return None if a is None else a + b
+
+    result = sweep(["A=1,2,3", "B=x,y"], {"A": 1, "B": "y"}, measure, skip_best=True)
+    assert result["best"] == {"A": 2, "B": "x"} and result["best_ms"] == 1.0 and result["start_ms"] == 3.5
+    # The start point is measured once (skip_best); the failing variant is logged with no time.
+    assert seen.count({"A": 1, "B": "y"}) == 1 and {"values": {"A": 3, "B": "y"}, "ms": None} in result["log"]
+    assert "best after B=x,y: 1.0000 ms" in capsys.readouterr().out
+    # Without skip_best the best so far is measured again ...
+    seen.clear()
+    sweep(["A=1,2"], {"A": 1, "B": "y"}, measure)
+    assert seen == [{"A": 1, "B": "y"}, {"A": 1, "B": "y"}, {"A": 2, "B": "y"}]
+    # ... and past the deadline nothing more is started.
+    late = sweep(["A=1,2"], {"A": 1, "B": "y"}, measure, deadline=0.0)
+    assert late["best"] == {"A": 1, "B": "y"} and len(late["log"]) == 1

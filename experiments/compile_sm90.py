@@ -9,6 +9,7 @@ branches of a runtime `if`) or more shared memory than an H100/H200 block can ha
     python experiments/compile_sm90.py --task trimul --solution triton_fused
     python experiments/compile_sm90.py --task trimul --solution triton_fused --set PROJ_TMA=False --set OUT_TMA=False
     python experiments/compile_sm90.py --task trimul --solution my_kernel.py --json
+    python experiments/compile_sm90.py --task trimul --solution triton_fused --dump /tmp/ir  # IR and PTX per kernel
 
 What it cannot see: the kernels' speed, and code paths the small workload does not take. A constexpr
 named EMULATE or INTERPRET (the project's kernels switch the interpreter's arithmetic with it) is set
@@ -79,8 +80,11 @@ def _usage(cubin: bytes) -> dict[str, int]:
     return out
 
 
-def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], workload: str = "") -> list[dict[str, Any]]:
-    """Every kernel launch of one call of the solution, compiled for sm_90: a row per launch."""
+def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], workload: str = "",
+                     dump: Path | None = None) -> list[dict[str, Any]]:
+    """Every kernel launch of one call of the solution, compiled for sm_90: a row per launch. With
+    `dump`, each launch's Triton GPU IR and PTX are written there (`<n>-<kernel>.ttgir`, `.ptx`), to
+    read what the compiler made of it (whether loads became cp.async or TMA, which MMA it chose)."""
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("TRITON_INTERPRET is set: unset it, the interpreter compiles nothing")
     _stand_in_driver()
@@ -124,6 +128,10 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
         if row["shared"] > SHARED_LIMIT:
             row["error"] = f"needs {row['shared']} bytes of shared memory; a block may have {SHARED_LIMIT}"
         launches.append(row)
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            for ext in ("ttgir", "ptx"):
+                (dump / f"{len(launches)}-{self.__name__}.{ext}").write_text(kernel.asm[ext])
         return kernel
 
     JITFunction.run = compile_only  # type: ignore[method-assign]
@@ -151,13 +159,14 @@ def main() -> None:
     ap.add_argument("--workload", default="",
                     help="A workload of the task's smoke (else feedback) set, its CPU variant (default: the first).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
+    ap.add_argument("--dump", type=Path, metavar="DIR", help="Write each kernel's Triton GPU IR and PTX there.")
     args = ap.parse_args()
     from ksearch_ray.taskspec.spec import TaskError
     from ksearch_ray.taskspec.tunables import TunableError, value_from_text
 
     values = {k: value_from_text(v) for k, _, v in (s.partition("=") for s in args.set)}
     try:
-        rows = compile_solution(args.task, args.solution, values, args.workload)
+        rows = compile_solution(args.task, args.solution, values, args.workload, args.dump)
     except (TaskError, TunableError) as exc:
         raise SystemExit(f"error: {exc}") from None
     if args.json:

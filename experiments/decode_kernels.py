@@ -245,7 +245,7 @@ def _graph_ms(fn: Any, flush: torch.Tensor, reps: int, check: Any = None) -> flo
 
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     task = find_task(TASKS[args.task])
-    solution = task.solution(args.solution)
+    solution = _solution(task, args.solution, args.base)  # a name, or a .py file standing in for --base
     best = {k: t.value for k, t in declared_tunables(solution).items()}
     inputs = _inputs(task, args.workloads, args.seeds, device=args.device)
     flush = torch.empty(256 * 2**20 if args.device == "cuda" else 1, dtype=torch.uint8, device=args.device)

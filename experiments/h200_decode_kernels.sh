@@ -67,7 +67,7 @@ if [ "${SWEEP:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
     --out "$R/sweep.json" --best-out "$R/best.py" "${args[@]}" 2>&1 | tee "$R/sweep.log"
 fi
 if [ "${EVAL_BEST:-1}" = 1 ] && [ -f "$R/best.py" ] && [ "$(left)" -gt 40 ]; then  # the sweep's best, judged
-  timeout "$(left)" python3 $S eval --base "$SWEEP_SOLUTION" --solutions "$R/best.py,$SWEEP_SOLUTION,flashinfer_kernel" \
+  timeout "$(left)" python3 $S eval --base "$KERNEL" --solutions "$R/best.py,$SWEEP_SOLUTION,flashinfer_kernel" \
     --sets "${BEST_SETS:-feedback:fresh,all:fresh}" --peak "$R/peak.json" --deadline $(( START + ${BUDGET_S:-560} )) \
     --out "$R/eval_best.json" 2>&1 | tee "$R/eval_best.log"
 fi

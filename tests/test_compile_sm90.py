@@ -74,9 +74,18 @@ def test_the_gpu_path_is_compiled_not_the_interpreters():
     assert [r["kernel"] for r in rows] == ["_copy_kernel"] and "error" not in rows[0]
 
 
+def test_dump_writes_each_launchs_gpu_ir_and_ptx_for_sm90(tmp_path):
+    rc, rows, err = _compile("--task", "trimul", "--solution", str(INTERPRETER_SWITCH), "--dump", str(tmp_path / "ir"))
+    assert rc == 0, f"{rows}\n{err[-2000:]}"
+    assert sorted(f.name for f in (tmp_path / "ir").iterdir()) == ["1-_copy_kernel.ptx", "1-_copy_kernel.ttgir"]
+    assert ".target sm_90" in (tmp_path / "ir" / "1-_copy_kernel.ptx").read_text()
+    assert "ttg." in (tmp_path / "ir" / "1-_copy_kernel.ttgir").read_text()  # Triton's GPU dialect
+
+
 @pytest.mark.parametrize(("task", "solution"), [
     ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_seed"), ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_splitkv"),
-    ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_seed"), ("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "triton_seed")])
+    ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_seed"), ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_splitkv"),
+    ("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "triton_seed")])
 def test_the_flashinfer_triton_seeds_compile_for_sm90(task, solution):
     rc, rows, err = _compile("--task", task, "--solution", solution)
     assert rc == 0, f"{rows}\n{err[-2000:]}"

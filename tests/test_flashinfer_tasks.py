@@ -572,17 +572,20 @@ def test_splitkv_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, 
 def test_splitkv_plan_covers_every_split_and_fills_the_gpu(name):
     mod = _splitkv_module(name)
     per_piece = SPLITKV_PROGRAMS_PER_PIECE[name]
+    aimed = max(1, mod.PROGRAMS_PER_SM * 132 // per_piece)  # pieces the plan aims at
     gen = torch.Generator().manual_seed(0)
     for wl in _task(name).workloads("all", "cuda"):
         batch, tokens = wl.axes["batch_size"], wl.axes["num_kv_indices"]
         chunk, grid = _splitkv_plan(name, batch, tokens)
         assert chunk % mod.BLOCK_KV == 0 and chunk >= mod.MIN_PIECE_TILES * mod.BLOCK_KV
+        if chunk > mod.MIN_PIECE_TILES * mod.BLOCK_KV:  # the shortest whole number of tiles: one
+            assert (chunk - mod.BLOCK_KV) * aimed < tokens, wl.name  # tile less would be too many pieces
         for style in SPLIT_STYLES:
             lengths = split_lengths(tokens, batch, style, gen, "cpu")
             pieces = int(((lengths + chunk - 1) // chunk).sum())
             assert pieces <= grid, (wl.name, style)  # the grid covers every piece of any split
-            if chunk > mod.MIN_PIECE_TILES * mod.BLOCK_KV:  # long enough to split fully: rounding the
-                # chunk up to whole tiles costs at most a third of the PROGRAMS_PER_SM per SM aimed at
+            if tokens > 2 * mod.BLOCK_KV * aimed:  # more than two tiles a piece: rounding the chunk up to
+                # whole tiles costs at most a third of the programs aimed at
                 assert pieces * per_piece >= mod.PROGRAMS_PER_SM * 132 * 2 // 3, (wl.name, style, pieces)
 
 

@@ -24,31 +24,42 @@ tolerance on its own.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 
-# Tokens per step of a piece's walk: the ckv tile is [BLOCK_KV, 512] bf16, 32 KiB at 32.
-BLOCK_KV = 32  # tunable: [16, 32, 64]
+# Tokens per step of a piece's walk: the ckv tile is [BLOCK_KV, 512] bf16, 64 KiB at 64. The
+# defaults are the H200's best of a sweep (docs/benchmarks.md): at 64, 8 warps and 3 stages the split
+# kernel has about 210 registers a thread, so one program an SM, which PROGRAMS_PER_SM=1 fills.
+BLOCK_KV = 64  # tunable: [16, 32, 64, 128]
 # How many split programs to aim for per SM; more programs mean shorter pieces (better balance,
 # more latency hidden) but more partial outputs to write and merge (32 KiB of fp32 per piece,
 # against 1,152 bytes of ckv and kpe per token).
-PROGRAMS_PER_SM = 2  # tunable: [1, 2, 4, 8]
+PROGRAMS_PER_SM = 1  # tunable: [1, 2, 4, 8]
 # The shortest piece, in tiles: below it a split costs more in partials and merging than it saves.
-MIN_PIECE_TILES = 2  # tunable: [1, 2, 4, 8]
+MIN_PIECE_TILES = 1  # tunable: [1, 2, 4, 8]
 NUM_WARPS = 8  # tunable: [4, 8]
-NUM_STAGES = 2  # tunable: [1, 2, 3]
+# Triton's pipeliner gives the gathered ckv tile one shared-memory buffer up to 4 stages (its load
+# for the next step issued once this step's products are done) and two from 5 on.
+NUM_STAGES = 3  # tunable: [1, 2, 3, 4, 5]
 # Operands of P·V (fp32 accumulation always): "fp16" rounds P to fp16 and converts V (exact for
 # bf16 values between 6e-5 and 65504 in magnitude), "tf32" keeps P to 10 mantissa bits and V exact.
 # bf16 P is not offered: its 8-bit mantissa puts a few in 100k output elements past the tolerance.
 PV_PRECISION = "fp16"  # tunable: ["fp16", "tf32"]
 # Pieces combined per step of the merge, output columns per merge program, and its warps.
 MERGE_BLOCK = 16  # tunable: [8, 16, 32]
-MERGE_DIM = 128  # tunable: [64, 128, 256, 512]
-MERGE_WARPS = 2  # tunable: [1, 2, 4]
+MERGE_DIM = 64  # tunable: [64, 128, 256, 512]
+MERGE_WARPS = 1  # tunable: [1, 2, 4]
+# Programmatic dependent launch (Hopper and later): the merge kernel is launched while the split
+# kernel runs, does what needs no partial output (its request's pieces, their place) and waits for
+# the split kernel's writes only then, so the launch gap between the two kernels is hidden.
+# Ignored on the CPU and before Hopper.
+USE_PDL = True  # tunable: [True, False]
 
 LOG2E = 1.4426950408889634
 H200_SMS = 132  # the plan on a CPU (Triton's interpreter) is the H200's, so CPU tests cut and merge alike
 MAX_BLOCK_B = 1024  # requests read per step of the prefix sum over kv_indptr
 
 _sm_counts: dict[int, int] = {}
+_capabilities: dict[int, int] = {}
 
 
 @triton.jit
@@ -57,7 +68,10 @@ def _split_kernel(
     batch, chunk, qk_scale,
     NUM_HEADS: tl.constexpr, DIM_CKV: tl.constexpr, DIM_KPE: tl.constexpr, BLOCK_KV: tl.constexpr,
     BLOCK_B: tl.constexpr, PV_PRECISION: tl.constexpr, SINGLE: tl.constexpr, INTERPRET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the merge kernel may be launched now: it waits for this grid's writes before reading them
+        tl_cuda.gdc_launch_dependents()
     p = tl.program_id(0)
     # Which request piece p belongs to. Pieces are numbered request by request, ceil(n / chunk) for
     # a request of n tokens (none for an empty one): the request is the number of requests whose
@@ -153,7 +167,7 @@ def _split_kernel(
 def _merge_kernel(
     indptr_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, chunk,
     NUM_HEADS: tl.constexpr, DIM_CKV: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK: tl.constexpr,
-    MERGE_DIM: tl.constexpr,
+    MERGE_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -161,18 +175,21 @@ def _merge_kernel(
     n = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) + chunk - 1) // chunk  # its pieces
     row = b.to(tl.int64) * NUM_HEADS + h
     offs_d = d0 + tl.arange(0, MERGE_DIM)
-    if n == 0:  # an empty request: output 0 and lse -inf, as the definition says
-        tl.store(out_ptr + row * DIM_CKV + offs_d, tl.zeros([MERGE_DIM], tl.bfloat16))
-        if d0 == 0:
-            tl.store(lse_ptr + row, float("-inf"))
-    elif n > 1:  # (one piece: the split kernel wrote the result)
-        first = 0  # pieces of the requests before b
+    first = 0  # pieces of the requests before b (kv_indptr only: no wait for the split kernel yet)
+    if n > 1:
         for b0 in range(0, b, BLOCK_B):
             offs_b = b0 + tl.arange(0, BLOCK_B)
             b_ok = offs_b < b
             b_lo = tl.load(indptr_ptr + offs_b, mask=b_ok, other=0)
             b_hi = tl.load(indptr_ptr + offs_b + 1, mask=b_ok, other=0)
             first += tl.sum((b_hi - b_lo + chunk - 1) // chunk, 0)
+    if PDL:  # from here on the split kernel's partial outputs are read
+        tl_cuda.gdc_wait()
+    if n == 0:  # an empty request: output 0 and lse -inf, as the definition says
+        tl.store(out_ptr + row * DIM_CKV + offs_d, tl.zeros([MERGE_DIM], tl.bfloat16))
+        if d0 == 0:
+            tl.store(lse_ptr + row, float("-inf"))
+    elif n > 1:  # (one piece: the split kernel wrote the result)
         offs_j = tl.arange(0, MERGE_BLOCK)
         # Two passes: the largest lse first (4 bytes a piece), then the weighted sum of the
         # partial outputs, so no running rescale of the accumulator is needed.
@@ -203,6 +220,14 @@ def _num_sms(device: torch.device) -> int:
     if index not in _sm_counts:
         _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _sm_counts[index]
+
+
+def _capability(device: torch.device) -> int:
+    """The device's major compute capability (9 for Hopper), asked once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capabilities:
+        _capabilities[index] = torch.cuda.get_device_capability(index)[0]
+    return _capabilities[index]
 
 
 def plan(batch: int, tokens: int, sms: int) -> tuple[int, int]:
@@ -236,6 +261,7 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
     single = kv_indices.shape[0] <= chunk
     block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
     interpret = q_nope.device.type == "cpu"  # CPU tensors mean the interpreter
+    pdl = USE_PDL and not interpret and _capability(q_nope.device) >= 9
     # Partial outputs and lse of every piece, one allocation: [pieces, heads, 512] then [pieces, heads].
     rows = (1 if single else max(pieces, 1)) * num_heads
     work = torch.empty(rows * (dim_ckv + 1), dtype=torch.float32, device=q_nope.device)
@@ -245,14 +271,14 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
             q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, out, lse, part_o, part_lse,
             batch, chunk, float(sm_scale) * LOG2E,
             NUM_HEADS=num_heads, DIM_CKV=dim_ckv, DIM_KPE=dim_kpe, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
-            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
+            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, PDL=pdl and not single,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )
     if single:
         return out, lse
     _merge_kernel[(batch, num_heads, triton.cdiv(dim_ckv, MERGE_DIM))](
         kv_indptr, out, lse, part_o, part_lse, chunk,
         NUM_HEADS=num_heads, DIM_CKV=dim_ckv, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK, MERGE_DIM=MERGE_DIM,
-        num_warps=MERGE_WARPS,
+        PDL=pdl, num_warps=MERGE_WARPS, **({"launch_pdl": True} if pdl else {}),
     )
     return out, lse

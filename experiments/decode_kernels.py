@@ -1,5 +1,5 @@
 """Paged attention kernels side by side on one GPU: GQA decode (issue 22), MLA decode (issue 23) and
-MLA prefill (issue 24).
+MLA prefill (issue 24); and the FP8 MoE (issue 25), whose grouped kernel the same commands judge.
 
 The evaluator's verdicts and timings, achieved bandwidth per workload against a measured peak, and
 a sweep of a Triton solution's tunables:
@@ -14,8 +14,10 @@ a sweep of a Triton solution's tunables:
     ncu -k regex:_split_kernel -c 4 python experiments/decode_kernels.py once --solution triton_splitkv \
         --workload 06b8480d
 
-The task is GQA's unless `--task mla_decode` or `--task mla_prefill` comes first (`decode_kernels.py --task
-mla_decode eval ...`); the solution defaults (`triton_splitkv`, for MLA prefill `triton_flash`) follow it.
+The task is GQA's unless `--task mla_decode`, `--task mla_prefill` or `--task moe` comes first (`decode_kernels.py
+--task mla_decode eval ...`); the solution defaults (`triton_splitkv`, for MLA prefill `triton_flash`, for the
+MoE `triton_grouped`) follow it. The MoE's cost formula leaves out the expert weights (routing decides how
+many are read), so its TB/s column is a lower bound of the traffic, not the traffic.
 `eval` runs every solution through one `Evaluator` with `--isolation` (default: require), the task's
 tolerance, timing rules and fresh page tables, so the latencies are comparable as ratios; a
 solution is a name of the task's (`flashinfer_kernel`: the library's kernel, its plan() untimed) or
@@ -57,8 +59,10 @@ from ksearch_ray.taskspec.task import Task, find_task, load_module_file
 from ksearch_ray.taskspec.tunables import declared_tunables, with_values
 
 TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1",
-         "mla_prefill": "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"}
-KERNELS = {"gqa": "triton_splitkv", "mla_decode": "triton_splitkv", "mla_prefill": "triton_flash"}
+         "mla_prefill": "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1",
+         "moe": "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"}
+KERNELS = {"gqa": "triton_splitkv", "mla_decode": "triton_splitkv", "mla_prefill": "triton_flash",
+           "moe": "triton_grouped"}
 """Each task's kernel under study: the default of --solution(s) and --base."""
 DATASHEET_TBS = 4.8  # H200 HBM3e
 
@@ -188,7 +192,9 @@ def _print_comparison(spec: str, names: list[str], results: dict[str, Any], cost
 
 
 def _shape(a: dict[str, int]) -> str:
-    """A workload's size in its task's axes: decode has batch_size, prefill total_q and len_indptr."""
+    """A workload's size in its task's axes: decode has batch_size, prefill total_q and len_indptr, MoE seq_len."""
+    if "seq_len" in a:
+        return f"t{a['seq_len']:<5d}"
     if "batch_size" in a:
         return f"b{a['batch_size']:<3d} {a['num_kv_indices']:6d} tok"
     return f"q{a['total_q']:<5d} b{a['len_indptr'] - 1:<3d} {a['num_kv_indices']:6d} tok"

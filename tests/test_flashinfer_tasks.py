@@ -754,6 +754,127 @@ def test_every_flash_prefill_tunable_choice_passes(tunable, value, tmp_path):
     _check_variant(MLA_PREFILL, _flash_source(), {tunable: value}, *_flash_hard_case(), tmp_path)
 
 
+# --- (e''') the grouped FP8 MoE kernel (issue 25) -----------------------------------------------
+# Fixed shapes from T alone and no device-to-host copy (one CUDA graph per input size); each program
+# finds its expert, column slice and tile from a tile prefix sum, as the split-KV kernels find theirs.
+
+GROUPED = "triton_grouped"
+
+
+def _grouped_source() -> str:
+    return (TASKS / MOE / "solutions" / GROUPED / "main.py").read_text()
+
+
+@functools.cache
+def _grouped_module() -> Any:
+    return load_module_file(TASKS / MOE / "solutions" / GROUPED / "main.py", "fi_moe_grouped")
+
+
+def _moe_single_expert_case(tokens: int, offset: int, *, seed: int) -> dict[str, Any]:
+    """Every token picks local expert 5 and seven experts of other ranks: all local pairs on one expert."""
+    inputs = _moe_case(tokens=tokens, offset=offset, seed=seed)
+    logits = inputs["routing_logits"]
+    logits.copy_(-3.0 + 0.1 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed)))
+    logits[:, offset : offset + 32] = -12.0
+    logits[:, offset + 5] = 12.0
+    inputs["routing_bias"].zero_()  # the local group then wins on expert 5 alone
+    return inputs
+
+
+def _moe_one_token_case() -> dict[str, Any]:
+    """Token 0 of _moe_case alone: it routes only to local experts."""
+    inputs = _moe_case(tokens=2, offset=32, seed=3)
+    for name in ("routing_logits", "hidden_states"):
+        inputs[name] = inputs[name][:1].contiguous()
+    inputs["hidden_states_scale"] = inputs["hidden_states_scale"][:, :1].contiguous()
+    return inputs
+
+
+def _moe_no_local_case() -> dict[str, Any]:
+    inputs = _moe_case(tokens=5, offset=64, seed=1)
+    logits = inputs["routing_logits"]
+    logits[0] = logits[2]  # _moe_case's token 0 is all local
+    logits[:, 64:96] = -12.0
+    return inputs
+
+
+@pytest.mark.parametrize(("workload_set", "mode", "count"), [("all", "fresh", 5), ("feedback", "reuse", 3)])
+def test_grouped_moe_passes_the_cpu_workloads_in_both_timing_modes(light_evaluator, workload_set, mode, count):
+    task = _task(MOE)
+    result = light_evaluator.evaluate(task, task.solution(GROUPED), workload_set=workload_set, mode=mode)
+    assert result.status is Status.PASSED, (result.message, result.log)
+    assert result.workload_set == f"{workload_set}-cpu" and len(result.workloads) == count
+    assert all(w.timing is not None for w in result.workloads)
+
+
+def test_grouped_moe_grid_bound_covers_every_routing_and_run_never_asks_the_device():
+    """The launch is sized from T alone: the tiles routing makes never exceed it, and run() has no
+    call that copies to the host or sizes a tensor by its data (which would break a CUDA graph)."""
+    mod = _grouped_module()
+    source = _grouped_source()
+    run_source = source[source.index("def run("):]
+    for banned in (".item(", ".cpu(", ".tolist(", "nonzero", "bincount", "masked_select", "[is_local]", "int(ids"):
+        assert banned not in run_source and banned not in source[source.index("def _group("):], banned
+    gen = torch.Generator().manual_seed(0)
+    for tokens, block_m in ((1, 16), (3, 64), (9, 16), (40, 32), (40, 64)):
+        for trial in range(20):
+            ids = torch.stack([torch.randperm(256, generator=gen)[:8] for _ in range(tokens)])
+            if trial % 2:  # crowd the local experts
+                ids = torch.stack([torch.randperm(40, generator=gen)[:8] for _ in range(tokens)])
+            weights = torch.rand(ids.shape, generator=gen)
+            slot_token, slot_weight, bounds, tile_indptr = mod._group(ids, weights, 0, 32, block_m)
+            pairs = tokens * 8
+            assert slot_token.shape == (pairs,) and bounds.shape == tile_indptr.shape == (33,)
+            assert int(tile_indptr[-1]) <= min(pairs, -(-pairs // block_m) + 32)
+            local = (ids < 32).flatten()
+            assert int(bounds[-1]) == int(local.sum())  # the local pairs come first ...
+            counts = torch.bincount(ids.flatten()[local], minlength=32)
+            assert torch.equal((bounds[1:] - bounds[:-1]).long(), counts)  # ... grouped by expert
+            for e in range(32):
+                rows = slot_token[bounds[e] : bounds[e + 1]].long()
+                assert bool((ids[rows] == e).any(dim=1).all())
+                picked = (ids[rows] == e).float() * weights[rows]
+                assert torch.allclose(slot_weight[bounds[e] : bounds[e + 1]], picked.sum(dim=1))
+
+
+GROUPED_CASES = {
+    "no_local_expert": _moe_no_local_case,
+    "one_token": _moe_one_token_case,
+    "one_expert_exactly_a_tile": lambda: _moe_single_expert_case(64, 0, seed=2),  # 64 rows, BLOCK_M 64
+    "one_expert_a_row_past_a_tile": lambda: _moe_single_expert_case(17, 224, seed=4),  # 17 rows, BLOCK_M 16
+    "realistic": lambda: _moe_case(tokens=12, offset=96, seed=9, options=frozenset({"realistic-moe"})),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED_CASES))
+def test_grouped_moe_edge_cases_match_the_reference(case, monkeypatch):
+    mod = _grouped_module()
+    if case == "one_expert_a_row_past_a_tile":
+        monkeypatch.setattr(mod, "BLOCK_M", 16)
+    task = _task(MOE)
+    inputs = GROUPED_CASES[case]()
+    got = task.normalize_outputs(task.call(mod.run, inputs))
+    expected = task.reference(inputs)
+    verdict = compare_outputs(got, expected, task.definition.outputs, task.definition.tolerance)
+    assert verdict.status is Status.PASSED, verdict.message
+    if case == "no_local_expert":
+        assert not got["output"].any()
+
+
+GROUPED_VARIANTS = [(t.name, c) for t in read_tunables(_grouped_source()).values() for c in t.choices if c != t.value]
+
+
+def test_grouped_moe_declares_block_warp_stage_and_precision_tunables():
+    tunables = read_tunables(_grouped_source())
+    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_WARPS", "NUM_STAGES", "GEMM2_PRECISION"} == set(tunables)
+    assert tunables["GEMM2_PRECISION"].value == "tf32"
+
+
+@pytest.mark.parametrize(("tunable", "value"), GROUPED_VARIANTS, ids=[f"{t}={v}" for t, v in GROUPED_VARIANTS])
+def test_every_grouped_moe_tunable_choice_passes(tunable, value, tmp_path):
+    _check_variant(MOE, _grouped_source(), {tunable: value}, *_hard_case_with_reference(MOE), tmp_path)
+
+
 # --- (f) FlashInfer-Bench datasets and solution JSON --------------------------------------------
 
 TOY_DEFINITION = {
@@ -941,7 +1062,7 @@ def test_solution_is_timed_on_feedback_workloads_on_the_gpu(gpu_evaluator, name,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("solution", ["reference", "triton_seed"])
+@pytest.mark.parametrize("solution", ["reference", "triton_seed", "triton_grouped"])
 def test_moe_solution_passes_the_realistic_option_on_the_gpu(gpu_evaluator, solution):
     task = _task(MOE)
     result = gpu_evaluator.evaluate(task, task.solution(solution), workload_set="feedback", timed=False,

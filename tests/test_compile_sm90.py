@@ -85,7 +85,8 @@ def test_dump_writes_each_launchs_gpu_ir_and_ptx_for_sm90(tmp_path):
 @pytest.mark.parametrize(("task", "solution"), [
     ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_seed"), ("gqa_paged_decode_h32_kv4_d128_ps1", "triton_splitkv"),
     ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_seed"), ("mla_paged_decode_h16_ckv512_kpe64_ps1", "triton_splitkv"),
-    ("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "triton_seed")])
+    ("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "triton_seed"),
+    ("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "triton_grouped")])
 def test_the_flashinfer_triton_seeds_compile_for_sm90(task, solution):
     rc, rows, err = _compile("--task", task, "--solution", solution)
     assert rc == 0, f"{rows}\n{err[-2000:]}"

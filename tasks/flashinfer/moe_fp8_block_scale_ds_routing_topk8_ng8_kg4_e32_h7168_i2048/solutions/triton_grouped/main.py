@@ -60,7 +60,8 @@ GEMM2_PRECISION = "tf32"  # tunable: ["tf32", "ieee"]
 @triton.jit
 def _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
                   BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    """This program's expert, column slice and rows; expert == num_experts past the real work.
+    """This program's expert (int64), column slice, rows and which of them are the expert's; the
+    expert is num_experts past the real work.
 
     Expert e owns programs tile_indptr[e]·S .. tile_indptr[e + 1]·S (S column slices); within
     them the slice is the major index and the tile the minor one."""
@@ -75,8 +76,8 @@ def _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
     local = pid - first_tile * num_slices
     col_slice = local // tiles
     row0 = tl.load(slot_bounds_ptr + e_safe) + (local % tiles) * BLOCK_M
-    row_end = tl.load(slot_bounds_ptr + e_safe + 1)
-    return e, col_slice, row0 + tl.arange(0, BLOCK_M), row_end
+    rows = row0 + tl.arange(0, BLOCK_M)
+    return e.to(tl.int64), col_slice, rows, rows < tl.load(slot_bounds_ptr + e_safe + 1)
 
 
 @triton.jit
@@ -87,12 +88,10 @@ def _gemm1_swiglu_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QBLOCK: tl.constexpr,
     BLOCK_E: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    e, col_slice, rows, row_end = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
-                                                BLOCK_M, BLOCK_E)
+    e, col_slice, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
+                                               BLOCK_M, BLOCK_E)
     if e >= num_experts:
         return
-    e = e.to(tl.int64)
-    row_ok = rows < row_end
     tok = tl.load(slot_token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     cols = col_slice * BLOCK_N + tl.arange(0, BLOCK_N)  # within the up half; gate = inter + cols
     col_ok = cols < inter
@@ -132,12 +131,10 @@ def _gemm2_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QBLOCK: tl.constexpr,
     BLOCK_E: tl.constexpr, TF32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    e, col_slice, rows, row_end = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
-                                                BLOCK_M, BLOCK_E)
+    e, col_slice, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
+                                               BLOCK_M, BLOCK_E)
     if e >= num_experts:
         return
-    e = e.to(tl.int64)
-    row_ok = rows < row_end
     cols = col_slice * BLOCK_N + tl.arange(0, BLOCK_N)  # output hidden columns
     col_ok = cols < hidden
     offs_k = tl.arange(0, BLOCK_K)

@@ -64,6 +64,8 @@ TASKS = {"gqa": "gqa_paged_decode_h32_kv4_d128_ps1", "mla_decode": "mla_paged_de
 KERNELS = {"gqa": "triton_splitkv", "mla_decode": "triton_splitkv", "mla_prefill": "triton_flash",
            "moe": "triton_grouped"}
 """Each task's kernel under study: the default of --solution(s) and --base."""
+BASELINES = {"moe": "reference"}
+"""What a task's kernels are scored against by default, where not FlashInfer's kernel (the MoE has none)."""
 DATASHEET_TBS = 4.8  # H200 HBM3e
 
 
@@ -370,7 +372,7 @@ def main() -> None:
     sub.choices["peak"].add_argument("--reps", type=int, default=20)
     ev = sub.choices["eval"]
     ev.add_argument("--solutions", default="", help="Comma-separated; the last one is what the others are scored "
-                    "against (default: the task's kernel, triton_seed, flashinfer_kernel).")
+                    "against (default: the task's kernel, triton_seed, flashinfer_kernel or the MoE's reference).")
     ev.add_argument("--sets", default="feedback:fresh,all:fresh,feedback:reuse,all:reuse")
     ev.add_argument("--isolation", default="require")
     ev.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter on the -cpu sets.")
@@ -387,7 +389,7 @@ def main() -> None:
     sw.add_argument("--best-out", default="", help="Write the best combination's source here.")
     gr = sub.choices["graphs"]
     gr.add_argument("--solutions", default="", help="Comma-separated names or .py files; the last one is what the "
-                    "others are scored against (default: the task's kernel, triton_seed, flashinfer_kernel).")
+                    "others are scored against (default: the task's kernel, triton_seed, flashinfer_kernel or the MoE's reference).")
     gr.add_argument("--device", default="cuda", help="cpu: a dry run in Triton's interpreter (wall times).")
     gr.add_argument("--workloads", default="feedback", help="A workload set (on the CPU: its -cpu variant).")
     gr.add_argument("--seeds", type=int, default=2, help="Input sets per workload (page tables, length splits).")
@@ -402,7 +404,7 @@ def main() -> None:
     kernel = KERNELS[args.task]
     args.base = args.base or kernel
     if getattr(args, "solutions", None) == "":
-        args.solutions = f"{kernel},triton_seed,flashinfer_kernel"
+        args.solutions = f"{kernel},triton_seed,{BASELINES.get(args.task, 'flashinfer_kernel')}"
     if getattr(args, "solution", None) == "":
         args.solution = kernel
     info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

@@ -809,34 +809,43 @@ def test_grouped_moe_passes_the_feedback_workloads_called_again_and_again(light_
     assert all(w.timing is not None for w in result.workloads)
 
 
-def test_grouped_moe_grid_bound_covers_every_routing_and_run_never_asks_the_device():
-    """The launch is sized from T alone: the tiles routing makes never exceed it, and run() has no
-    call that copies to the host or sizes a tensor by its data (which would break a CUDA graph)."""
+def test_grouped_moe_routes_and_groups_as_the_reference_and_run_never_asks_the_device():
+    """The routing and grouping kernels (Triton's interpreter) against the reference's torch routing:
+    each token's expert set and weights, the local pairs in expert order, each expert's slots holding
+    exactly its tokens, and the tile prefix sum never past the grid's bound from T alone. run() has
+    no call that copies to the host or sizes a tensor by its data (which would break a CUDA graph)."""
     mod = _grouped_module()
+    reference = load_module_file(TASKS / MOE / "solutions" / "reference" / "main.py", "fi_moe_reference_routing")
     source = _grouped_source()
-    run_source = source[source.index("def run("):]
-    for banned in (".item(", ".cpu(", ".tolist(", "nonzero", "bincount", "masked_select", "[is_local]", "int(ids"):
-        assert banned not in run_source and banned not in source[source.index("def _group("):], banned
+    run_source = source[source.index("def _route_and_group("):]
+    for banned in (".item(", ".cpu(", ".tolist(", "nonzero", "bincount", "masked_select", "int(ids", "torch.sort"):
+        assert banned not in run_source, banned
     gen = torch.Generator().manual_seed(0)
-    for tokens, block_m in ((1, 16), (3, 64), (9, 16), (40, 32), (40, 64)):
-        for trial in range(20):
-            ids = torch.stack([torch.randperm(256, generator=gen)[:8] for _ in range(tokens)])
-            if trial % 2:  # crowd the local experts
-                ids = torch.stack([torch.randperm(40, generator=gen)[:8] for _ in range(tokens)])
-            weights = torch.rand(ids.shape, generator=gen)
-            slot_token, slot_weight, bounds, tile_indptr = mod._group(ids, weights, 0, 32, block_m)
-            pairs = tokens * 8
-            assert slot_token.shape == (pairs,) and bounds.shape == tile_indptr.shape == (33,)
-            assert int(tile_indptr[-1]) <= min(pairs, -(-pairs // block_m) + 32)
-            local = (ids < 32).flatten()
-            assert int(bounds[-1]) == int(local.sum())  # the local pairs come first ...
-            counts = torch.bincount(ids.flatten()[local], minlength=32)
-            assert torch.equal((bounds[1:] - bounds[:-1]).long(), counts)  # ... grouped by expert
-            for e in range(32):
-                rows = slot_token[bounds[e] : bounds[e + 1]].long()
-                assert bool((ids[rows] == e).any(dim=1).all())
-                picked = (ids[rows] == e).float() * weights[rows]
-                assert torch.allclose(slot_weight[bounds[e] : bounds[e + 1]], picked.sum(dim=1))
+    for tokens, offset, block_m in ((1, 32, 16), (3, 0, 64), (9, 224, 16), (40, 64, 32), (120, 96, 64)):
+        logits = torch.randn(tokens, 256, generator=gen)
+        if tokens == 40:  # crowd the local experts (group 2 of 8)
+            logits[:, 64:96] += 2.0
+        bias = (0.1 * torch.randn(256, generator=gen)).bfloat16()
+        slot_token, slot_weight, bounds, tile_indptr, ids, weights = mod._route_and_group(logits, bias, offset, 32, 2.5,
+                                                                                          block_m)
+        ref_ids, ref_weights = reference._route(logits, bias, 2.5)
+        got, order = torch.sort(ids.long(), dim=1)
+        want, ref_order = torch.sort(ref_ids, dim=1)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order), rtol=1e-6, atol=0)
+        local = ref_ids - offset
+        is_local = (local >= 0) & (local < 32)
+        counts = torch.bincount(local[is_local], minlength=32)
+        assert int(bounds[0]) == 0 and torch.equal((bounds[1:] - bounds[:-1]).long(), counts)
+        assert int(tile_indptr[0]) == 0
+        assert torch.equal(tile_indptr[1:].long(), torch.cumsum((counts + block_m - 1) // block_m, 0))
+        pairs = tokens * 8
+        assert int(tile_indptr[-1]) <= min(pairs, -(-pairs // block_m) + 32)
+        for e in range(32):
+            rows = slot_token[bounds[e] : bounds[e + 1]].long()
+            assert sorted(rows.tolist()) == (ref_ids == offset + e).any(dim=1).nonzero().flatten().tolist()
+            picked = ((ref_ids[rows] == offset + e).float() * ref_weights[rows]).sum(dim=1)
+            torch.testing.assert_close(slot_weight[bounds[e] : bounds[e + 1]], picked, rtol=1e-6, atol=0)
 
 
 GROUPED_CASES = {
@@ -845,6 +854,7 @@ GROUPED_CASES = {
     "one_expert_exactly_a_tile": lambda: _moe_single_expert_case(64, 0, seed=2),  # 64 rows, BLOCK_M 64
     "one_expert_a_row_past_a_tile": lambda: _moe_single_expert_case(17, 224, seed=4),  # 17 rows, BLOCK_M 16
     "realistic": lambda: _moe_case(tokens=12, offset=96, seed=9, options=frozenset({"realistic-moe"})),
+    "eighty_tokens": lambda: _moe_case(tokens=80, offset=32, seed=5),  # experts with several 16-row tiles
 }
 
 
@@ -868,7 +878,8 @@ GROUPED_VARIANTS = [(t.name, c) for t in read_tunables(_grouped_source()).values
 
 def test_grouped_moe_declares_block_warp_stage_and_precision_tunables():
     tunables = read_tunables(_grouped_source())
-    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_WARPS", "NUM_STAGES", "GEMM2_PRECISION"} == set(tunables)
+    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_WARPS", "NUM_STAGES", "GEMM2_PRECISION", "SPLIT_K1", "SPLIT_K2",
+            "SWAP_AB"} == set(tunables)
     assert tunables["GEMM2_PRECISION"].value == "tf32"
 
 
@@ -1082,6 +1093,36 @@ def test_every_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, va
                           "sources": {"main.py": rewrite_tunables(seed.sources["main.py"], {tunable: value})}})
     result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
     assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("tunable", "value"), GROUPED_VARIANTS, ids=[f"{t}={v}" for t, v in GROUPED_VARIANTS])
+def test_every_grouped_moe_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunable, value):
+    task = _task(MOE)
+    base = task.solution(GROUPED)
+    variant = Solution(**{**base.model_dump(), "name": f"{GROUPED}[{tunable}={value}]",
+                          "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})
+    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
+@pytest.mark.gpu
+def test_grouped_moe_routes_as_the_reference_on_the_gpu():
+    """The fused routing kernel picks the reference's 8 experts for every one of 400k random tokens
+    (libdevice exp and a rounded division: the scores are torch's to the bit), with the same weights."""
+    mod = _grouped_module()
+    reference = load_module_file(TASKS / MOE / "solutions" / "reference" / "main.py", "fi_moe_reference_routing")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for trial in range(8):
+        logits = torch.randn(50_000, 256, device="cuda", generator=gen)
+        bias = (0.1 * torch.randn(256, device="cuda", generator=gen)).bfloat16()
+        *_, ids, weights = mod._route_and_group(logits, bias, 32 * trial, 32, 2.5, 16)
+        ref_ids, ref_weights = reference._route(logits, bias, 2.5)
+        got, order = torch.sort(ids.long(), dim=1)
+        want, ref_order = torch.sort(ref_ids, dim=1)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order), rtol=1e-6, atol=0)
 
 
 @pytest.mark.gpu

@@ -3,17 +3,20 @@
 No device-to-host copy and no shape that depends on the routing, so a captured graph is right for
 every input of the same size:
 
-1. torch, fixed sizes only: DeepSeek-V3 routing gives all T·8 (token, expert) pairs; a pair whose
-   expert is on another rank gets the sentinel key E (one past the local experts), a stable sort
-   by key puts the local pairs first, grouped by expert, and a searchsorted over the sorted keys
-   gives each expert's first and last slot; each expert's BLOCK_M-row tiles are counted and
-   prefix-summed into tile_indptr [E + 1].
-2. _gemm1_swiglu_kernel: G = A · W13[e]ᵀ on fp8 tensor cores (e4m3 codes, fp32 accumulation),
+1. _route_kernel, one program a token: DeepSeek-V3 routing, the token's 8 (expert, weight) pairs,
+   and an atomic count of the local pairs per local expert.
+2. _group_kernel: each local pair gets a slot in its expert's run of slots (runs in expert order,
+   from a prefix sum of the counts; within a run, in the order of atomic increments); program 0
+   writes each expert's first slot and first BLOCK_M-row tile (tile_indptr [E + 1]).
+   Routing and grouping were some 35 small torch kernels before (sort, searchsorted, cumsum ...);
+   these two took the graph replay of the one-token workload from 0.134 to 0.050 ms on the H200.
+3. _gemm1_swiglu_kernel: G = A · W13[e]ᵀ on fp8 tensor cores (e4m3 codes, fp32 accumulation),
    the activation scale of each row and the weight scale of each column applied per 128-wide K
-   block, C = silu(gate) · up written in fp32 to the pair's slot.
-3. _gemm2_kernel: O = C · W2[e]ᵀ (tf32 tensor cores by default), scaled the same way, times the
+   block, C = silu(gate) · up written in fp32 to the pair's slot (with K split: partial sums
+   added into G, SwiGLU left to GEMM2's loads).
+4. _gemm2_kernel: O = C · W2[e]ᵀ (tf32 tensor cores by default), scaled the same way, times the
    routing weight, atomically added into the fp32 [T, H] output row of the pair's token.
-4. torch: the fp32 output cast to bf16.
+5. torch: the fp32 output cast to bf16.
 
 Both kernels launch an upper bound of programs computed from T alone (every expert's last tile may
 be partial: at most min(T·8, ceil(T·8 / BLOCK_M) + E) tiles, times the column slices); each program
@@ -22,6 +25,12 @@ request from kv_indptr, and a program past the real work returns at once. An exp
 contiguous and, within one column slice, its tiles are neighbours, so the tiles of one expert read
 that slice of its weights while it is in L2 rather than from DRAM once each; an expert with no
 tokens has no programs and its weights are never read.
+
+The defaults (16-row tiles, 128 columns, GEMM2's K split in two) were the fastest the H200
+measured on every workload of `all`, up to 14k tokens, within noise: switching to 64 x 64 tiles
+without splits above 64 (or 256, or 1024) tokens, where GEMM1 runs on Hopper's fp8 warpgroup MMA
+(below 64 rows Triton upcasts the fp8 codes to fp16 for mma.sync, exactly), was slower on each
+workload it touched (docs/benchmarks.md).
 
 The combine is an fp32 atomic add rather than per-pair rows reduced by index_add: per-pair rows
 would need a [T·8, H] fp32 buffer at fixed size (3.2 GB at 14k tokens) where the output is 8x
@@ -36,6 +45,7 @@ tolerance on its own.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 N_GROUP = 8
 TOPK_GROUP = 4
@@ -46,8 +56,8 @@ QBLOCK = 128  # scale-block width of the fp8 tensors
 # 128, so a K step never straddles two scale blocks, and BLOCK_N divides 128, so a program's
 # columns share one weight-scale block row. At the largest choices a GEMM1 stage holds a 64 x 128
 # activation tile and two 128 x 128 weight tiles in fp8 (40 KiB).
-BLOCK_M = 64  # tunable: [16, 32, 64]
-BLOCK_N = 64  # tunable: [32, 64, 128]
+BLOCK_M = 16  # tunable: [16, 32, 64]
+BLOCK_N = 128  # tunable: [32, 64, 128]
 BLOCK_K = 128  # tunable: [64, 128]
 NUM_WARPS = 4  # tunable: [4, 8]
 NUM_STAGES = 3  # tunable: [2, 3]
@@ -55,16 +65,27 @@ NUM_STAGES = 3  # tunable: [2, 3]
 # mantissa bits (the fp8 weights are exact in tf32); that passes the realistic-moe option, where a
 # bf16 C does not (about 7% of the elements fail). "ieee" is exact fp32 on CUDA cores, and slow.
 GEMM2_PRECISION = "tf32"  # tunable: ["tf32", "ieee"]
+# Small batches touch few experts, so the column slices of their experts alone can leave SMs idle
+# while the weights stream: each GEMM's K can be split SPLIT_K1 and SPLIT_K2 ways. GEMM1's splits
+# add their scaled partial sums atomically into an fp32 [pairs, 2 x I] buffer and GEMM2 applies
+# SwiGLU as it loads it; GEMM2's splits add into the output, which is an atomic sum anyway.
+SPLIT_K1 = 1  # tunable: [1, 2, 4, 8]
+SPLIT_K2 = 2  # tunable: [1, 2, 4]
+# SWAP_AB: swap the GEMMs' operands, the weight tile as the MMA's A (BLOCK_N rows) and
+# the few token rows as its N, so that Hopper's warpgroup MMA (64 rows at least) runs on 16-row tiles
+# (wgmma m64n16 e4m3 and tf32). Measured slower on the H200 than mma.sync on 16-row tiles
+# (docs/benchmarks.md), so off by default.
+SWAP_AB = False  # tunable: [True, False]
 
 
 @triton.jit
 def _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
                   BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    """This program's expert (int64), column slice, rows and which of them are the expert's; the
-    expert is num_experts past the real work.
+    """This program's expert (int64), slice, rows and which of them are the expert's; the expert is
+    num_experts past the real work. A slice is a (column slice, K split) pair.
 
-    Expert e owns programs tile_indptr[e]·S .. tile_indptr[e + 1]·S (S column slices); within
-    them the slice is the major index and the tile the minor one."""
+    Expert e owns programs tile_indptr[e]·S .. tile_indptr[e + 1]·S (S slices); within them the
+    slice is the major index and the tile the minor one."""
     pid = tl.program_id(0)
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
@@ -83,15 +104,21 @@ def _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
 @triton.jit
 def _gemm1_swiglu_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, tile_indptr_ptr, slot_bounds_ptr, slot_token_ptr,
-    num_tokens, hidden, inter, num_experts, num_slices,
+    num_tokens, hidden, inter, num_experts, num_slices, split_k, k_per_split,
     stride_we, stride_wn, stride_se, stride_sn, stride_c,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QBLOCK: tl.constexpr,
-    BLOCK_E: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    e, col_slice, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
-                                               BLOCK_M, BLOCK_E)
+    """SPLIT: add this K split's up and gate sums into the [pairs, 2 x I] buffer c (up, then gate);
+    else write C = silu(gate) · up to the [pairs, I] buffer c. SWAP: the products are computed
+    transposed, weight columns as the MMA's rows ([BLOCK_N, BLOCK_M] tiles)."""
+    e, piece, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices * split_k,
+                                          BLOCK_M, BLOCK_E)
     if e >= num_experts:
         return
+    col_slice = piece // split_k
+    k_lo = (piece % split_k) * k_per_split
+    k_hi = tl.minimum(hidden, k_lo + k_per_split)
     tok = tl.load(slot_token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     cols = col_slice * BLOCK_N + tl.arange(0, BLOCK_N)  # within the up half; gate = inter + cols
     col_ok = cols < inter
@@ -102,9 +129,13 @@ def _gemm1_swiglu_kernel(
     w_gate = w_up + inter * stride_wn
     s_up = w_scale_ptr + e * stride_se + (cols // QBLOCK) * stride_sn
     s_gate = w_scale_ptr + e * stride_se + ((inter + cols) // QBLOCK) * stride_sn
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
+    if SWAP:
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         a = tl.load(a_rows + k0, mask=row_ok[:, None], other=0.0)
         wu = tl.load(w_up + k0, mask=col_ok[:, None], other=0.0)
         wg = tl.load(w_gate + k0, mask=col_ok[:, None], other=0.0)
@@ -116,25 +147,44 @@ def _gemm1_swiglu_kernel(
             a = a.to(tl.float32)
             wu = wu.to(tl.float32)
             wg = wg.to(tl.float32)
-        acc_up += tl.dot(a, tl.trans(wu)) * a_scale[:, None] * up_scale[None, :]
-        acc_gate += tl.dot(a, tl.trans(wg)) * a_scale[:, None] * gate_scale[None, :]
+        if SWAP:
+            acc_up += tl.dot(wu, tl.trans(a)) * up_scale[:, None] * a_scale[None, :]
+            acc_gate += tl.dot(wg, tl.trans(a)) * gate_scale[:, None] * a_scale[None, :]
+        else:
+            acc_up += tl.dot(a, tl.trans(wu)) * a_scale[:, None] * up_scale[None, :]
+            acc_gate += tl.dot(a, tl.trans(wg)) * a_scale[:, None] * gate_scale[None, :]
 
-    c = acc_gate * tl.sigmoid(acc_gate) * acc_up  # silu(second half) times first half
-    tl.store(c_ptr + rows[:, None].to(tl.int64) * stride_c + cols[None, :], c, mask=row_ok[:, None] & col_ok[None, :])
+    if SWAP:
+        c_tile = c_ptr + rows[None, :].to(tl.int64) * stride_c + cols[:, None]
+        tile_ok = row_ok[None, :] & col_ok[:, None]
+    else:
+        c_tile = c_ptr + rows[:, None].to(tl.int64) * stride_c + cols[None, :]
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        tl.atomic_add(c_tile, acc_up, mask=tile_ok, sem="relaxed")
+        tl.atomic_add(c_tile + inter, acc_gate, mask=tile_ok, sem="relaxed")
+    else:
+        tl.store(c_tile, acc_gate * tl.sigmoid(acc_gate) * acc_up, mask=tile_ok)  # silu(second half) times first
 
 
 @triton.jit
 def _gemm2_kernel(
     c_ptr, w_ptr, w_scale_ptr, out_ptr, slot_weight_ptr, slot_token_ptr, tile_indptr_ptr, slot_bounds_ptr,
-    hidden, inter, num_experts, num_slices,
+    hidden, inter, num_experts, num_slices, split_k, k_per_split,
     stride_c, stride_we, stride_wn, stride_se, stride_sn, stride_o,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QBLOCK: tl.constexpr,
-    BLOCK_E: tl.constexpr, TF32: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_E: tl.constexpr, SWIGLU: tl.constexpr, TF32: tl.constexpr, SWAP: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    e, col_slice, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices,
-                                               BLOCK_M, BLOCK_E)
+    """SWIGLU: c holds GEMM1's up and gate sums [pairs, 2 x I], and C = silu(gate) · up is made here
+    as each K step loads them; else c is C [pairs, I]. This program adds its K split's share. SWAP:
+    as in GEMM1, transposed products."""
+    e, piece, rows, row_ok = _find_program(tile_indptr_ptr, slot_bounds_ptr, num_experts, num_slices * split_k,
+                                          BLOCK_M, BLOCK_E)
     if e >= num_experts:
         return
+    col_slice = piece // split_k
+    k_lo = (piece % split_k) * k_per_split
+    k_hi = tl.minimum(inter, k_lo + k_per_split)
     cols = col_slice * BLOCK_N + tl.arange(0, BLOCK_N)  # output hidden columns
     col_ok = cols < hidden
     offs_k = tl.arange(0, BLOCK_K)
@@ -142,51 +192,149 @@ def _gemm2_kernel(
     c_rows = c_ptr + rows[:, None].to(tl.int64) * stride_c + offs_k[None, :]
     w_base = w_ptr + e * stride_we + cols[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     s_base = w_scale_ptr + e * stride_se + (cols // QBLOCK) * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         c = tl.load(c_rows + k0, mask=row_ok[:, None], other=0.0)
+        if SWIGLU:
+            gate = tl.load(c_rows + inter + k0, mask=row_ok[:, None], other=0.0)
+            c = gate * tl.sigmoid(gate) * c
         w = tl.load(w_base + k0, mask=col_ok[:, None], other=0.0).to(tl.float32)
         w_scale = tl.load(s_base + k0 // QBLOCK, mask=col_ok, other=0.0)
         if INTERPRET:
             if TF32:  # Hopper's tf32 tensor cores read only the top 19 bits of C
                 c = (c.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-            part = tl.dot(c, tl.trans(w))
+            if SWAP:
+                acc += tl.dot(w, tl.trans(c)) * w_scale[:, None]
+            else:
+                acc += tl.dot(c, tl.trans(w)) * w_scale[None, :]
+        elif SWAP:
+            acc += tl.dot(w, tl.trans(c), input_precision="tf32" if TF32 else "ieee") * w_scale[:, None]
         else:
-            part = tl.dot(c, tl.trans(w), input_precision="tf32" if TF32 else "ieee")
-        acc += part * w_scale[None, :]
+            acc += tl.dot(c, tl.trans(w), input_precision="tf32" if TF32 else "ieee") * w_scale[None, :]
 
     weight = tl.load(slot_weight_ptr + rows, mask=row_ok, other=0.0)
     tok = tl.load(slot_token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    tl.atomic_add(out_ptr + tok[:, None] * stride_o + cols[None, :], acc * weight[:, None],
-                  mask=row_ok[:, None] & col_ok[None, :], sem="relaxed")
+    if SWAP:
+        tl.atomic_add(out_ptr + tok[None, :] * stride_o + cols[:, None], acc * weight[None, :],
+                      mask=row_ok[None, :] & col_ok[:, None], sem="relaxed")
+    else:
+        tl.atomic_add(out_ptr + tok[:, None] * stride_o + cols[None, :], acc * weight[:, None],
+                      mask=row_ok[:, None] & col_ok[None, :], sem="relaxed")
 
 
-def _route(logits, bias, scaling):
-    """Global expert ids [T, 8] and fp32 weights [T, 8]."""
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, ids_ptr, weights_ptr, counts_ptr, offset, num_local, scaling,
+                  N_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """DeepSeek-V3 routing of one token (program t): its TOP_K global expert ids and weights, and one
+    count per local pair in counts[local expert].
+
+    Selection is by value with the lowest index among equals, as exact as torch's topk for distinct
+    values; the sigmoid is torch's formula in IEEE arithmetic (libdevice exp, a rounded division), so
+    the scores that decide the choice are the reference's to the bit on the GPU."""
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.arange(0, N_GROUP)
+    j = tl.arange(0, GROUP_SIZE)
+    expert = g[:, None] * GROUP_SIZE + j[None, :]  # [N_GROUP, GROUP_SIZE] global ids
+    x = tl.load(logits_ptr + t * (N_GROUP * GROUP_SIZE) + expert)
+    # The interpreter has no libdevice: there, numpy's exp and division.
+    scores = 1.0 / (1.0 + tl.exp(-x)) if INTERPRET else tl.math.div_rn(1.0, 1.0 + libdevice.exp(-x))
+    biased = scores + tl.load(bias_ptr + expert).to(tl.float32)  # the bias steers the choice only
+
+    # A group's score: its best two biased scores (the first best removed once, so a tie counts twice).
+    best = tl.max(biased, axis=1)
+    best_at = tl.min(tl.where(biased == best[:, None], j[None, :], GROUP_SIZE), axis=1)
+    second = tl.max(tl.where(j[None, :] == best_at[:, None], float("-inf"), biased), axis=1)
+    group_score = best + second
+    kept = g < 0
+    for _ in tl.static_range(TOPK_GROUP):
+        left = tl.where(kept, float("-inf"), group_score)
+        top = tl.max(left, axis=0)
+        kept = kept | (g == tl.min(tl.where(left == top, g, N_GROUP), axis=0))
+
+    candidates = tl.where(kept[:, None], biased, float("-inf"))
+    k = tl.arange(0, TOP_K)
+    ids = k * 0
+    chosen = tl.zeros((TOP_K,), dtype=tl.float32)
+    for i in tl.static_range(TOP_K):
+        top = tl.max(tl.max(candidates, axis=1), axis=0)
+        pick = tl.min(tl.min(tl.where(candidates == top, expert, N_GROUP * GROUP_SIZE), axis=1), axis=0)
+        ids = tl.where(k == i, pick, ids)
+        chosen = tl.where(k == i, tl.sum(tl.sum(tl.where(expert == pick, scores, 0.0), axis=1), axis=0), chosen)
+        candidates = tl.where(expert == pick, float("-inf"), candidates)
+    weights = chosen / (tl.sum(chosen, axis=0) + 1e-20) * scaling
+    tl.store(ids_ptr + t * TOP_K + k, ids)
+    tl.store(weights_ptr + t * TOP_K + k, weights)
+    local = ids - offset
+    tl.atomic_add(counts_ptr + local, 1, mask=(local >= 0) & (local < num_local), sem="relaxed")
+
+
+@triton.jit
+def _group_kernel(ids_ptr, weights_ptr, counts_ptr, cursor_ptr, slot_token_ptr, slot_weight_ptr, slot_bounds_ptr,
+                  tile_indptr_ptr, num_pairs, offset, num_local,
+                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Gives each local pair of this program's BLOCK_P pairs a slot in its expert's run of slots; the
+    runs are in expert order, from the counts the routing made. Program 0 also writes each expert's
+    first slot (slot_bounds [E + 1]) and first tile (tile_indptr [E + 1]).
+
+    Within an expert the order of the slots is the order of the atomic increments, which varies from
+    call to call; no value depends on it (a row's products do not depend on its tile neighbours, and
+    the combine adds atomically in any case)."""
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < num_local
+    counts = tl.load(counts_ptr + offs_e, mask=e_ok, other=0)
+    starts = tl.cumsum(counts, axis=0) - counts
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = p < num_pairs
+    local = tl.load(ids_ptr + p, mask=p_ok, other=-1) - offset
+    is_local = p_ok & (local >= 0) & (local < num_local)
+    start = tl.sum(tl.where(local[:, None] == offs_e[None, :], starts[None, :], 0), axis=1)
+    slot = start + tl.atomic_add(cursor_ptr + local, 1, mask=is_local, sem="relaxed")
+    tl.store(slot_token_ptr + slot, (p // TOP_K).to(tl.int32), mask=is_local)
+    tl.store(slot_weight_ptr + slot, tl.load(weights_ptr + p, mask=is_local, other=0.0), mask=is_local)
+    if tl.program_id(0) == 0:
+        tiles = (counts + BLOCK_M - 1) // BLOCK_M
+        tl.store(slot_bounds_ptr + offs_e, starts, mask=e_ok)
+        tl.store(slot_bounds_ptr + num_local, tl.sum(counts, axis=0))
+        tl.store(tile_indptr_ptr + 1 + offs_e, tl.cumsum(tiles, axis=0), mask=e_ok)
+        tl.store(tile_indptr_ptr, 0)
+
+
+GROUP_BLOCK_P = 256  # pairs per program of _group_kernel
+
+
+def _route_and_group(logits, bias, offset, local_experts, scaling, block_m):
+    """Routing and grouping on the device, fixed sizes only: every local pair's slot in expert order
+    (the token and routing weight of each slot), each expert's first slot (and, at index E, the end of
+    the local slots) and each expert's first tile ([E + 1]); also the ids [T, 8] and weights [T, 8]."""
+    device = logits.device
     tokens, experts = logits.shape
-    scores = torch.sigmoid(logits.float())
-    biased = scores + bias.float()  # the bias steers the choice only, never the weights
-    group_scores = biased.view(tokens, N_GROUP, experts // N_GROUP).topk(2, dim=-1).values.sum(dim=-1)
-    dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, group_scores.topk(TOPK_GROUP, dim=-1).indices,
-                                                                      False)
-    ids = biased.masked_fill(dropped.repeat_interleave(experts // N_GROUP, dim=1), float("-inf")).topk(TOP_K, dim=-1).indices
-    chosen = scores.gather(1, ids)
-    return ids, chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) * scaling
+    pairs = tokens * TOP_K
+    ids = torch.empty((tokens, TOP_K), dtype=torch.int32, device=device)
+    weights = torch.empty((tokens, TOP_K), dtype=torch.float32, device=device)
+    counters = torch.zeros(2 * local_experts, dtype=torch.int32, device=device)  # counts, then cursors
+    _route_kernel[(tokens,)](logits, bias, ids, weights, counters, offset, local_experts, scaling,
+                             N_GROUP=N_GROUP, GROUP_SIZE=experts // N_GROUP, TOPK_GROUP=TOPK_GROUP, TOP_K=TOP_K,
+                             INTERPRET=device.type == "cpu", num_warps=1)
+    slot_token = torch.empty(pairs, dtype=torch.int32, device=device)  # only the first bounds[E] are written
+    slot_weight = torch.empty(pairs, dtype=torch.float32, device=device)
+    slot_bounds = torch.empty(local_experts + 1, dtype=torch.int32, device=device)
+    tile_indptr = torch.empty(local_experts + 1, dtype=torch.int32, device=device)
+    _group_kernel[(triton.cdiv(pairs, GROUP_BLOCK_P),)](
+        ids, weights, counters, counters[local_experts:], slot_token, slot_weight, slot_bounds, tile_indptr,
+        pairs, offset, local_experts,
+        TOP_K=TOP_K, BLOCK_M=block_m, BLOCK_P=GROUP_BLOCK_P, BLOCK_E=triton.next_power_of_2(local_experts),
+        num_warps=4)
+    return slot_token, slot_weight, slot_bounds, tile_indptr, ids, weights
 
 
-def _group(ids, weights, offset, local_experts, block_m):
-    """Every pair's slot in expert order: the token and weight of each slot, each expert's first slot
-    (and, at index E, the end of the local slots), and each expert's first tile ([E + 1])."""
-    device = ids.device
-    local = ids.flatten() - offset
-    key = torch.where((local >= 0) & (local < local_experts), local, local_experts)  # E: on another rank
-    sorted_key, order = torch.sort(key, stable=True)
-    slot_bounds = torch.searchsorted(sorted_key, torch.arange(local_experts + 1, device=device))
-    tiles = (slot_bounds[1:] - slot_bounds[:-1] + block_m - 1) // block_m
-    tile_indptr = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)
-    tile_indptr[1:] = torch.cumsum(tiles, 0)
-    slot_token = (order // TOP_K).to(torch.int32)
-    return slot_token, weights.flatten()[order].contiguous(), slot_bounds.to(torch.int32), tile_indptr.to(torch.int32)
+def _k_per_split(k, splits):
+    """K of one split: whole 128-wide scale blocks (so also whole BLOCK_K steps); the last split may
+    be shorter, or empty."""
+    return triton.cdiv(triton.cdiv(k, QBLOCK), splits) * QBLOCK
 
 
 @torch.no_grad()
@@ -198,33 +346,38 @@ def run(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_
     inter = gemm2_weights.shape[2]
     interpret = device.type == "cpu"  # CPU tensors mean Triton's interpreter
 
-    ids, weights = _route(routing_logits, routing_bias, float(routed_scaling_factor))
-    slot_token, slot_weight, slot_bounds, tile_indptr = _group(ids, weights, int(local_expert_offset), local_experts,
-                                                                BLOCK_M)
+    block_m, block_n, split1, split2 = BLOCK_M, BLOCK_N, SPLIT_K1, SPLIT_K2
+    slot_token, slot_weight, slot_bounds, tile_indptr, _, _ = _route_and_group(
+        routing_logits.contiguous(), routing_bias.contiguous(), int(local_expert_offset), local_experts,
+        float(routed_scaling_factor), block_m)
     pairs = tokens * TOP_K
-    max_tiles = min(pairs, triton.cdiv(pairs, BLOCK_M) + local_experts)  # every expert's last tile may be partial
+    max_tiles = min(pairs, triton.cdiv(pairs, block_m) + local_experts)  # every expert's last tile may be partial
     block_e = triton.next_power_of_2(local_experts)
 
     a, a_scale = hidden_states.contiguous(), hidden_states_scale.contiguous()
     w13, s13 = gemm1_weights.contiguous(), gemm1_weights_scale.contiguous()
     w2, s2 = gemm2_weights.contiguous(), gemm2_weights_scale.contiguous()
-    inner = torch.empty((pairs, inter), dtype=torch.float32, device=device)  # slot rows; only local ones are written
-    slices1 = triton.cdiv(inter, BLOCK_N)
-    _gemm1_swiglu_kernel[(max_tiles * slices1,)](
+    # Slot rows (only the local ones are written): C, or with K split the up and gate sums.
+    if split1 > 1:
+        inner = torch.zeros((pairs, 2 * inter), dtype=torch.float32, device=device)
+    else:
+        inner = torch.empty((pairs, inter), dtype=torch.float32, device=device)
+    slices1 = triton.cdiv(inter, block_n)
+    _gemm1_swiglu_kernel[(max_tiles * slices1 * split1,)](
         a, a_scale, w13, s13, inner, tile_indptr, slot_bounds, slot_token,
-        tokens, hidden, inter, local_experts, slices1,
+        tokens, hidden, inter, local_experts, slices1, split1, _k_per_split(hidden, split1),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), inner.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e, INTERPRET=interpret,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e, SPLIT=split1 > 1,
+        SWAP=SWAP_AB, INTERPRET=interpret, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     out = torch.zeros((tokens, hidden), dtype=torch.float32, device=device)
-    slices2 = triton.cdiv(hidden, BLOCK_N)
-    _gemm2_kernel[(max_tiles * slices2,)](
+    slices2 = triton.cdiv(hidden, block_n)
+    _gemm2_kernel[(max_tiles * slices2 * split2,)](
         inner, w2, s2, out, slot_weight, slot_token, tile_indptr, slot_bounds,
-        hidden, inter, local_experts, slices2,
+        hidden, inter, local_experts, slices2, split2, _k_per_split(inter, split2),
         inner.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e,
-        TF32=GEMM2_PRECISION == "tf32", INTERPRET=interpret,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e,
+        SWIGLU=split1 > 1, TF32=GEMM2_PRECISION == "tf32", SWAP=SWAP_AB, INTERPRET=interpret,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out.to(torch.bfloat16)

@@ -22,6 +22,7 @@ import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -1107,22 +1108,37 @@ def test_every_grouped_moe_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunab
     assert result.status is Status.PASSED, (result.message, result.log)
 
 
+_ROUTE_CHECK = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from ksearch_ray.taskspec.task import load_module_file
+solutions = sys.argv[2]
+mod = load_module_file(Path(solutions, "triton_grouped", "main.py"), "grouped")
+reference = load_module_file(Path(solutions, "reference", "main.py"), "reference")
+gen = torch.Generator(device="cuda").manual_seed(0)
+for trial in range(8):
+    logits = torch.randn(50_000, 256, device="cuda", generator=gen)
+    bias = (0.1 * torch.randn(256, device="cuda", generator=gen)).bfloat16()
+    *_, ids, weights = mod._route_and_group(logits, bias, 32 * trial, 32, 2.5, 16)
+    ref_ids, ref_weights = reference._route(logits, bias, 2.5)
+    got, order = torch.sort(ids.long(), dim=1)
+    want, ref_order = torch.sort(ref_ids, dim=1)
+    assert torch.equal(got, want), f"trial {trial}: {int((got != want).any(dim=1).sum())} tokens routed elsewhere"
+    torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order), rtol=1e-6, atol=0)
+print("routed as the reference")
+"""
+
+
 @pytest.mark.gpu
 def test_grouped_moe_routes_as_the_reference_on_the_gpu():
-    """The fused routing kernel picks the reference's 8 experts for every one of 400k random tokens
-    (libdevice exp and a rounded division: the scores are torch's to the bit), with the same weights."""
-    mod = _grouped_module()
-    reference = load_module_file(TASKS / MOE / "solutions" / "reference" / "main.py", "fi_moe_reference_routing")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for trial in range(8):
-        logits = torch.randn(50_000, 256, device="cuda", generator=gen)
-        bias = (0.1 * torch.randn(256, device="cuda", generator=gen)).bfloat16()
-        *_, ids, weights = mod._route_and_group(logits, bias, 32 * trial, 32, 2.5, 16)
-        ref_ids, ref_weights = reference._route(logits, bias, 2.5)
-        got, order = torch.sort(ids.long(), dim=1)
-        want, ref_order = torch.sort(ref_ids, dim=1)
-        assert torch.equal(got, want)
-        torch.testing.assert_close(weights.gather(1, order), ref_weights.gather(1, ref_order), rtol=1e-6, atol=0)
+    """The fused routing kernel, compiled (this process runs Triton's interpreter, so a child without
+    it), picks the reference's 8 experts for every one of 400k random tokens (libdevice exp and a
+    rounded division: the scores are torch's to the bit), with the same weights."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _ROUTE_CHECK, str(Path(__file__).resolve().parents[1]), str(TASKS / MOE / "solutions")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "routed as the reference" in done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.gpu

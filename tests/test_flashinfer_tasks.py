@@ -1133,8 +1133,8 @@ print("routed as the reference")
 @pytest.mark.gpu
 def test_grouped_moe_routes_as_the_reference_on_the_gpu():
     """The fused routing kernel, compiled (this process runs Triton's interpreter, so a child without
-    it), picks the reference's 8 experts for every one of 400k random tokens (libdevice exp and a
-    rounded division: the scores are torch's to the bit), with the same weights."""
+    it), picks the reference's 8 experts for every one of 400k random tokens (torch's sigmoid formula
+    with libdevice exp and a rounded division), with the same weights to 1e-6."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _ROUTE_CHECK, str(Path(__file__).resolve().parents[1]), str(TASKS / MOE / "solutions")],
                           env=env, capture_output=True, text=True, timeout=300)

@@ -348,38 +348,37 @@ def run(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_
     inter = gemm2_weights.shape[2]
     interpret = device.type == "cpu"  # CPU tensors mean Triton's interpreter
 
-    block_m, block_n, split1, split2 = BLOCK_M, BLOCK_N, SPLIT_K1, SPLIT_K2
     slot_token, slot_weight, slot_bounds, tile_indptr, _, _ = _route_and_group(
         routing_logits.contiguous(), routing_bias.contiguous(), int(local_expert_offset), local_experts,
-        float(routed_scaling_factor), block_m)
+        float(routed_scaling_factor), BLOCK_M)
     pairs = tokens * TOP_K
-    max_tiles = min(pairs, triton.cdiv(pairs, block_m) + local_experts)  # every expert's last tile may be partial
+    max_tiles = min(pairs, triton.cdiv(pairs, BLOCK_M) + local_experts)  # every expert's last tile may be partial
     block_e = triton.next_power_of_2(local_experts)
 
     a, a_scale = hidden_states.contiguous(), hidden_states_scale.contiguous()
     w13, s13 = gemm1_weights.contiguous(), gemm1_weights_scale.contiguous()
     w2, s2 = gemm2_weights.contiguous(), gemm2_weights_scale.contiguous()
     # Slot rows (only the local ones are written): C, or with K split the up and gate sums.
-    if split1 > 1:
+    if SPLIT_K1 > 1:
         inner = torch.zeros((pairs, 2 * inter), dtype=torch.float32, device=device)
     else:
         inner = torch.empty((pairs, inter), dtype=torch.float32, device=device)
-    slices1 = triton.cdiv(inter, block_n)
-    _gemm1_swiglu_kernel[(max_tiles * slices1 * split1,)](
+    slices1 = triton.cdiv(inter, BLOCK_N)
+    _gemm1_swiglu_kernel[(max_tiles * slices1 * SPLIT_K1,)](
         a, a_scale, w13, s13, inner, tile_indptr, slot_bounds, slot_token,
-        tokens, hidden, inter, local_experts, slices1, split1, _k_per_split(hidden, split1),
+        tokens, hidden, inter, local_experts, slices1, SPLIT_K1, _k_per_split(hidden, SPLIT_K1),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), inner.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e, SPLIT=split1 > 1,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e, SPLIT=SPLIT_K1 > 1,
         SWAP=SWAP_AB, INTERPRET=interpret, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     out = torch.zeros((tokens, hidden), dtype=torch.float32, device=device)
-    slices2 = triton.cdiv(hidden, block_n)
-    _gemm2_kernel[(max_tiles * slices2 * split2,)](
+    slices2 = triton.cdiv(hidden, BLOCK_N)
+    _gemm2_kernel[(max_tiles * slices2 * SPLIT_K2,)](
         inner, w2, s2, out, slot_weight, slot_token, tile_indptr, slot_bounds,
-        hidden, inter, local_experts, slices2, split2, _k_per_split(inter, split2),
+        hidden, inter, local_experts, slices2, SPLIT_K2, _k_per_split(inter, SPLIT_K2),
         inner.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e,
-        SWIGLU=split1 > 1, TF32=GEMM2_PRECISION == "tf32", SWAP=SWAP_AB, INTERPRET=interpret,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e,
+        SWIGLU=SPLIT_K1 > 1, TF32=GEMM2_PRECISION == "tf32", SWAP=SWAP_AB, INTERPRET=interpret,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out.to(torch.bfloat16)

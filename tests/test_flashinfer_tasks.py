@@ -1075,6 +1075,16 @@ def test_solution_is_timed_on_feedback_workloads_on_the_gpu(gpu_evaluator, name,
         assert all(w.timing is not None and w.timing.method == "graph_replay" for w in result.workloads)
 
 
+def _assert_variant_passes_feedback(evaluator: Evaluator, name: str, solution: str, tunable: str, value: Any) -> None:
+    """Solution `solution` of task `name`, one tunable rewritten to `value`, passes `feedback` (untimed)."""
+    task = _task(name)
+    base = task.solution(solution)
+    variant = Solution(**{**base.model_dump(), "name": f"{solution}[{tunable}={value}]",
+                          "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})
+    result = evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
+    assert result.status is Status.PASSED, (result.message, result.log)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("solution", ["reference", "triton_seed", "triton_grouped"])
 def test_moe_solution_passes_the_realistic_option_on_the_gpu(gpu_evaluator, solution):
@@ -1088,24 +1098,14 @@ def test_moe_solution_passes_the_realistic_option_on_the_gpu(gpu_evaluator, solu
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "tunable", "value"), VARIANTS, ids=[f"{n[:11]}-{t}={v}" for n, t, v in VARIANTS])
 def test_every_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, value):
-    task = _task(name)
-    seed = task.solution("triton_seed")
-    variant = Solution(**{**seed.model_dump(), "name": f"triton_seed[{tunable}={value}]",
-                          "sources": {"main.py": rewrite_tunables(seed.sources["main.py"], {tunable: value})}})
-    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
-    assert result.status is Status.PASSED, (result.message, result.log)
+    _assert_variant_passes_feedback(gpu_evaluator, name, "triton_seed", tunable, value)
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize(("tunable", "value"), GROUPED_VARIANTS, ids=[f"{t}={v}" for t, v in GROUPED_VARIANTS])
 def test_every_grouped_moe_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunable, value):
-    task = _task(MOE)
-    base = task.solution(GROUPED)
-    variant = Solution(**{**base.model_dump(), "name": f"{GROUPED}[{tunable}={value}]",
-                          "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})
-    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
-    assert result.status is Status.PASSED, (result.message, result.log)
+    _assert_variant_passes_feedback(gpu_evaluator, MOE, GROUPED, tunable, value)
 
 
 _ROUTE_CHECK = """
@@ -1145,9 +1145,4 @@ def test_grouped_moe_routes_as_the_reference_on_the_gpu():
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "tunable", "value"), SPLITKV_VARIANTS, ids=SPLITKV_VARIANT_IDS)
 def test_every_splitkv_tunable_choice_passes_on_the_gpu(gpu_evaluator, name, tunable, value):
-    task = _task(name)
-    base = task.solution(SPLITKV)
-    variant = Solution(**{**base.model_dump(), "name": f"{SPLITKV}[{tunable}={value}]",
-                          "sources": {"main.py": rewrite_tunables(base.sources["main.py"], {tunable: value})}})
-    result = gpu_evaluator.evaluate(task, variant, workload_set="feedback", timed=False)
-    assert result.status is Status.PASSED, (result.message, result.log)
+    _assert_variant_passes_feedback(gpu_evaluator, name, SPLITKV, tunable, value)

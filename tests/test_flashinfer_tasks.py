@@ -692,15 +692,20 @@ def test_flash_prefill_passes_the_cpu_workloads_in_both_timing_modes(light_evalu
 def test_flash_prefill_plan_covers_every_split_and_fills_the_gpu():
     mod = _flash_module()
     gen = torch.Generator().manual_seed(0)
+    tilings = set()
     for wl in _task(MLA_PREFILL).workloads("all", "cuda"):
         total_q, batch, tokens = wl.axes["total_q"], wl.axes["len_indptr"] - 1, wl.axes["num_kv_indices"]
-        blocks, splits = mod.plan(total_q, batch, tokens, 132)
-        assert 1 <= splits <= mod.MAX_SPLITS and blocks * splits <= max(blocks, mod.PROGRAMS_PER_SM * 132)
-        if blocks < mod.PROGRAMS_PER_SM * 132 // 2 and tokens >= 2 * mod.MIN_SPLIT_TILES * mod.BLOCK_N:
-            assert splits > 1, wl.name  # too few blocks for the SMs and keys enough: the keys split
+        t, blocks, splits = mod.plan(total_q, batch, tokens, 132)
+        tilings.add(t)
+        assert t == mod.tiling(total_q) and (t.block_q == mod.LARGE_BLOCK_Q) == (total_q >= mod.LARGE_FROM_Q)
+        programs = blocks * t.value_split
+        assert 1 <= splits <= mod.MAX_SPLITS and programs * splits <= max(programs, mod.PROGRAMS_PER_SM * 132)
+        if programs < mod.PROGRAMS_PER_SM * 132 // 2 and tokens >= 2 * mod.MIN_SPLIT_TILES * t.block_n:
+            assert splits > 1, wl.name  # too few programs for the SMs and keys enough: the keys split
         for style in SPLIT_STYLES:
             q_lens = split_lengths(total_q, batch, style, gen, "cpu")
-            assert int(((q_lens + mod.BLOCK_Q - 1) // mod.BLOCK_Q).sum()) <= blocks, (wl.name, style)
+            assert int(((q_lens + t.block_q - 1) // t.block_q).sum()) <= blocks, (wl.name, style)
+    assert len(tilings) == 2  # the set holds small calls and large ones
 
 
 FLASH_CASES = {
@@ -714,16 +719,20 @@ FLASH_CASES = {
 }
 
 
+@pytest.mark.parametrize("tiling", ["small", "large"])
 @pytest.mark.parametrize("case", list(FLASH_CASES))
-def test_flash_prefill_edge_cases_match_the_reference(case, monkeypatch):
+def test_flash_prefill_edge_cases_match_the_reference(case, tiling, monkeypatch):
     mod = _flash_module()
     q_lens, kv_lens = FLASH_CASES[case]
     monkeypatch.setattr(mod, "MAX_BLOCK_B", 4)  # the prefix sum over qo_indptr in steps of 4 requests
+    if tiling == "large":  # every call takes the large tiling: 128-row blocks, two value halves
+        monkeypatch.setattr(mod, "LARGE_FROM_Q", 1)
+    assert (mod.tiling(sum(q_lens)).block_q == mod.LARGE_BLOCK_Q) == (tiling == "large" and sum(q_lens) > 0)
     merges = _count_merges(mod, monkeypatch)
     task = _task(MLA_PREFILL)
     inputs = _prefill_case(q_lens, kv_lens, seed=12)
     got = task.normalize_outputs(task.call(mod.run, inputs))
-    _, splits = mod.plan(sum(q_lens), len(q_lens), sum(kv_lens), 132)
+    _, _, splits = mod.plan(sum(q_lens), len(q_lens), sum(kv_lens), 132)
     assert (splits > 1) == (case in ("one_query_long_history", "diagonal_inside_pieces", "many_requests"))
     assert len(merges) == (1 if splits > 1 else 0)
     expected = task.reference(inputs)
@@ -735,8 +744,10 @@ FLASH_VARIANTS = [(t.name, c) for t in read_tunables(_flash_source()).values() f
 
 
 def test_flash_prefill_declares_block_split_warp_and_stage_tunables():
-    assert {"BLOCK_Q", "BLOCK_N", "PROGRAMS_PER_SM", "MAX_SPLITS", "NUM_WARPS", "NUM_STAGES"} <= set(
-        read_tunables(_flash_source()))
+    tunables = read_tunables(_flash_source())
+    small = {"BLOCK_Q", "BLOCK_N", "NUM_WARPS", "NUM_STAGES", "PV_PRECISION", "VALUE_SPLIT"}
+    assert small | {"PROGRAMS_PER_SM", "MAX_SPLITS", "LARGE_FROM_Q"} <= set(tunables)
+    assert {f"LARGE_{name}" for name in small} <= set(tunables)  # the large tiling tunes the same knobs
 
 
 @functools.cache
@@ -752,7 +763,10 @@ def _flash_hard_case() -> tuple[dict[str, Any], dict[str, Any]]:
 
 @pytest.mark.parametrize(("tunable", "value"), FLASH_VARIANTS, ids=[f"{t}={v}" for t, v in FLASH_VARIANTS])
 def test_every_flash_prefill_tunable_choice_passes(tunable, value, tmp_path):
-    _check_variant(MLA_PREFILL, _flash_source(), {tunable: value}, *_flash_hard_case(), tmp_path)
+    values = {tunable: value}
+    if tunable.startswith("LARGE_") and tunable != "LARGE_FROM_Q":  # a choice of the large tiling, taken
+        values["LARGE_FROM_Q"] = 1
+    _check_variant(MLA_PREFILL, _flash_source(), values, *_flash_hard_case(), tmp_path)
 
 
 # --- (e''') the grouped FP8 MoE kernel (issue 25) -----------------------------------------------

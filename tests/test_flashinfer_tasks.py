@@ -1122,6 +1122,15 @@ def test_every_grouped_moe_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunab
     _assert_variant_passes_feedback(gpu_evaluator, MOE, GROUPED, tunable, value)
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("tunable", "value"), FLASH_VARIANTS, ids=[f"{t}={v}" for t, v in FLASH_VARIANTS])
+def test_every_flash_prefill_tunable_choice_passes_on_the_gpu(gpu_evaluator, tunable, value):
+    # feedback holds calls on both sides of LARGE_FROM_Q (its largest, 1187 queries, takes the large
+    # tiling at every choice but 2048), so each choice is compiled and run by the H200.
+    _assert_variant_passes_feedback(gpu_evaluator, MLA_PREFILL, FLASH, tunable, value)
+
+
 _ROUTE_CHECK = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])

@@ -747,7 +747,9 @@ def test_flash_prefill_declares_block_split_warp_and_stage_tunables():
     tunables = read_tunables(_flash_source())
     small = {"BLOCK_Q", "BLOCK_N", "NUM_WARPS", "NUM_STAGES", "PV_PRECISION", "VALUE_SPLIT"}
     assert small | {"PROGRAMS_PER_SM", "MAX_SPLITS", "LARGE_FROM_Q"} <= set(tunables)
-    assert {f"LARGE_{name}" for name in small} <= set(tunables)  # the large tiling tunes the same knobs
+    # The large tiling tunes the same knobs but its value split, which is always 2 (at 1 its tile is
+    # past the H200's shared memory: the GPU test of every choice found it).
+    assert {f"LARGE_{name}" for name in small - {"VALUE_SPLIT"}} <= set(tunables)
 
 
 @functools.cache

@@ -63,16 +63,16 @@ PV_PRECISION = "fp16"  # tunable: ["fp16", "tf32", "bf16x2"]
 # Q·Kᵀ (its own columns of ckv, then the others'), so 2 costs half again the tensor work and halves
 # the accumulator: 128 rows x 256 columns of fp32 is 128 registers a thread over 8 warps.
 VALUE_SPLIT = 1  # tunable: [1, 2]
-# The large tiling, from LARGE_FROM_Q queries in the call. Every combination fits the H200's 227 KiB
-# of shared memory (the Q tile stays there: 144 KiB at 128 rows).
+# The large tiling, from LARGE_FROM_Q queries in the call: its value split is always 2 (at 1, a
+# 128 x 512 fp32 accumulator takes 256 KiB of shared memory to store, past the H200's 227 KiB).
+# Every combination fits (the Q tile stays in shared memory: 144 KiB at 128 rows).
 LARGE_FROM_Q = 512  # tunable: [1, 256, 512, 1024, 2048]
 LARGE_BLOCK_Q = 8  # tunable: [4, 8]
 LARGE_BLOCK_N = 32  # tunable: [16, 32]
 LARGE_NUM_WARPS = 8  # tunable: [4, 8]
 LARGE_NUM_STAGES = 2  # tunable: [1, 2]
 LARGE_PV_PRECISION = "bf16x2"  # tunable: ["fp16", "bf16x2"]
-LARGE_VALUE_SPLIT = 2  # tunable: [1, 2]
-# Programs per SM the key split aims at when the query blocks are fewer; 1 split (MAX_SPLITS = 1)
+# Programs per SM the key split aims at when the programs (blocks x value split) are fewer; 1 split (MAX_SPLITS = 1)
 # never splits. A piece is at least MIN_SPLIT_TILES tiles: shorter ones cost more in partials
 # (32 KiB of fp32 a query) and merging than they save.
 PROGRAMS_PER_SM = 2  # tunable: [1, 2, 4]
@@ -316,8 +316,7 @@ class Tiling(NamedTuple):
 def tiling(total_q: int) -> Tiling:
     """The tiling for a call of total_q queries: the large one from LARGE_FROM_Q queries on."""
     if total_q >= LARGE_FROM_Q:
-        return Tiling(LARGE_BLOCK_Q, LARGE_BLOCK_N, LARGE_NUM_WARPS, LARGE_NUM_STAGES, LARGE_PV_PRECISION,
-                      LARGE_VALUE_SPLIT)
+        return Tiling(LARGE_BLOCK_Q, LARGE_BLOCK_N, LARGE_NUM_WARPS, LARGE_NUM_STAGES, LARGE_PV_PRECISION, 2)
     return Tiling(BLOCK_Q, BLOCK_N, NUM_WARPS, NUM_STAGES, PV_PRECISION, VALUE_SPLIT)
 
 

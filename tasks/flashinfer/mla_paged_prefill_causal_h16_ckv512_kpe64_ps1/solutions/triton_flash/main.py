@@ -28,10 +28,10 @@ copy and one CUDA graph is right for every page table and every split of the len
 
 The key split is planned on the host from shapes alone as well: when the programs (blocks times
 the value split) are fewer than PROGRAMS_PER_SM per SM, each block's visible range is cut into up
-to `splits` pieces of whole tiles (at least MIN_SPLIT_TILES tiles each). A block that gets one piece writes its output
-directly; the pieces of a block that gets several write fp32 partial outputs and lse, and the merge
-kernel (one program per query token and slice of MERGE_DIM columns) combines them by their lse.
-The merge is launched only when the plan splits at all.
+to `splits` pieces of whole tiles (at least MIN_SPLIT_TILES tiles each). A block that gets one
+piece writes its output directly; the pieces of a block that gets several write fp32 partial
+outputs and lse, and the merge kernel (one program per query token and slice of MERGE_DIM
+columns) combines them by their lse. The merge is launched only when the plan splits at all.
 
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
 tolerance on its own.
@@ -72,9 +72,9 @@ LARGE_BLOCK_N = 32  # tunable: [16, 32]
 LARGE_NUM_WARPS = 8  # tunable: [4, 8]
 LARGE_NUM_STAGES = 2  # tunable: [1, 2]
 LARGE_PV_PRECISION = "bf16x2"  # tunable: ["fp16", "bf16x2"]
-# Programs per SM the key split aims at when the programs (blocks x value split) are fewer; 1 split (MAX_SPLITS = 1)
-# never splits. A piece is at least MIN_SPLIT_TILES tiles: shorter ones cost more in partials
-# (32 KiB of fp32 a query) and merging than they save.
+# Programs per SM the key split aims at when the programs (blocks x value split) are fewer;
+# MAX_SPLITS = 1 never splits. A piece is at least MIN_SPLIT_TILES tiles: shorter ones cost more in
+# partials (32 KiB of fp32 a query) and merging than they save.
 PROGRAMS_PER_SM = 2  # tunable: [1, 2, 4]
 MAX_SPLITS = 8  # tunable: [1, 4, 8, 16]
 MIN_SPLIT_TILES = 4  # tunable: [2, 4, 8]

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, NoReturn, get_args, get_origin
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ksearch_ray.config import BUDGET_KEYS, field_info
 from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
@@ -55,8 +56,14 @@ def task_dirs(task_dir: list[Path] | None, dataset: list[Path] | None) -> list[s
     return dirs
 
 
+def error_line(message: str) -> Text:
+    """"error: MESSAGE", the message verbatim: brackets in task names, paths and advice
+    (`pip install '.[mlflow]'`) are text, never rich markup."""
+    return Text.assemble(("error:", "bold red"), " ", message)
+
+
 def fail(message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(error_line(message), highlight=False)
     raise typer.Exit(2)
 
 
@@ -418,7 +425,7 @@ def export(
     text = json.dumps(payload, indent=2)
     if out_file:
         out_file.write_text(text + "\n")
-        err.print(f"wrote {out_file}")
+        err.print(f"wrote {out_file}", highlight=False, markup=False)
     else:
         print(text)
 
@@ -434,7 +441,7 @@ def _export_traces(run_dir: Path, target: Path, task_name: str | None, target_ha
     counts = write_dataset(target, [task], evaluated=[(task, ev) for ev in evaluated],
                            environment=Environment(hardware=hardware, libs=libs), target_hardware=target_hardware)
     err.print(f"wrote {target}: {counts['solutions']} solutions, {counts['traces']} traces "
-              f"({len(evaluated)} evaluations of {task.name})", highlight=False)
+              f"({len(evaluated)} evaluations of {task.name})", highlight=False, markup=False)
 
 
 def _run_evaluations(run_dir: Path):  # type: ignore[no-untyped-def]
@@ -546,11 +553,11 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     try:
         search = go()
     except RunInterrupted as exc:
-        err.print(f"interrupted; resume with: ksearch resume {exc.run_dir}", highlight=False)
+        err.print(f"interrupted; resume with: ksearch resume {exc.run_dir}", highlight=False, markup=False)
         raise typer.Exit(130) from None
     except RunStopped as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        err.print(f"the run stopped and can be resumed: ksearch resume {exc.run_dir}", highlight=False)
+        err.print(error_line(str(exc)), highlight=False)
+        err.print(f"the run stopped and can be resumed: ksearch resume {exc.run_dir}", highlight=False, markup=False)
         raise typer.Exit(3) from None
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(exc))

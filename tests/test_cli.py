@@ -159,3 +159,26 @@ def test_a_job_on_a_cluster_says_it_attaches_rather_than_starts_ray(monkeypatch)
     assert attaching(settings(task="trimul", address="ray://head:10001"))
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` gives its entrypoint
     assert attaching(settings(task="trimul"))
+
+
+@pytest.mark.parametrize(("args", "verbatim"), [
+    (["run", "--task", "foo[bar]"], "unknown task 'foo[bar]'"),
+    (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "kernels/[draft] axpy.py"], "kernels/[draft] axpy.py"),
+    (["resume", "/nonexistent/[red]run"], "/nonexistent/[red]run"),
+])
+def test_error_messages_print_square_brackets_verbatim(args, verbatim):
+    """rich markup would eat `[bar]`, `[draft]` and `[nope]`: every message prints its text as is."""
+    done = ksearch(*args)
+    assert done.returncode == 2, done.stderr
+    assert verbatim in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_missing_tracker_gives_install_advice_that_keeps_its_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    done = ksearch("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--track", "wandb", "--no-ray")
+    assert done.returncode == 2, done.stderr
+    assert "pip install '.[wandb]'" in done.stderr, done.stderr  # this test runs from a checkout

@@ -87,7 +87,7 @@ def eval_table(result: EvalResult, base: EvalResult | None = None) -> Table:
         t = w.timing
         colour = "green" if w.status is Status.PASSED else "red"
         row = [
-            w.workload, f"[{colour}]{w.status.value}[/]",
+            Text(w.workload), f"[{colour}]{w.status.value}[/]",
             _fmt(t.mean_ms if t else None), _fmt(t.median_ms if t else None), _fmt(t.min_ms if t else None),
             _fmt(t.std_ms if t else None), str(t.count) if t else "—",
             _fmt(w.max_abs_error, ".2e"), _fmt(w.max_rel_error, ".2e"),
@@ -210,7 +210,7 @@ def ledger_table(summary: RunSummary) -> Table | None:
         return None
     table = Table("role", "call kind", "calls", "cached", "failed", "tokens", "cost USD", title="LLM ledger")
     for row in summary.ledger:
-        table.add_row(row.role, row.kind, str(row.calls), str(row.cached), str(row.failed),
+        table.add_row(Text(row.role), Text(row.kind), str(row.calls), str(row.cached), str(row.failed),
                       str(row.prompt_tokens + row.completion_tokens), f"{row.cost_usd:.4f}")
     return table
 
@@ -265,9 +265,9 @@ def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None =
     for r in rows:
         colour = "green" if r["status"] == Status.PASSED.value else "yellow" if r["status"] == NO_CODE else "red"
         error = (r["error"] or "").splitlines()
-        table.add_row(str(r["round"] if r["round"] is not None else ""), r["cycle"] or "", r["node"] or "",
-                      f"[{colour}]{r['status']}[/]", format_speedup(r["speedup"]) if r["speedup"] is not None else "",
-                      error[0] if error else "")
+        table.add_row(str(r["round"] if r["round"] is not None else ""), Text(r["cycle"] or ""), Text(r["node"] or ""),
+                      Text(r["status"], style=colour), format_speedup(r["speedup"]) if r["speedup"] is not None else "",
+                      Text(error[0] if error else ""))
     return table
 
 

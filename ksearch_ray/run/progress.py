@@ -80,13 +80,13 @@ def render(search: Search) -> Group:
     if search.working_on:
         cycles = Table("cycle", "working on", box=None, show_header=True, header_style="dim")
         for cycle_id, title in sorted(search.working_on.items()):
-            cycles.add_row(cycle_id, title)
+            cycles.add_row(Text(cycle_id), Text(title))
         parts.append(cycles)
     waits = waiting(search)
     if waits:
         table = Table("waiting for", "since", box=None, show_header=True, header_style="dim")
         for what, age in waits:
-            table.add_row(what, f"{age:.0f} s ago")
+            table.add_row(Text(what), f"{age:.0f} s ago")
         parts.append(table)
     return Group(*parts)
 

@@ -28,10 +28,19 @@ def check_trackers(config: RunConfig) -> None:
     (an unknown name is refused by the configuration itself)."""
     for name in config.track:
         if importlib.util.find_spec(MODULE[name]) is None:
-            raise ConfigError(f"--track {name} needs `pip install 'ksearch-ray[{name}]'`")
+            raise ConfigError(f"--track {name} needs {install_hint(name)}")
     if "wandb" in config.track and not _wandb_can_start():
         raise ConfigError("--track wandb: not logged in to W&B (`wandb login`, WANDB_API_KEY) and not offline "
                           "(WANDB_MODE=offline keeps the run under RUN_DIR/wandb)")
+
+
+def install_hint(extra: str) -> str:
+    """How to add an extra where this package lives: from a checkout, the checkout itself
+    (`ksearch-ray[...]` would fetch a release instead); else the released package."""
+    package = Path(__file__).resolve().parents[1]
+    if (package.parent / "pyproject.toml").is_file() and not (package / "bundled_tasks").is_dir():
+        return f"`pip install '.[{extra}]'` (in {package.parent})"
+    return f"`pip install 'ksearch-ray[{extra}]'`"
 
 
 def _wandb_can_start() -> bool:

@@ -86,6 +86,7 @@ def check_inputs(config: RunConfig) -> Task:
     """What can be checked before Ray or a sandbox starts: the task, its workload set, the seed."""
     task = find_task(config.task, config.task_dirs)
     run_dir = config.run_dir
+    check_job_run_dir(run_dir)
     if run_dir:
         where = Path(run_dir)
         if where.exists() and not where.is_dir():
@@ -102,6 +103,24 @@ def check_inputs(config: RunConfig) -> Task:
     device = config.evaluation.device or "cpu"
     task.workloads(config.evaluation.workloads or task.definition.default_workloads, device)  # validates the set name
     return task
+
+
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor in the environment of a `ray job submit` entrypoint."""
+
+
+def check_job_run_dir(run_dir: str | None) -> None:
+    """A Ray job runs in a temporary copy of its working directory, which Ray deletes: a run directory
+    there (the default `runs/...`, or any relative path) would vanish with the job, so it is refused."""
+    if RAY_JOB_ENV not in os.environ:
+        return
+    here = Path.cwd().resolve()
+    where = Path(run_dir).expanduser().resolve() if run_dir else None
+    if where is None or where == here or here in where.parents:
+        named = f"--run-dir {run_dir} is" if run_dir else "the default run directory (runs/ here) is"
+        raise ConfigError(f"running as a Ray job, {named} inside the job's temporary working directory ({here}), which "
+                          "Ray deletes: give --run-dir an absolute path on a disk the head node keeps "
+                          "(e.g. --run-dir /home/ray/runs/NAME, or a shared file system)")
 
 
 def absolute_paths(config: RunConfig) -> RunConfig:

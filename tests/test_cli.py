@@ -182,3 +182,21 @@ def test_a_missing_tracker_gives_install_advice_that_keeps_its_extra(monkeypatch
     done = ksearch("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--track", "wandb", "--no-ray")
     assert done.returncode == 2, done.stderr
     assert "pip install '.[wandb]'" in done.stderr, done.stderr  # this test runs from a checkout
+
+
+def test_a_ray_job_without_a_durable_run_dir_is_refused_in_one_line(tmp_path):
+    """`ray job submit` runs the entrypoint in a temporary copy of its working directory (and sets
+    RAY_JOB_CONFIG_JSON_ENV_VAR there): a run directory inside it would vanish with the job."""
+    job = {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"}
+    base = ["run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--no-ray", "--rounds", "1"]
+    for extra in ([], ["--run-dir", "runs/mine"]):
+        done = cli(tmp_path, *base, *extra, env=job)
+        assert done.returncode == 2, done.stderr
+        assert "running as a Ray job" in done.stderr and "--run-dir" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "runs").exists()
+    # An absolute directory outside the job's copy passes this check (and then meets the next one).
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-file"
+    elsewhere.write_text("not a directory")
+    done = cli(tmp_path, *base, "--run-dir", str(elsewhere), env=job)
+    assert done.returncode == 2 and "exists and is not a directory" in done.stderr, done.stderr

@@ -100,6 +100,15 @@ def history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
 # ------------------------------------------------------------------------------------------------ MLflow
 
 
+README_READBACK = """
+from mlflow import MlflowClient
+client = MlflowClient(tracking_uri="sqlite:///RUN_DIR/mlflow.db")
+run = client.search_runs([client.get_experiment_by_name("ksearch-ray").experiment_id])[0]
+print(run.info.status, run.data.metrics["best_speedup"])
+"""
+"""The README's read-back of a run tracked in MLflow, verbatim but for RUN_DIR."""
+
+
 def test_mlflow_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resume_goes_on_in_the_same_run(
         tmp_path, capfd, monkeypatch):
     needs("mlflow")
@@ -108,7 +117,13 @@ def test_mlflow_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resume_goes
     first, lines = session(root, ["k1", "broken"], 2, ["mlflow"], capfd)
     assert any("tracking in mlflow: run_id " in line for line in lines), lines
     state = json.loads((root / "tracking.json").read_text())["mlflow"]
-    assert state["tracking_uri"] == f"file:{root / 'mlruns'}"
+    assert state["tracking_uri"] == f"sqlite:///{root / 'mlflow.db'}"
+    # Read back as the README says, in a fresh process that sets nothing for MLflow.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    readback = subprocess.run([sys.executable, "-c", README_READBACK.replace("RUN_DIR", str(root))], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert readback.returncode == 0, readback.stderr
+    assert readback.stdout.split() == ["FINISHED", "1.25"], readback.stdout
 
     from mlflow.tracking import MlflowClient
 

@@ -1,8 +1,9 @@
 """MLflow as a tracker: one MLflow run per ksearch run, through `MlflowClient` (no global active run,
 so several searches in one process each keep their own).
 
-Where: `MLFLOW_TRACKING_URI` when set, else a file store in the run directory (`<run_dir>/mlruns`,
-read with `mlflow ui --backend-store-uri file:<run_dir>/mlruns`); the experiment is
+Where: `MLFLOW_TRACKING_URI` when set, else MLflow's SQLite store in the run directory
+(`sqlite:///<run_dir>/mlflow.db`, artifacts in `<run_dir>/mlartifacts`; MLflow 3 keeps its file store in
+maintenance mode, behind MLFLOW_ALLOW_FILE_STORE, so a new run does not use it); the experiment is
 `MLFLOW_EXPERIMENT_NAME` or `ksearch-ray`. A resumed session sets the same run RUNNING again and
 logs on; metrics use the round as their step, so the curves of every session are one history.
 """
@@ -29,10 +30,11 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, config: RunConfig, root: Path, previous: dict[str, Any] | None):
-        self.uri = (previous or {}).get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") \
-            or f"file:{root / 'mlruns'}"
+        own = f"sqlite:///{root / 'mlflow.db'}"
+        self.uri = (previous or {}).get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or own
         if self.uri.startswith("file:") or "://" not in self.uri:
-            # MLflow 3 keeps the file store only on request; it is what works offline with mlflow-skinny.
+            # A run tracked before the SQLite default (or a user's explicit file store): MLflow 3 opens it
+            # only on request.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=self.uri)
         if previous and previous.get("run_id"):
@@ -41,7 +43,11 @@ class MlflowTracker:
         else:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
             experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            # In the run's own store the artifacts stay beside it (MLflow would put them under the
+            # current directory's ./mlartifacts); a user's tracking server keeps its own default.
+            artifacts = (root / "mlartifacts").as_uri() if self.uri == own else None
+            experiment_id = experiment.experiment_id if experiment else \
+                self.client.create_experiment(name, artifact_location=artifacts)
             run = self.client.create_run(experiment_id, run_name=root.name, tags={
                 "ksearch.task": config.task, "ksearch.method": config.search.method, "ksearch.run_dir": str(root)})
             self.run_id = run.info.run_id

@@ -585,3 +585,23 @@ def test_render_tree_indents_children_under_parents(tree: Tree) -> None:
     assert [line.split()[0] for line in lines] == ["root:", "n1", "n3", "n2"]
     indents = [len(line) - len(line.lstrip()) for line in lines]
     assert indents == [0, 2, 4, 2]
+
+
+def test_a_replaced_solution_leaves_one_measured_note_in_the_rendered_tree(tree: Tree) -> None:
+    from ksearch_ray.worldmodel.render import render_tree
+
+    t = applied(lease(tree, ["n3"], "cycle-1", now=0, ttl=60), attach("n3", "sol-b", 1.8))
+    t = applied(t, attach("n3", "sol-c", 2.4))  # a faster solution for the same action replaces it
+    assert [n.kind for n in t.nodes["n3"].notes].count(NoteKind.MEASURED) == 2  # the record keeps both
+    text = render_tree(t)
+    assert text.count("measured 2.00x") == 1 and "measured 1.50x" not in text, text
+
+
+def test_a_failure_digest_names_each_status_once() -> None:
+    from ksearch_ray.methods.evidence import failure_digest
+    from ksearch_ray.policies.contract import AttemptEvidence
+
+    evidence = [AttemptEvidence(round=3, kind="implement", status="COMPILE_ERROR", change="tiles",
+                                error="COMPILE_ERROR: ptxas error: too many resources\nline 2",
+                                speedup=None, over_parent=None)]
+    assert failure_digest(evidence) == "round 3 COMPILE_ERROR: ptxas error: too many resources"

@@ -56,6 +56,7 @@ def failure_digest(evidence: list[AttemptEvidence]) -> str:
         if e.status == "PASSED":
             continue
         first = e.error.strip().splitlines()[0] if e.error.strip() else ""
+        first = first.removeprefix(f"{e.status}:").strip()  # the evidence starts with its status already
         parts.append(f"round {e.round} {e.status}: {first[:160]}")
     text = "; ".join(parts)
     return text if len(text) <= DIGEST_CHARS else "..." + text[-(DIGEST_CHARS - 3):]

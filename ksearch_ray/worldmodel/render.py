@@ -398,7 +398,11 @@ def _node_block(tree: Tree, node: ActionNode, detail: Detail) -> list[str]:
 def _notes(node: ActionNode, n: int) -> list[str]:
     # The status lines already carry too-hard and split reasons; notes add the rest.
     skip = {NoteKind.TOO_HARD, NoteKind.SPLIT} if node.status in (NodeStatus.TOO_HARD, NodeStatus.SPLIT) else set()
-    return [note.text for note in node.notes if note.kind not in skip][-n:]
+    # A node whose solution was replaced holds one "predicted ..., measured ..." note per solution: the
+    # last one is about the solution it holds, the others would repeat stale figures.
+    last_measured = max((i for i, note in enumerate(node.notes) if note.kind is NoteKind.MEASURED), default=None)
+    return [note.text for i, note in enumerate(node.notes)
+            if note.kind not in skip and (note.kind is not NoteKind.MEASURED or i == last_measured)][-n:]
 
 
 def _root_line(root: RootNode) -> str:

@@ -359,7 +359,8 @@ def _follow(run_dir: Path) -> None:
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (finished or still running).")],
+    run_dir: Annotated[Path | None, typer.Argument(help="A run directory, finished or still running (default: the "
+                                                     "latest under ./runs).")] = None,
     out_file: Annotated[Path | None, typer.Option("--out", help="HTML file to write (default: RUN_DIR/report.html).")] = None,
 ) -> None:
     """Write one self-contained HTML file that tells the story of a run: open it anywhere, offline."""
@@ -367,6 +368,7 @@ def report(
     from ksearch_ray.report.tables import Run
     from ksearch_ray.store import RunDirError
 
+    run_dir = run_dir or _latest_run("report", "reporting on")
     target = out_file or run_dir / "report.html"
     if target.is_dir():
         fail(f"--out {target} is a directory; name the HTML file to write")
@@ -532,12 +534,12 @@ def _session():  # type: ignore[no-untyped-def]
     return session
 
 
-def _latest_run() -> Path:
+def _latest_run(command: str = "show", doing: str = "showing") -> Path:
     """The most recently started run under ./runs (what `ksearch run` makes by default)."""
     runs = sorted((p for p in Path("runs").glob("*/manifest.json")), key=lambda p: p.stat().st_mtime)
     if not runs:
-        fail("no run directory given, and ./runs holds none: name one (ksearch show RUN_DIR)")
-    err.print(f"showing the latest run: {runs[-1].parent}", highlight=False, markup=False, soft_wrap=True)
+        fail(f"no run directory given, and ./runs holds none: name one (ksearch {command} RUN_DIR)")
+    err.print(f"{doing} the latest run: {runs[-1].parent}", highlight=False, markup=False, soft_wrap=True)
     return runs[-1].parent
 
 

@@ -270,11 +270,15 @@ def test_a_model_run_starts_from_the_seed_says_so_and_shows_what_a_model_said_in
 
 def test_show_without_a_run_directory_shows_the_latest_and_a_config_typo_is_one_line_with_a_guess(home):
     assert cli(home, "show").returncode == 2  # no runs yet: one line that says so
+    assert cli(home, "report").returncode == 2
     first = cli(home, "run", *LOCAL, "--rounds", "1", "--confirm-repeats", "0", "--noise-repeats", "1")
     assert first.returncode == 0, first.stderr
     shown = cli(home, "show")
     assert shown.returncode == 0 and f"showing the latest run: runs/{_only_run(home).name}" in shown.stderr
     assert "finished (rounds)" in shown.stdout
+    reported = cli(home, "report")  # like show, the latest run when none is named
+    assert reported.returncode == 0 and f"reporting on the latest run: runs/{_only_run(home).name}" in reported.stderr
+    assert (_only_run(home) / "report.html").is_file()
     (home / "typo.yaml").write_text("search:\n  widht: 3\n")
     typo = cli(home, "run", "--config", "typo.yaml", *LOCAL)
     assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1

@@ -200,3 +200,12 @@ def test_a_ray_job_without_a_durable_run_dir_is_refused_in_one_line(tmp_path):
     elsewhere.write_text("not a directory")
     done = cli(tmp_path, *base, "--run-dir", str(elsewhere), env=job)
     assert done.returncode == 2 and "exists and is not a directory" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("body", ['[{"name": "x"}]', '"a string"', "3"])
+def test_a_solution_json_that_is_not_an_object_says_so_without_internal_names(tmp_path, body):
+    (tmp_path / "solution.json").write_text(body)
+    done = ksearch("eval", "--task", GQA, str(tmp_path / "solution.json"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "not a FlashInfer-Bench solution" in done.stderr and "_Fib" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -402,6 +402,10 @@ def solution_from_json(path: Path, task: TaskLike) -> Solution:
 
 def solution_from_dict(data: Mapping[str, Any], task: TaskLike, *, origin: str = "solution") -> Solution:
     """A FlashInfer-Bench solution as a Solution, read as the package reads it."""
+    if not isinstance(data, Mapping):
+        kind = "a list" if isinstance(data, list) else f"a JSON {type(data).__name__}"
+        raise TaskError(f"{origin}: is {kind}, not a FlashInfer-Bench solution (one JSON object with name, definition, "
+                        "spec and sources)")
     try:
         fib = _FibSolution.model_validate(data)
     except ValidationError as exc:

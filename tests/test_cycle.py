@@ -241,6 +241,22 @@ def test_unchanged_code_is_a_round_without_code_and_is_not_evaluated(tmp_path):
     assert state.evaluations == 0
 
 
+def test_code_identical_to_an_evaluated_candidate_is_recognised_and_not_evaluated_again(tmp_path):
+    same, other = kernel("ms=1.6"), kernel("ms=1.5")  # the second is faster: the third round improves it
+    replies = iter([same, other, same])  # the third reply goes back to the first one's sources
+
+    evaluators = FakeEvaluators(judge)
+    search = local_search(tmp_path, planner([insert("root", "tile")]),
+                          ScriptedPolicy(code=lambda request: CodeReply(solution=next(replies))), evaluators, rounds=3,
+                          stagnation_window=3)
+    state = run(search)
+    candidates = [e for e in search.store.read_events() if e.kind == "candidate"]
+    assert state.rounds_used == 3 and [c.solution_id for c in candidates[:2]] == [same.id, other.id]
+    assert candidates[2].solution_id is None and f"identical to solution {same.id}" in candidates[2].error
+    assert "PASSED" in candidates[2].error
+    assert [s.id for s in evaluators.evaluated].count(same.id) == 1
+
+
 def test_the_best_node_gets_an_open_continuation_when_the_planner_left_it_none(tmp_path):
     plans = planner([insert("root", "tile")], later=[])  # refine proposes nothing under the new best
     search = local_search(tmp_path, plans, coder("ms=1.5", "ms=1.4"), FakeEvaluators(judge), rounds=4,

@@ -421,6 +421,7 @@ def export(
                 fail("--task is needed to export a solution file")
             task = find_task(task_name, task_dirs(task_dir, dataset))
             solution = _resolve_candidate(str(source), task)
+        _fib_definition(task)
         payload = solution_to_json(solution, task, target_hardware=target_hardware or "H100")
     except TaskError as exc:
         fail(str(exc))
@@ -432,12 +433,25 @@ def export(
         print(text)
 
 
+def _fib_definition(task) -> None:  # type: ignore[no-untyped-def]
+    """The one rule of both exports: FlashInfer-Bench files are written for tasks that are
+    FlashInfer-Bench definitions (a bundle with its definition.json), never under a name the package
+    cannot resolve."""
+    from ksearch_ray.taskspec.flashinfer_format import bundle_definition
+
+    if not (task.root / "definition.json").is_file():
+        raise TaskError(f"task {task.name} is not a FlashInfer-Bench definition (its bundle has no definition.json), "
+                        "so it has no FlashInfer-Bench export; a run's best kernel is in RUN_DIR/best/")
+    bundle_definition(task.root)  # and a valid one
+
+
 def _export_traces(run_dir: Path, target: Path, task_name: str | None, target_hardware: str, extra: list[str]) -> None:
     from ksearch_ray.taskspec.flashinfer_traces import Environment, write_dataset
 
     manifest, evaluated = _run_evaluations(run_dir)
     root = manifest.get("task_root")  # the bundle the run used, where it is still there; else the task by name
     task = find_task(task_name or (root if root and (Path(root) / "task.json").is_file() else manifest["config"]["task"]), extra)
+    _fib_definition(task)
     hardware = next((ev.result.device_name for ev in evaluated if ev.result.device_name), "unknown")
     libs = {k: str(v) for k, v in (manifest.get("versions") or {}).items()}
     counts = write_dataset(target, [task], evaluated=[(task, ev) for ev in evaluated],

@@ -344,3 +344,47 @@ def test_what_the_package_writes_is_read_back(fib, tmp_path):
     fib.save_jsonl_file(fib.load_jsonl_file(fib.Trace, UPSTREAM / f"{GQA}.jsonl"), tmp_path / "ds" / "workloads" / f"{GQA}.jsonl")
     bundle = Task.load(load_dataset(tmp_path / "ds", cache_dir=tmp_path / "cache")[GQA])
     assert len(bundle.workloads("all", "cuda")) == 3 and bundle.solution("reference").author == "flashinfer-bench"
+
+
+def test_a_cpu_run_exports_a_dataset_that_holds_every_workload_its_traces_name_and_no_zero_measurements(fib, tmp_path):
+    """Traces of a run on the CPU path name the reduced `-cpu` workloads: the workloads file holds them
+    too; the baseline's own traces compare it with itself; a workload without a baseline timing gets
+    no reference figures rather than zeros."""
+    task = _task(GQA)
+    ref, seed = task.solution("reference"), task.solution("triton_seed")
+    cpu = task.workloads("feedback-cpu", "cpu")
+
+    def on_cpu(solution: Solution, ms: float, timed: int) -> EvalResult:
+        return _result(task, solution, Status.PASSED, [
+            WorkloadResult(workload=w.name, status=Status.PASSED, max_abs_error=1e-3, max_rel_error=2e-3,
+                           timing=_timing(ms) if i < timed else None) for i, w in enumerate(cpu)
+        ]).model_copy(update={"workload_set": "feedback-cpu", "device": "cpu"})
+
+    evaluated = [(task, Evaluated("baseline", ref, on_cpu(ref, 4.0, timed=1), 0.0)),
+                 (task, Evaluated("evaluation", seed, on_cpu(seed, 2.0, timed=len(cpu)), 1.0))]
+    write_dataset(tmp_path / "ds", [task], evaluated=evaluated, environment=ENV, target_hardware="CPU")
+    trace_set = fib.TraceSet.from_path(str(tmp_path / "ds"))
+    op = json.loads((TASKS / GQA / "definition.json").read_text())["op_type"]
+    workloads = {json.loads(line)["workload"]["uuid"]
+                 for line in (tmp_path / "ds" / "workloads" / op / f"{GQA}.jsonl").read_text().splitlines()}
+    traces = [json.loads(line) for line in (tmp_path / "ds" / "traces" / op / f"{GQA}.jsonl").read_text().splitlines()]
+    assert {t["workload"]["uuid"] for t in traces} <= workloads and {w.name for w in cpu} <= workloads
+    performance = [(t["solution"], t["evaluation"]["performance"]) for t in traces]
+    reference = [p for name, p in performance if name == export_name(ref, task)]
+    assert reference == [{"latency_ms": 4.0, "reference_latency_ms": 4.0, "speedup_factor": 1.0}]
+    candidate = [p for name, p in performance if name == export_name(seed, task)]
+    assert candidate[0] == {"latency_ms": 2.0, "reference_latency_ms": 4.0, "speedup_factor": 2.0}
+    assert all(p == {"latency_ms": 2.0} for p in candidate[1:]) and len(candidate) == len(cpu)
+    assert trace_set.definitions[GQA].name == GQA
+
+
+def test_one_rule_says_which_runs_export_a_task_that_is_not_a_flashinfer_bench_definition_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from ksearch_ray.cli import app
+
+    trimul = Task.load(TASKS.parent / "trimul")
+    done = CliRunner().invoke(app, ["export", str(trimul.root / "solutions" / "triton_seed"), "--task", "trimul",
+                                    "--out", str(tmp_path / "s.json")])
+    assert done.exit_code == 2 and "trimul is not a FlashInfer-Bench definition" in done.output, done.output
+    assert not (tmp_path / "s.json").exists()

@@ -79,17 +79,20 @@ def _evaluation(wr: WorkloadResult, result: EvalResult, reference_ms: float | No
         if wr.timing is None:
             return None
         latency = wr.timing.mean_ms
-        ref = reference_ms or 0.0
-        evaluation["performance"] = {"latency_ms": latency, "reference_latency_ms": ref,
-                                     "speedup_factor": ref / latency if ref and latency > 0 else 0.0}
+        performance: dict[str, float] = {"latency_ms": latency}
+        if reference_ms and latency > 0:  # no baseline timing for this workload: nothing to compare, no 0 written
+            performance |= {"reference_latency_ms": reference_ms, "speedup_factor": reference_ms / latency}
+        evaluation["performance"] = performance
     return evaluation
 
 
 def trace_records(task: Task, solution_name: str, result: EvalResult, *, baseline: EvalResult | None = None,
-                  environment: Environment, when: float) -> list[dict[str, Any]]:
+                  environment: Environment, when: float, is_reference: bool = False) -> list[dict[str, Any]]:
     """The FlashInfer-Bench trace lines of one evaluation (see the module's docstring for the rules)."""
     workloads = {w.name: w for w in task.workloads(result.workload_set, result.device)}
-    reference = {w.workload: w.timing.mean_ms for w in (baseline.workloads if baseline else []) if w.timing}
+    # The baseline's own traces compare it with itself: its reference latency is its latency (speedup 1).
+    reference = {w.workload: w.timing.mean_ms for w in (baseline or result).workloads if w.timing} \
+        if baseline is not None or is_reference else {}
     timestamp = datetime.fromtimestamp(when, UTC).isoformat()
     results = list(result.workloads)
     if not results and not result.passed:  # failed before any workload ran: the verdict holds for all
@@ -130,6 +133,7 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
     solutions, and the evaluations as traces (with the run's baseline as the reference latency).
     Returns how many of each were written. Refuses a directory that already holds a dataset."""
     out = Path(out)
+    evaluated = list(evaluated)
     if out.exists() and any(out.iterdir()):
         raise TaskError(f"{out} is not empty; give a new directory for the dataset")
     env = environment or Environment(hardware="unknown")
@@ -145,6 +149,11 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
         for set_name in task.definition.workload_sets:
             if not set_name.endswith("-cpu"):  # the reduced CPU sets are ksearch-ray's, not the definition's
                 for w in task.workloads(set_name, "cuda"):
+                    seen.setdefault(w.name, w)
+        # ... unless a trace names them (a run on the CPU): every workload a trace names is in the dataset.
+        for other, ev in evaluated:
+            if other.name == task.name:
+                for w in task.workloads(ev.result.workload_set, ev.result.device):
                     seen.setdefault(w.name, w)
         (out / "workloads" / op).mkdir(parents=True, exist_ok=True)
         (out / "workloads" / op / f"{task.name}.jsonl").write_text(_jsonl(workload_to_trace(task.name, w) for w in seen.values()))
@@ -167,13 +176,13 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
 
     for task, solution in solutions:
         put(task, solution)
-    evaluated = list(evaluated)
     baselines = {task.name: ev.result for task, ev in evaluated if ev.kind == "baseline"}
     traces: dict[str, list[dict[str, Any]]] = {}
     for task, ev in evaluated:
         name = put(task, ev.solution)
         base = None if ev.kind == "baseline" else baselines.get(task.name)
-        lines = trace_records(task, name, ev.result, baseline=base, environment=env, when=ev.time)
+        lines = trace_records(task, name, ev.result, baseline=base, environment=env, when=ev.time,
+                              is_reference=ev.kind == "baseline")
         traces.setdefault(task.name, []).extend(lines)
     for task_name, lines in traces.items():
         path = out / "traces" / op_types[task_name] / f"{task_name}.jsonl"

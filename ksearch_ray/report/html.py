@@ -8,6 +8,7 @@ every piece of text is escaped, and no data is ever placed inside the script.
 
 from __future__ import annotations
 
+import math
 import time
 from html import escape
 from pathlib import Path
@@ -271,18 +272,26 @@ def _workloads(run: Run) -> str:
         return _empty("The best solution's per-workload timings are not in the log.")
     clock = ("GPU latency (CUDA events)" if base.device == "cuda"
              else "host wall-clock in Triton's interpreter (CPU path), not GPU latency")
-    # Bars are scaled to the largest speedup shown (far below 1 on the CPU path, where they would be ticks).
-    best_max = float(frame["speedup"].drop_nulls().max() or 1.0)  # type: ignore[arg-type]
+    # Bars on a log scale whose full width is parity (1x) or the largest speedup shown, whichever is larger: a
+    # speedup far below 1 (the CPU path) is a short bar, never a full one, and still more than a tick.
+    ratios = [float(v) for v in frame["speedup"].drop_nulls() if v > 0]
+    top = max([1.0, *ratios])
+    floor = min([top, *ratios]) / 2
+
+    def bar_width(ratio: float) -> float:
+        return max(1.0, 100 * math.log(ratio / floor) / math.log(top / floor))
+
     rows = []
     for r in frame.iter_rows(named=True):
         ratio = r["speedup"]
-        bar = (f'<span class="bar" style="width:{max(1.0, 100 * ratio / best_max):.0f}%"></span>' if ratio else "")
+        bar = f'<span class="bar" style="width:{bar_width(ratio):.0f}%"></span>' if ratio else ""
         rows.append(
             f"<tr>{_cell(r['workload'], wrap=True)}{_cell(_ms(r['baseline_ms']), r['baseline_ms'])}{_cell(_ms(r['best_ms']), r['best_ms'])}"
             f"{_cell(format_speedup(ratio) if ratio else '', ratio)}<td class=\"barcell\">{bar}</td></tr>"
         )
     return (f"<p>Mean latency per workload, {h(clock)}; baseline <code>{h(base.solution_name)}</code>, measured on the "
-            f"same evaluator in the same session as the best.</p>"
+            f"same evaluator in the same session as the best. Bars: speedup on a log scale, full width "
+            f"{h(format_speedup(top))}{' (parity)' if top == 1.0 else ''}.</p>"
             f'<table class="sortable data"><thead><tr><th>workload</th><th>baseline ms</th><th>best ms</th><th>speedup</th>'
             f"<th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 

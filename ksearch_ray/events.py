@@ -22,6 +22,7 @@ Definitions that every reader shares, here and nowhere else:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -558,15 +559,17 @@ class RunView:
                 if (p := self.profiles.get((sid, best.gpu))) is not None and p.result.ok}
 
     def best_measurement(self) -> tuple[EvalResult, EvalResult | None] | None:
-        """The best's latest measurement and the baseline measured beside it (same evaluator, session)."""
+        """The measurement the best's speedup comes from (else its latest) and the baseline measured beside it
+        (same evaluator, session): what a report shows per workload agrees with the speedup it headlines."""
         best = self.best
         if best is None:
             return None
-        for row in reversed(self.rows):
-            if row.solution_id == best.solution_id and row.status == Status.PASSED.value:
-                base = self._baseline_beside(row)
-                return self.results_at[row.seq], base
-        return None
+        passed = [row for row in self.rows if row.solution_id == best.solution_id and row.status == Status.PASSED.value]
+        if not passed:
+            return None
+        row = next((r for r in reversed(passed) if r.speedup is not None and math.isclose(r.speedup, best.speedup)),
+                   passed[-1])
+        return self.results_at[row.seq], self._baseline_beside(row)
 
     def _baseline_beside(self, row: EvalRow) -> EvalResult | None:
         for other in reversed(self.rows):

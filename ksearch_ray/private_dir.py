@@ -30,8 +30,12 @@ class PrivateDirError(Exception):
 def cache_root() -> Path:
     """The project's per-user cache folder (not created here)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "ksearch-ray"
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "ksearch-ray"
+    try:
+        return Path.home() / ".cache" / "ksearch-ray"
+    except RuntimeError:  # no HOME and no password entry
+        raise PrivateDirError("no home directory for a cache: set XDG_CACHE_HOME to a folder of your own") from None
 
 
 def check_private(path: Path) -> None:
@@ -86,7 +90,10 @@ def private_dir(path: Path, *, base: Path | None = None) -> Path:
 def cache_dir(*parts: str) -> Path:
     """A private folder under the per-user cache root, made and checked at every level."""
     root = cache_root()
-    return private_dir(root.joinpath(*parts), base=root)
+    try:
+        return private_dir(root.joinpath(*parts), base=root)
+    except PrivateDirError as exc:
+        raise PrivateDirError(f"{exc} (the cache folder comes from XDG_CACHE_HOME, else ~/.cache)") from None
 
 
 # --- verified content ---------------------------------------------------------------------------

@@ -294,6 +294,27 @@ def test_a_bundle_planted_at_the_old_shared_tmp_path_is_never_used(tmp_path, pri
     assert json.loads(done.stdout)["result"]["status"] == "PASSED"  # the planted x*5 reference was not used
 
 
+@needs_root
+def test_a_sandbox_root_made_by_another_user_is_refused_in_one_line(tmp_path, private_tmp, monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    planted = private_tmp / f"ksearch-{os.getuid()}"  # the sandbox root's name under a shared /tmp
+    planted.mkdir(mode=0o755)
+    os.chown(planted, NOBODY, NOBODY)
+    done = ksearch(tmp_path, "eval", "--task", str(DATA / "toy"), "good", "--device", "cpu")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and "sandbox root refused" in done.stderr and f"uid {NOBODY}" in done.stderr
+
+
+def test_a_work_dir_others_can_write_is_refused_in_one_line(tmp_path):
+    loose = tmp_path / "work"
+    loose.mkdir()
+    loose.chmod(0o777)
+    done = ksearch(tmp_path, "eval", "--task", str(DATA / "toy"), "good", "--device", "cpu", "--work-dir", str(loose))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and "sandbox folder refused" in done.stderr, done.stderr
+    assert not (loose / "zygote.log").exists()
+
+
 def test_cache_folders_are_made_private_at_every_level(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     made = cache_dir("flashinfer")

@@ -3,7 +3,8 @@ flashinfer_traces.py, evaluations as traces).
 
 Reading. A FlashInfer-Bench dataset (definitions/<op_type>/<name>.json with workloads/<op_type>/<name>.jsonl,
 or any other layout, flat included) becomes one generated task bundle per definition, written to
-a cache directory keyed by the content it was made from:
+a private cache folder (private_dir.py: this user's alone, checked before use), named by a hash of
+the content it was made from and reused only while its files match the manifest written with it:
 
     task.json          from the definition (prose and tolerance from a bundled twin when one exists)
     definition.json    the definition, verbatim

@@ -27,7 +27,7 @@ from typing import Any
 
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.isolation import PROTECTIONS, Isolation
-from ksearch_ray.private_dir import PrivateDirError, private_dir
+from ksearch_ray.private_dir import PrivateDirError, check_private, private_dir
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE)
 _SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCLOUD_", "HF_", "HUGGING", "OPENAI", "ANTHROPIC",
@@ -117,6 +117,10 @@ class Sandbox:
         self.device = device
         self.work_root = Path(work_root).resolve()  # the worker chdirs into job dirs below it from elsewhere
         self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # the zygote loads its native stopwatch from here: nobody else may write it
+            check_private(self.work_root)
+        except PrivateDirError as exc:
+            raise SandboxError(f"sandbox folder refused: {exc}") from None
         self.startup_timeout = startup_timeout
         self.isolation = isolation
         self.report = IsolationReport()

@@ -14,20 +14,21 @@ from pathlib import Path
 
 import ray
 
-from ksearch_ray.evaluation.buildcache import BuildCache, BuildRecord, BuildTarget, default_scratch_dir
+from ksearch_ray.evaluation.buildcache import BuildCache, BuildRecord, BuildTarget
+from ksearch_ray.evaluation.buildcache import scratch_dir as node_scratch_dir
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.models import Solution
 
 _BUILDERS: dict[tuple[str, float, int], Builder] = {}
 
 
-def node_cache(scratch_dir: str | None) -> BuildCache:
+def node_cache(configured: str | None) -> BuildCache:
     """The build cache of the node this process runs on."""
-    return BuildCache(Path(scratch_dir or default_scratch_dir()) / "build-cache")
+    return BuildCache(node_scratch_dir(configured) / "build-cache")
 
 
-def _builder(scratch_dir: str | None, timeout_s: float, max_jobs: int) -> Builder:
-    root = str(Path(scratch_dir or default_scratch_dir()))
+def _builder(configured: str | None, timeout_s: float, max_jobs: int) -> Builder:
+    root = str(node_scratch_dir(configured))
     key = (root, timeout_s, max_jobs)
     if key not in _BUILDERS:
         _BUILDERS[key] = Builder(Path(root) / "builders" / str(os.getpid()), node_cache(root), timeout_s=timeout_s,

@@ -200,7 +200,8 @@ class ClusterConfig(_Section):
     scratch_dir: str | None = Field(
         default=None,
         description="Node-local working directory on every node (build cache, build sandboxes, remote evaluators' "
-        "sandboxes). Default: <system temp>/ksearch-ray-<uid>.",
+        "sandboxes); made 0700 and refused unless it is this user's alone. Default: $XDG_CACHE_HOME (or ~/.cache)"
+        "/ksearch-ray/scratch.",
     )
 
 

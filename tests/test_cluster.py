@@ -26,7 +26,7 @@ ROUNDS = 8
 
 
 def _scratch(tmpdir: Path) -> Path:
-    return tmpdir / f"ksearch-ray-{os.getuid()}"  # what buildcache.default_scratch_dir() gives on that node
+    return tmpdir / "ksearch-ray" / "scratch"  # what buildcache.default_scratch_dir() gives there (XDG_CACHE_HOME)
 
 
 def _sandboxes(node_tmp: Path) -> list[Path]:
@@ -43,9 +43,9 @@ def _cache_entries(node_tmp: Path) -> set[str]:
 
 
 def _node_env(node_tmp: Path) -> dict[str, str]:
-    # TMPDIR: the node-local scratch (build cache, builders); XDG_RUNTIME_DIR: where evaluators make
+    # XDG_CACHE_HOME: the node-local scratch (build cache, builders); XDG_RUNTIME_DIR: where evaluators make
     # their private sandboxes (else a per-user folder that all simulated nodes would share).
-    return {"TMPDIR": str(node_tmp), "XDG_RUNTIME_DIR": str(node_tmp)}
+    return {"TMPDIR": str(node_tmp), "XDG_CACHE_HOME": str(node_tmp), "XDG_RUNTIME_DIR": str(node_tmp)}
 
 
 @pytest.fixture

@@ -35,6 +35,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ksearch_ray.models import Solution, Status
+from ksearch_ray.private_dir import cache_dir as private_cache_dir
+from ksearch_ray.private_dir import private_dir
 
 # Bump when the layout or the meaning of a key changes: old entries are then never read.
 CACHE_FORMAT = 1
@@ -142,8 +144,7 @@ class BuildCache:
     """One node's directory of builds. Safe for many processes at once: entries appear atomically."""
 
     def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(Path(root))  # libraries from here are loaded: nobody else may write it
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -197,6 +198,13 @@ class BuildCache:
 
 
 def default_scratch_dir() -> Path:
-    """Node-local working space (sandboxes, build cache) when the config names none."""
-    return Path(tempfile.gettempdir()) / f"ksearch-ray-{os.getuid()}"
+    """Node-local working space (build cache, builders' sandboxes) when the config names none: the
+    user's private cache folder (private_dir.py), never a shared temporary directory."""
+    return private_cache_dir("scratch")
+
+
+def scratch_dir(configured: str | Path | None) -> Path:
+    """The scratch folder to use: the configured one (made 0700 where missing, and checked: this user's
+    alone), else the default. PrivateDirError, one line, when it is not private."""
+    return private_dir(Path(configured)) if configured else default_scratch_dir()
 

@@ -1,8 +1,8 @@
 """Staged evaluation of one candidate: build, correctness, timing; the first failure decides.
 
 The candidate runs in a sandboxed worker (ksearch_ray.evaluation.sandbox). This process, which never
-runs candidate code, regenerates every input from its seed, computes the reference (TF32 off) and
-judges the outputs the worker hands over (evaluation/judge.py, on a thread of its own, while the
+runs candidate code, regenerates every input from its seed, computes the reference (TF32 off; for a
+task from outside the package, a sandboxed worker does both: evaluation/reference.py) and judges the outputs the worker hands over (evaluation/judge.py, on a thread of its own, while the
 worker goes on); it also computes every statistic from the raw per-call times, which it reads from
 the worker's native stopwatch (not from the worker's messages), and checks them against its own
 wall clock and the task's physical floor (evaluation/timing.py). Each wait for the worker is
@@ -29,6 +29,7 @@ from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
 from ksearch_ray.evaluation.judge import Judge, reference_precision
 from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
+from ksearch_ray.evaluation.reference import SandboxedReference
 from ksearch_ray.evaluation.retime import RetimeResult, retime
 from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, default_work_root
 from ksearch_ray.evaluation.sandbox.handover import describe
@@ -129,7 +130,7 @@ class Evaluator:
         """How `profile` runs ncu; None: this evaluator profiles nothing."""
         self._profiler_found: ProfilerFound | None = None
         self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
-        self.judge = Judge(device, self.limits.reference_cache_mb * 2**20)
+        self.judge = Judge(device, self.limits.reference_cache_mb * 2**20, sandboxed=self._sandboxed_reference)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._progress: Callable[[str], None] = lambda _message: None
         if start:
@@ -191,6 +192,7 @@ class Evaluator:
             prepared_untimed=run.prepare is not None,
         )
         t0 = time.monotonic()
+        self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
         worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"))
@@ -320,6 +322,11 @@ class Evaluator:
                                  f"at least {lim.hang_floor:g} s)")
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _sandboxed_reference(self, task: Task) -> SandboxedReference:
+        """Where the references of a task from outside the package are computed: a worker of this sandbox."""
+        return SandboxedReference(self.sandbox, task, self.work_root, setup_s=self.limits.setup,
+                                  idle_s=self.limits.idle, device_handover=self.device_handover)
 
     def _is_baseline(self, task: Task, solution: Solution) -> bool:
         try:

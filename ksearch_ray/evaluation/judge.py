@@ -1,4 +1,9 @@
-"""The judge: references computed in the evaluator's process (once per input set), and comparisons.
+"""The judge: references (once per input set), and comparisons.
+
+A trusted task's references (a bundle that shipped with the package) are computed here, in the
+evaluator's process. Any other task's code is untrusted: its references come from a sandboxed worker
+(evaluation/reference.py, made by `sandboxed`), handed over like a candidate's outputs; the judge
+only compares them.
 
 It works on a thread of its own, so while the worker runs the next workload the judge computes
 the reference for the last one and compares (on a GPU, on a CUDA stream of its own: the hand-over
@@ -16,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
+from ksearch_ray.evaluation.reference import ReferenceFailure, SandboxedReference
 from ksearch_ray.taskspec.task import Task, Workload
 
 
@@ -45,9 +52,11 @@ def _nbytes(outputs: dict[str, Any]) -> int:
 
 
 class Judge:
-    def __init__(self, device: str, cache_bytes: int):
+    def __init__(self, device: str, cache_bytes: int, sandboxed: Callable[[Task], SandboxedReference] | None = None):
         self.device = device
         self.cache_bytes = cache_bytes
+        self._make_sandboxed = sandboxed
+        self._sandboxed: dict[Path, SandboxedReference] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ksearch-judge")
         self._cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._cached = 0
@@ -60,8 +69,17 @@ class Judge:
         """The verdict on `outputs`, computed on the judge's thread."""
         return self._pool.submit(self._judge, task, workload, seed, options, outputs)
 
+    def prepare(self, task: Task) -> None:
+        """Start `task`'s sandboxed reference worker now (on the judge's thread, beside the candidate's
+        start-up), if it is untrusted and has none yet."""
+        if not task.trusted:
+            self._pool.submit(self._reference_worker, task)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        for worker in self._sandboxed.values():
+            worker.close()
+        self._sandboxed.clear()
         with self._lock:
             self._cache.clear()
             self._cached = 0
@@ -96,10 +114,13 @@ class Judge:
                 self.hits += 1
                 return hit
         self.misses += 1
-        inputs = task.generate_inputs(workload, seed, self.device, options)
-        with reference_precision():
-            expected = task.reference(inputs)
-        del inputs
+        if task.trusted:
+            inputs = task.generate_inputs(workload, seed, self.device, options)
+            with reference_precision():
+                expected = task.reference(inputs)
+            del inputs
+        else:  # the task's code runs sandboxed; only its outputs come here
+            expected = self._reference_worker(task).compute(workload, seed, options)
         size = _nbytes(expected)
         if size <= self.cache_bytes:
             with self._lock:
@@ -109,3 +130,14 @@ class Judge:
                     _, old = self._cache.popitem(last=False)
                     self._cached -= _nbytes(old)
         return expected
+
+    def _reference_worker(self, task: Task) -> SandboxedReference:
+        """On the judge's thread: the sandboxed reference worker of an untrusted task, started on first use."""
+        worker = self._sandboxed.get(task.root)
+        if worker is None:
+            if self._make_sandboxed is None:
+                raise ReferenceFailure(f"task {task.name} is not one of the package's own and this judge has no "
+                                       "sandbox to compute its references in")
+            worker = self._sandboxed[task.root] = self._make_sandboxed(task)
+        worker.ensure_started()
+        return worker

@@ -3,7 +3,8 @@ flashinfer_traces.py, evaluations as traces).
 
 Reading. A FlashInfer-Bench dataset (definitions/<op_type>/<name>.json with workloads/<op_type>/<name>.jsonl,
 or any other layout, flat included) becomes one generated task bundle per definition, written to
-a cache directory keyed by the content it was made from:
+a private cache folder (private_dir.py: this user's alone, checked before use), named by a hash of
+the content it was made from and reused only while its files match the manifest written with it:
 
     task.json          from the definition (prose and tolerance from a bundled twin when one exists)
     definition.json    the definition, verbatim
@@ -30,6 +31,7 @@ reference and tags included; workload files are FlashInfer-Bench workload traces
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,6 +46,14 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field, ValidationError
 
 from ksearch_ray.models import Language, Solution
+from ksearch_ray.private_dir import (
+    PrivateDirError,
+    check_private,
+    manifest_matches,
+    private_dir,
+    write_manifest,
+)
+from ksearch_ray.private_dir import cache_dir as user_cache_dir
 from ksearch_ray.taskspec.spec import TaskDefinition, TaskError, Workload, bundled_tasks_dir
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,10 @@ _ADAPTER_TARGET = re.compile(
 FIB_LANGUAGES = ("python", "triton", "cpp", "cuda", "tilelang")  # the package's SupportedLanguages
 FIB_STATUSES = ("PASSED", "INCORRECT_SHAPE", "INCORRECT_NUMERICAL", "INCORRECT_DTYPE", "RUNTIME_ERROR",
                 "COMPILE_ERROR", "TIMEOUT")  # the package's EvaluationStatus
+
+
+class CacheRefused(TaskError):
+    """The cache of converted datasets (or a bundle in it) is not this user's alone: nothing there is used."""
 
 
 class TaskLike(Protocol):
@@ -287,11 +301,23 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
         raise TaskError(f"{name}: the definition has no reference and no bundled task has its name")
     lines = "\n".join(json.dumps(workload_to_trace(name, w)) for w in workloads) + "\n"
     definition_text = json.dumps(definition, indent=1)
-    target = cache_dir / f"{name}-{_digest(definition_text, lines, _tree_text(twin) if twin else '')}"
-    if (target / "task.json").is_file():
-        return target
+    key = _digest(definition_text, lines, _tree_text(twin) if twin else '')
+    target = cache_dir / f"{name}-{key}"
+    if target.exists() or target.is_symlink():
+        # Reused only when it is this user's alone and holds exactly what was written (the manifest);
+        # a folder someone else owns or can write is refused, a damaged one of ours is rebuilt.
+        try:
+            check_private(target)
+        except PrivateDirError as exc:
+            raise CacheRefused(f"cached bundle refused: {exc}") from None
+        if manifest_matches(target, key):
+            return target
+        log.warning("cached bundle %s does not match its manifest; rebuilding it", target)
+        doomed = Path(tempfile.mkdtemp(prefix=f".{name}-stale-", dir=cache_dir))
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(target, doomed / "bundle")
+        shutil.rmtree(doomed, ignore_errors=True)
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
     (staging / "definition.json").write_text(definition_text)
     (staging / "workloads").mkdir()
@@ -321,6 +347,8 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
         assert twin is not None
         shutil.copyfile(twin / "reference.py", staging / "reference.py")
     (staging / "task.json").write_text(json.dumps(task_json(definition, workload_sets=sets, twin=twin_spec), indent=2))
+    write_manifest(staging, key)
+    _readable_not_writable(staging)  # others may read (a sandboxed worker as `nobody`), none but us may write
     try:
         os.replace(staging, target)
     except OSError:
@@ -329,8 +357,15 @@ def build_bundle(definition: Mapping[str, Any], workloads: list[Workload], cache
     return target
 
 
+def _readable_not_writable(root: Path) -> None:
+    for p in [root, *root.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(0o755 if p.is_dir() else 0o644)
+
+
 def default_cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "ksearch-ray-flashinfer"
+    """Where converted datasets are kept: the user's private cache (private_dir.py), never a shared /tmp path."""
+    return user_cache_dir("flashinfer")
 
 
 def load_dataset(directory: str | Path, *, cache_dir: str | Path | None = None) -> dict[str, Path]:
@@ -353,7 +388,10 @@ def load_dataset(directory: str | Path, *, cache_dir: str | Path | None = None) 
             for w in found:
                 workloads.setdefault(name, {}).setdefault(w.name, w)
 
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    try:
+        cache = private_dir(Path(cache_dir)) if cache_dir is not None else default_cache_dir()
+    except PrivateDirError as exc:
+        raise CacheRefused(f"dataset cache refused: {exc}") from None
     bundles: dict[str, Path] = {}
     for name, definition in definitions.items():
         if name not in workloads:
@@ -361,6 +399,8 @@ def load_dataset(directory: str | Path, *, cache_dir: str | Path | None = None) 
             continue
         try:
             bundles[name] = build_bundle(definition, list(workloads[name].values()), cache)
+        except CacheRefused:
+            raise  # never skipped: someone else may hold the cache
         except TaskError as exc:
             log.warning("flashinfer dataset %s: %s; skipped", root, exc)
     return bundles

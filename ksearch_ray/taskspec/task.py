@@ -4,8 +4,9 @@ Layout of a bundle (see docs/architecture.md, "Task bundles"):
 
     task.json        definition: axes, inputs, outputs, constraints, prose, tolerance, score,
                      calling convention, named workload sets
-    reference.py     trusted code: generate_inputs(workload, seed, device, options), reference(inputs),
-                     and pack_data(inputs) for tasks with the gpumode calling convention
+    reference.py     generate_inputs(workload, seed, device, options), reference(inputs), and
+                     pack_data(inputs) for tasks with the gpumode calling convention: trusted code
+                     only in a bundle that shipped with the package (`Task.trusted`)
     workloads/*.jsonl
     solutions/<name>/solution.json + source files   (baseline and seed kernels)
 
@@ -64,6 +65,14 @@ class Task:
     def name(self) -> str:
         return self.definition.name
 
+    @cached_property
+    def trusted(self) -> bool:
+        """Whether the bundle shipped with the package (under `bundled_tasks_dir()`, links resolved):
+        only then may its reference.py run in a trusted process. Every other bundle (--task-dir,
+        KSEARCH_TASK_PATH, a path, a converted --dataset) brings code from outside: its reference and
+        input generator run sandboxed, like a candidate (evaluation/reference.py)."""
+        return self.root.resolve().is_relative_to(bundled_tasks_dir().resolve())
+
     @classmethod
     def load(cls, root: str | Path) -> Task:
         root = Path(root).resolve()
@@ -81,7 +90,7 @@ class Task:
             raise TaskError(f"{spec_file}: default_seed {seed!r} is not a solution under {root / 'solutions'}")
         return cls(root, definition)
 
-    # --- trusted reference code ---------------------------------------------------------
+    # --- reference code (trusted only where `trusted`) -------------------------------------
 
     @cached_property
     def module(self) -> ModuleType:

@@ -17,16 +17,17 @@ import os
 import re
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.isolation import PROTECTIONS, Isolation
+from ksearch_ray.private_dir import PrivateDirError, check_private, private_dir
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE)
 _SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCLOUD_", "HF_", "HUGGING", "OPENAI", "ANTHROPIC",
@@ -60,11 +61,11 @@ def default_work_root() -> Path:
         base = Path(runtime) / "ksearch"
     else:
         base = Path(tempfile.gettempdir()) / f"ksearch-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    info = base.lstat()
     # /tmp is shared: a folder of that name made by someone else (or a link) must not be used.
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise SandboxError(f"{base} is not a private folder of this user; remove it or set XDG_RUNTIME_DIR")
+    try:
+        private_dir(base)
+    except PrivateDirError as exc:
+        raise SandboxError(f"sandbox root refused: {exc} (or set XDG_RUNTIME_DIR)") from None
     return Path(tempfile.mkdtemp(prefix="sandbox-", dir=base))
 
 
@@ -116,6 +117,10 @@ class Sandbox:
         self.device = device
         self.work_root = Path(work_root).resolve()  # the worker chdirs into job dirs below it from elsewhere
         self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # the zygote loads its native stopwatch from here: nobody else may write it
+            check_private(self.work_root)
+        except PrivateDirError as exc:
+            raise SandboxError(f"sandbox folder refused: {exc}") from None
         self.startup_timeout = startup_timeout
         self.isolation = isolation
         self.report = IsolationReport()
@@ -123,6 +128,9 @@ class Sandbox:
         self.visible_gpu = self._current_gpu() if device == "cuda" else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctrl: socket.socket | None = None
+        # The control socket is request/reply: one exchange at a time (the judge's thread starts
+        # reference workers, sandbox/reference_worker.py, while this thread runs candidates).
+        self._lock = threading.RLock()
         self.zygote_starts = 0
 
     @staticmethod
@@ -186,18 +194,21 @@ class Sandbox:
 
     def ensure_started(self) -> IsolationReport:
         """Start the zygote now (it probes the host's isolation): warnings and refusals come at start."""
-        if not self.alive():
-            self._start_zygote()
+        with self._lock:
+            if not self.alive():
+                self._start_zygote()
         return self.report
 
     def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
-        assert self._ctrl is not None
-        self._ctrl.settimeout(10.0)
-        if fds:
-            socket.send_fds(self._ctrl, [json.dumps(message).encode()], fds)
-        else:
-            self._ctrl.send(json.dumps(message).encode())
-        data = self._ctrl.recv(65536)
+        with self._lock:
+            if self._ctrl is None:
+                raise ConnectionError("the zygote is gone")
+            self._ctrl.settimeout(10.0)
+            if fds:
+                socket.send_fds(self._ctrl, [json.dumps(message).encode()], fds)
+            else:
+                self._ctrl.send(json.dumps(message).encode())
+            data = self._ctrl.recv(65536)
         if not data:
             raise ConnectionError("zygote closed its control socket")
         return json.loads(data)
@@ -205,6 +216,10 @@ class Sandbox:
     # --- workers ----------------------------------------------------------------------------
 
     def start(self, job: dict[str, Any]) -> WorkerHandle:
+        with self._lock:
+            return self._start(job)
+
+    def _start(self, job: dict[str, Any]) -> WorkerHandle:
         for attempt in (1, 2):
             if not self.alive():
                 self._start_zygote()
@@ -251,6 +266,10 @@ class Sandbox:
         return worker.status
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._ctrl is not None:
             with contextlib.suppress(OSError):
                 self._ctrl.close()

@@ -343,11 +343,13 @@ def become_subreaper() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def kill_descendants(pid: int) -> int:
-    """Kill every process whose parent is `pid` (a subreaper), until none is left; returns how many."""
+def kill_descendants(pid: int, spare: Iterable[int] = ()) -> int:
+    """Kill every process whose parent is `pid` (a subreaper), but those in `spare` (workers still in
+    use), until none is left; returns how many."""
     killed = 0
+    keep = set(spare)
     for _ in range(50):
-        children = _children(pid)
+        children = [c for c in _children(pid) if c not in keep]
         if not children:
             return killed
         for child in children:

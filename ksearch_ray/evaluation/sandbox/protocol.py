@@ -20,6 +20,12 @@ report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
 
     profile:  evaluator -> ProfileJob (first frame) ; worker -> Ready ... Profiled     (sandbox/profiler.py)
 
+    reference (an untrusted task's references, sandbox/reference_worker.py):
+              evaluator -> ReferenceJob (first frame) ; worker -> Ready | Fail
+              per request: evaluator -> ReferenceCmd ; worker -> Output (handed over) | Fail
+                           evaluator -> Taken (device hand-overs)
+              evaluator -> StopCmd
+
 A hand-over (`Handover`) names tensors inside one buffer the worker passes as a file descriptor
 with the frame (sandbox/handover.py): a sealed memfd, or CUDA device memory exported by the
 driver.
@@ -105,6 +111,18 @@ class ProfileJob(_CandidateJob):
     ncu: str = Field(description="The ncu executable.")
     ncu_args: list[str] = Field(description="ncu's options (evaluation/ncu.py), before --log-file and the command.")
     log_name: str = Field(default="ncu.csv", pattern=r"^[A-Za-z0-9_.-]+$", description="ncu's log, in the job directory.")
+
+
+class ReferenceJob(_Message):
+    """A worker that computes references of a task from outside the package (Task.trusted is false):
+    the task's own input generator and reference, run sandboxed like a candidate, on request."""
+
+    type: Literal["reference"] = "reference"
+    workdir: str
+    triton_cache_dir: str
+    task_root: str
+    device: Literal["cuda", "cpu"]
+    device_handover: bool = True
 
 
 # --- hand-overs --------------------------------------------------------------------------------
@@ -260,7 +278,17 @@ class FinishCmd(_Message):
     type: Literal["finish"] = "finish"
 
 
-CommandMessage = Taken | TimeCmd | Go | RetimeCmd | StopCmd | PrepareCmd | RunCmd | OutputCmd | FinishCmd
+class ReferenceCmd(_Message):
+    """To a reference worker: the reference outputs of `workload` on the inputs of `seed`."""
+
+    type: Literal["reference_request"] = "reference_request"
+    workload: Workload
+    seed: int = Field(ge=0)
+    options: list[str] = Field(default_factory=list)
+
+
+CommandMessage = (Taken | TimeCmd | Go | RetimeCmd | StopCmd | PrepareCmd | RunCmd | OutputCmd | FinishCmd
+                  | ReferenceCmd)
 Command = Annotated[CommandMessage, Field(discriminator="type")]
 
 _REPORT: TypeAdapter[ReportMessage] = TypeAdapter(Report)

@@ -91,6 +91,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         from ksearch_ray.evaluation.sandbox.build import serve_build
 
         return serve_build(chan, job)
+    if job.get("type") == "reference":  # an untrusted task's references (evaluation/reference.py)
+        from ksearch_ray.evaluation.sandbox.reference_worker import serve_reference
+
+        return serve_reference(chan, job)
     if job.get("type") == "profile":  # one call under Nsight Compute (evaluation/profiling.py)
         from ksearch_ray.evaluation.sandbox.profiler import serve_profile
 

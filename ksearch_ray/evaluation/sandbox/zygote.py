@@ -260,6 +260,7 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
             jail = Jail(device, isolated=False)
     _reply(ctrl, {"ready": True, "pid": os.getpid(), "isolated": jail.isolated, "isolation_problem": problem,
                   "clock_problem": clock.problem})
+    live: set[int] = set()  # workers started and not yet waited for (a reference worker outlives candidates)
     while True:
         data, fds, _, _ = socket.recv_fds(ctrl, 65536, 4)
         if not data:
@@ -270,13 +271,15 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
             pid = jail.spawn(lambda: _prepare_job(ctrl, job_fd, clock_fd))  # noqa: B023  (runs before the loop goes on)
             os.close(job_fd)
             os.close(clock_fd)
+            live.add(pid)
             _reply(ctrl, {"pid": pid})
         elif msg["cmd"] == "wait":
             try:
                 _, status = os.waitpid(msg["pid"], 0)
             except ChildProcessError:
                 status = 255 << 8
-            iso.kill_descendants(os.getpid())  # orphans of a worker killed before its own clean-up
+            live.discard(msg["pid"])
+            iso.kill_descendants(os.getpid(), spare=live)  # orphans of a worker killed before its own clean-up
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
             _reply(ctrl, {"pid": msg["pid"], "code": code, "signal": sig})

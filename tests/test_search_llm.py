@@ -113,7 +113,9 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     assert len(candidates) == 9
     errors = [c.error for c in candidates if c.error]
     assert any("unparseable coder reply" in e for e in errors)  # the prose reply: a round, the model's answer
-    # The 429, the 500 and the malformed body were the provider's failures: in the ledger, asked again, no round.
+    # The malformed body was an answer that could not be read: a round without code, and no outage.
+    assert any("reply could not be read" in e for e in errors)
+    # The 429 and the 500 were the provider's failures: in the ledger, asked again, no round.
     assert not any("LLM call failed" in e for e in errors)
     failed = {e.call.error_kind for e in events if e.kind == "llm_call" and e.call.error}
     assert {"rate_limit", "server", "malformed_response"} <= failed

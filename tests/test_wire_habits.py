@@ -176,14 +176,22 @@ def quiet_standin():  # type: ignore[no-untyped-def]
 
 def test_a_search_against_a_server_that_ignores_stream_evaluates_candidates_and_remembers_it(
         quiet_standin: Any, tmp_path: Path) -> None:
+    from cli_runner import ksearch
+
     with WireHabitServer(quiet_standin.api_base, "ignores_stream") as server:
         done = ksearch_run(server.api_base, tmp_path / "run")
-    assert done.returncode == 0, done.stderr[-2000:]
-    view = RunView.of(RunStore.open(tmp_path / "run").read_events())
-    assert view.evaluations >= 1 and view.rounds_used == 3
-    assert sum(isinstance(e, NoStream) for e in view.events) == 1 and view.no_stream is not None
-    assert (done.stdout + done.stderr).count("does not stream") == 1
-    assert "the LLM provider is failing" not in done.stderr
+        assert done.returncode == 0, done.stderr[-2000:]
+        view = RunView.of(RunStore.open(tmp_path / "run").read_events())
+        assert view.evaluations >= 1 and view.rounds_used == 3
+        assert sum(isinstance(e, NoStream) for e in view.events) == 1 and view.no_stream is not None
+        assert (done.stdout + done.stderr).count("does not stream") == 1
+        assert "the LLM provider is failing" not in done.stderr
+        # A resumed run remembers it: not one streaming request, and nothing to learn again.
+        before = len(server.requests)
+        resumed = ksearch(REPO, "resume", str(tmp_path / "run"), "--rounds", "4", "--no-progress")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert len(server.requests) > before and not any(b.get("stream") for b in server.requests[before:])
+        assert "does not stream" not in resumed.stderr
 
 
 def test_a_search_whose_every_reply_is_unusable_ends_saying_so_with_its_own_exit_status(tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ def nothing_evaluated(view: RunView) -> str | None:
     if replies:
         plan = next((e.error for e in view.events if isinstance(e, PlanFailed)), "")
         why = f"; first reason: {clip(plan, 240)}" if plan else ""
-        return f"no candidate evaluated: {len(replies)} replies, none led to a coder call{why}"
+        return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {len(replies)} "
+                f"replies{why}")
     last = next((c.error for c in reversed(calls) if c.error), None)
     said = f" ({len(calls)} failed calls; the last: {clip(last, 200)})" if last else ""
     return f"no candidate evaluated: the LLM provider never answered{said}"

@@ -95,6 +95,9 @@ REFUSABLE_PARAMS = ("temperature", "max_tokens", "reasoning_effort", "response_f
 """Parameters a model may refuse; each is dropped for that model and the call sent again."""
 _OVERLOADED = ("overloaded", "overload")
 """A provider's "overloaded", whatever status it came with (some send it as a 200 whose body is an error)."""
+_UNREADABLE = ("unable to get json response", "unterminated string", "expecting value", "expecting property name",
+               "expecting ',' delimiter", "jsondecodeerror", "invalid control character", "extra data")
+"""What litellm's message says when a 200's body did not parse as JSON (some providers' paths report it as a 500)."""
 FINISH_GRACE_S = 2.0
 """How long a stream is read after its finish reason, for the usage that follows it: a server that never sends
 `[DONE]` nor closes the connection would otherwise hold the call until its timeout."""
@@ -154,6 +157,10 @@ def classify_error(exc: BaseException, sent: set[str] | None = None) -> LLMError
         return LLMError("timeout", top, retryable=True, status_code=408)
     if isinstance(exc, errors.APIConnectionError | errors.MidStreamFallbackError | httpx.TransportError):
         return LLMError("connection", top, retryable=True)
+    if any(marker in text for marker in _UNREADABLE):
+        # A body that did not parse: the provider answered, in a way that cannot be read. One failed call, not
+        # an outage (and not asked again: a server that answers so answers so again).
+        return LLMError("malformed_response", top, retryable=False, status_code=status)
     if any(marker in text for marker in _OVERLOADED) and not isinstance(exc, errors.ContextWindowExceededError):
         # An outage in words, whatever status it came with (a 200 whose body is an error object included).
         return LLMError("server", top, retryable=True, status_code=status, retry_after_s=_retry_after_s(exc))
@@ -657,9 +664,10 @@ async def _read_stream(response: Any, received: _Answer, *, usage_wanted: bool) 
         if close is not None and received.finish_reason is not None:
             with contextlib.suppress(Exception):  # closing a stream we stopped reading; nothing to lose
                 await close()
-    if not received.said:
-        headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
-        body = str(headers.get("llm_provider-content-type") or "").split(";")[0].strip()
+    headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
+    body = str(headers.get("llm_provider-content-type") or "").split(";")[0].strip()
+    if not received.said and not ("event-stream" in body and received.finish_reason is not None):
+        # (A real event stream that finished empty is the model's empty answer, read as such.)
         shape = f"a plain {body} body" if body and "event-stream" not in body else f"{received.chunks} chunks"
         return (f"a streaming request was answered without any content ({shape}, finish reason "
                 f"{received.finish_reason})")

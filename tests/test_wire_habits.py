@@ -159,7 +159,7 @@ def ksearch_run(api_base: str, run_dir: Path, *extra: str) -> Any:
 
     return ksearch(REPO, "run", "--task", "toy_axpy", "--task-dir", str(REPO / "tests" / "data"), "--device", "cpu",
                    "--no-ray", "--no-progress", "--model", "hosted_vllm/standin", "--api-base", api_base,
-                   "--run-dir", str(run_dir), "--width", "1", "--rounds", "3", "--max-wall-s", "120",
+                   "--run-dir", str(run_dir), "--width", "1", "--rounds", "2", "--max-wall-s", "120",
                    "--outage-s", "20", "--noise-repeats", "1", "--confirm-repeats", "0", *extra)
 
 
@@ -182,13 +182,13 @@ def test_a_search_against_a_server_that_ignores_stream_evaluates_candidates_and_
         done = ksearch_run(server.api_base, tmp_path / "run")
         assert done.returncode == 0, done.stderr[-2000:]
         view = RunView.of(RunStore.open(tmp_path / "run").read_events())
-        assert view.evaluations >= 1 and view.rounds_used == 3
+        assert view.evaluations >= 1 and view.rounds_used == 2
         assert sum(isinstance(e, NoStream) for e in view.events) == 1 and view.no_stream is not None
         assert (done.stdout + done.stderr).count("does not stream") == 1
         assert "the LLM provider is failing" not in done.stderr
         # A resumed run remembers it: not one streaming request, and nothing to learn again.
         before = len(server.requests)
-        resumed = ksearch(REPO, "resume", str(tmp_path / "run"), "--rounds", "4", "--no-progress")
+        resumed = ksearch(REPO, "resume", str(tmp_path / "run"), "--rounds", "3", "--no-progress")
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert len(server.requests) > before and not any(b.get("stream") for b in server.requests[before:])
         assert "does not stream" not in resumed.stderr
@@ -198,7 +198,8 @@ def test_a_search_whose_every_reply_is_unusable_ends_saying_so_with_its_own_exit
     from fake_llm_server import Malformed
 
     with FakeLLMServer(always(Malformed())) as server:
-        done = ksearch_run(server.api_base, tmp_path / "run", "--from-solution", "triton_seed")
+        done = ksearch_run(server.api_base, tmp_path / "run", "--from-solution", "triton_seed", "--no-stream")
+        assert server.chat_requests and not any("stream" in r.body for r in server.chat_requests)  # --no-stream
     assert done.returncode == 4, (done.stdout[-1500:], done.stderr[-1500:])
     assert done.stdout.startswith("no candidate evaluated")  # the outcome's first line says why
     line = done.stdout.splitlines()[0]
@@ -207,4 +208,4 @@ def test_a_search_whose_every_reply_is_unusable_ends_saying_so_with_its_own_exit
     events = RunStore.open(tmp_path / "run").read_events()
     kinds = {e.call.error_kind for e in events if e.kind == "llm_call"}  # type: ignore[union-attr]
     assert kinds == {"malformed_response"}
-    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]["llm"]["stream"] is True
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]["llm"]["stream"] is False

@@ -578,7 +578,8 @@ class LiteLLMClient:
                 if not (stream and chunks and error.kind in ("connection", "malformed_response")):
                     raise error from exc
                 # The endpoint answered, then its stream broke: not an outage; asked again without streaming.
-                why = f"the stream broke mid-reply ({clip_line(str(error), 160)})"
+                why = (f"the stream ended before its finish reason ({chunks} chunks)" if "finish_reason" in str(error)
+                       else f"the stream broke mid-reply ({clip_line(str(error), 160)})")
             # A streamed reply without an answer: what it billed is counted, and the same request goes once more
             # without streaming.
             if received.said:

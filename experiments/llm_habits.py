@@ -11,7 +11,7 @@ starts once and every run attaches to (`--no-ray`: each run in its own process i
 `llm_habits.json`, and each run's stdout, stderr and run directory.
 
 On the H200 (the lead's call; ray, pydantic, litellm and tenacity on PYTHONPATH; nothing is installed):
-    python experiments/llm_habits.py --out "$OUT"       # TriMul, width 4, Ray, 8 habits, 30 s each: ~6 min
+    python experiments/llm_habits.py --out "$OUT"       # TriMul, width 4, Ray, 8 habits, 45 s each: ~8 min
 On the CPU (reduced workloads, Triton's interpreter):
     python experiments/llm_habits.py --device cpu --workloads smoke --rounds 3 --max-wall-s 240 --habits ignores_stream
     python experiments/llm_habits.py --task toy_axpy --task-dir tests/data --device cpu --width 2 --rounds 3 \
@@ -115,8 +115,8 @@ def main() -> int:
     parser.add_argument("--task-dir", default=None, help="A folder of tasks besides the bundled ones (tests/data: toy_axpy).")
     parser.add_argument("--width", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--max-wall-s", type=float, default=30.0, help="Each run's wall budget (its set-up included).")
-    parser.add_argument("--budget-s", type=float, default=540.0,
+    parser.add_argument("--max-wall-s", type=float, default=45.0, help="Each run's wall budget (its set-up included).")
+    parser.add_argument("--budget-s", type=float, default=480.0,
                         help="No habit is started after this many seconds from the start (the device call's limit).")
     parser.add_argument("--outage-s", type=float, default=30.0)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: ksearch's choice).")

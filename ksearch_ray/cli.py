@@ -198,6 +198,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("structured_output", "--structured-output", "llm.structured_output"),
     ("price_per_mtok", "--price-per-mtok", "llm.price_per_mtok"),
     ("outage_s", "--outage-s", "llm.outage_s"),
+    ("stream", "--stream/--no-stream", "llm.stream"),
     ("method", "--method", "search.method"),
     ("width", "--width", "search.width"),
     ("start", "--start", "search.start"),
@@ -559,11 +560,12 @@ def _latest_run(command: str = "show", doing: str = "showing") -> Path:
 
 def _run_search(go) -> None:  # type: ignore[no-untyped-def]
     """Run or resume; the outcome on stdout. Exit 0 finished, 2 a usage error, 3 stopped by an
-    error (resumable), 130 interrupted (resumable)."""
+    error (resumable), 4 ended without evaluating a candidate of its own (the first line says why),
+    130 interrupted (resumable)."""
     from ksearch_ray.config import ConfigError
     from ksearch_ray.evaluation.sandbox.client import SandboxError
     from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
-    from ksearch_ray.run.outcome import outcome_lines
+    from ksearch_ray.run.outcome import NOTHING_EVALUATED_EXIT, nothing_evaluated, outcome_lines
     from ksearch_ray.store import RunDirError
 
     try:
@@ -579,6 +581,8 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
         fail(str(exc))
     # Plain lines: paths and ids are never wrapped or cut.
     print("\n".join(outcome_lines(search.view, search.store.root, search.policy_name)))
+    if nothing_evaluated(search.view) is not None:
+        raise typer.Exit(NOTHING_EVALUATED_EXIT)
 
 
 def _price(text: str | None) -> tuple[float, float] | None:

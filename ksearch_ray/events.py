@@ -193,6 +193,15 @@ class Outage(_Event):
     waited_s: float = Field(default=0.0, description="How long it lasted (ended, gave_up).")
 
 
+class NoStream(_Event):
+    """The endpoint answered a streaming request without a usable stream (a plain JSON body, no content delta, a
+    stream that ended or broke before its finish) and the same request, unstreamed, was answered: the run streams
+    to it no more, a resumed run included (`llm.stream` off)."""
+
+    kind: Literal["no_stream"] = "no_stream"
+    reason: str = Field(description="What the first streamed reply without an answer looked like.")
+
+
 # --- cycles, candidates, evaluations ------------------------------------------------------------------
 
 
@@ -351,7 +360,7 @@ class Confirm(_Event):
 
 Event = Annotated[
     WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
-    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
+    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | NoStream | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
     | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm | ProfilerNote | Profile,
     Field(discriminator="kind"),
 ]
@@ -492,6 +501,8 @@ class RunView:
     """(solution id, GPU name) -> its profile (the last one, ok or not)."""
     run_ends: list[RunEnd] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
+    no_stream: str | None = None
+    """Why the endpoint is not streamed to (a `no_stream` event), for the rest of the run and every resume."""
     plan_rejections: list[tuple[int, str]] = field(default_factory=list)
     """(seq, line) for every planner op not applied (or only in part), as its batch's report said: what the
     planner is told in its next call."""
@@ -711,6 +722,8 @@ class RunView:
             self.stopped = e.reason
         elif isinstance(e, Outage):
             self.outages.append(e)
+        elif isinstance(e, NoStream):
+            self.no_stream = self.no_stream or e.reason
 
     def attempt(self, e: _Where) -> Attempt | None:
         """The attempt an event speaks of."""

@@ -317,6 +317,8 @@ def resume(run_dir: Path, *, progress: bool = True, budget: dict[str, Any] | Non
         manifest_config = dict(store.manifest().get("config") or {})
         manifest_config["budget"] = {**(manifest_config.get("budget") or {}), **view.budget, **change}
         config = validate_config(manifest_config, f"{store.root / 'manifest.json'}")
+        if view.no_stream is not None:  # the endpoint was found not to stream: it is not asked to again
+            config = config.with_settings({"llm.stream": False})
         check_trackers(config)
         check_model(config)
         check_price(config, reporter.line)

@@ -147,10 +147,11 @@ def test_slow_reply_times_out_after_the_timeout_not_the_sleep() -> None:
     assert error.call is not None and error.call.attempts == 1
 
 
-def test_malformed_body_is_retried() -> None:
+def test_malformed_body_is_an_unusable_reply_not_retried() -> None:
+    # The provider answered, in a way that cannot be read: one failed call, not an outage to wait out.
     with FakeLLMServer([Malformed(), Completion("fine")]) as server:
-        reply = complete(LiteLLMClient(config_for(server)))
-    assert reply.text == "fine" and reply.call.attempts == 2
+        error = complete_error(LiteLLMClient(config_for(server, stream=False)))
+    assert error.kind == "malformed_response" and not error.retryable and len(server.chat_requests) == 1
 
 
 def test_refused_connection_is_retryable() -> None:
@@ -549,12 +550,13 @@ def test_a_reply_that_is_only_a_tool_call_is_read_from_its_arguments(stream: boo
     assert extract_code(reply.text, "python") == {"kernel.py": "def run(x):\n    return x\n"}
 
 
-def test_a_stream_cut_part_way_is_retried_and_what_it_delivered_is_billed() -> None:
+def test_a_stream_cut_part_way_is_asked_again_unstreamed_and_what_it_delivered_is_billed() -> None:
     script = [Completion("a long reply that never ends", cut_after_chunks=3), Completion("ok", prompt_tokens=4,
                                                                                        completion_tokens=1)]
     with FakeLLMServer(script) as server:
         reply = complete(LiteLLMClient(config_for(server)))
     assert reply.text == "ok" and reply.call.attempts == 2 and len(server.chat_requests) == 2
+    assert "stream" not in server.chat_requests[1].body and reply.call.stream_fallback is not None
     # The cut attempt's prompt and the characters it delivered are estimated into the same record.
     assert reply.call.tokens_estimated and reply.call.prompt_tokens > 4 and reply.call.completion_tokens > 1
 

@@ -105,6 +105,7 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     assert "(PolicyActor pid=" not in output.out + output.err and "\x1b[" not in output.err
     assert "Traceback" not in output.err
     assert any(line.count("the LLM provider is failing (rate_limit") == 1 for line in output.err.splitlines())
+    assert output.err.count("the LLM endpoint does not stream") == 1
     events = RunStore(run_dir).read_events()
     evaluations = [e for e in events if e.kind == "evaluation"]
     statuses = {Status(e.result.status) for e in evaluations}
@@ -113,10 +114,14 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     assert len(candidates) == 9
     errors = [c.error for c in candidates if c.error]
     assert any("unparseable coder reply" in e for e in errors)  # the prose reply: a round, the model's answer
-    # The 429, the 500 and the malformed body were the provider's failures: in the ledger, asked again, no round.
+    # The 429 and the 500 were the provider's failures: in the ledger, asked again, no round.
     assert not any("LLM call failed" in e for e in errors)
     failed = {e.call.error_kind for e in events if e.kind == "llm_call" and e.call.error}
-    assert {"rate_limit", "server", "malformed_response"} <= failed
+    assert {"rate_limit", "server"} <= failed
+    # The body that did not parse came to a streaming request: read as a server that does not stream, asked
+    # again unstreamed at once (no round, no outage), and said once.
+    assert [e.kind for e in events].count("no_stream") == 1
+    assert any(e.call.stream_fallback for e in events if e.kind == "llm_call" and e.call.error is None)
     # Each candidate's round number is counted once.
     assert sorted(c.round for c in candidates) == list(range(1, 10))
 

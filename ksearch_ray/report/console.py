@@ -25,6 +25,7 @@ from ksearch_ray.events import (
     Confirm,
     Evaluation,
     Event,
+    NoStream,
     Outage,
     Profile,
     Resume,
@@ -336,6 +337,8 @@ def event_line(ev: Event, elapsed_s: float) -> str | None:
         if ev.state == "ended":
             return f"{at} the LLM provider answers again after {duration(ev.waited_s)} ({ev.failed_calls} failed calls)"
         return f"{at} the LLM provider kept failing for {duration(ev.waited_s)}: the session stops (resumable)"
+    if isinstance(ev, NoStream):
+        return f"{at} the LLM endpoint does not stream ({clip(ev.reason, 120)}): asked without streaming from now on"
     if isinstance(ev, Resume):
         return f"{at} resumed"
     if isinstance(ev, Stopped):

@@ -49,6 +49,7 @@ from ksearch_ray.events import (
     Event,
     IsolationWarning,
     LlmCallEvent,
+    NoStream,
     Outage,
     PlanEmpty,
     PlanFailed,
@@ -250,7 +251,11 @@ class Search:
             reply = await self._ask_backend(role, kind, request)
             for call in reply.calls:
                 self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
-                if call.error is None and call.attempts > 1:  # the retries' details are in the run's logs
+                if call.stream_fallback and call.error is None and self.view.no_stream is None:
+                    self.record(NoStream(reason=call.stream_fallback))
+                    self.on_line(f"the LLM endpoint does not stream ({clip(call.stream_fallback, 160)}): asking "
+                                 "without streaming from now on")
+                if call.error is None and call.attempts > 1 and not call.stream_fallback:  # details: the run's logs
                     self.on_line(f"{role} {call.kind}: answered after {call.attempts} attempts")
             failed: LLMCall | None = reply.failed_call
             what = error_class(failed.error_kind) if failed is not None else None
@@ -260,6 +265,12 @@ class Search:
                 self._rejected_in_a_row = 0
                 return reply
             assert failed is not None
+            if what == "unusable":
+                # The endpoint answered, in a way that cannot be read: one failed call (a round without code, for
+                # the coder), never an outage.
+                self.on_line(f"the LLM endpoint answers, but the {role}'s {kind} reply could not be read "
+                             f"({clip(failed.error or '', 160)})")
+                return reply
             if what == "fatal":
                 # A rejected key, an unknown model: every further call would fail the same way, so stop
                 # now instead of spending the budget on failures.
@@ -313,8 +324,8 @@ class Search:
             self.outage_since = now
             self._outage_failures = 0
             self.record(Outage(state="began", error=self._outage_error))
-            self.on_line(f"the LLM provider is failing ({self._outage_error[:160]}): waiting and asking again, "
-                         f"for up to {llm.outage_s:g} s; no round is spent on it")
+            self.on_line(f"the LLM provider is failing ({self._outage_error[:160]}): the endpoint is down or "
+                         f"overloaded; waiting and asking again, for up to {llm.outage_s:g} s; no round is spent on it")
         self._outage_failures += 1
         lasted = now - self.outage_since
         if lasted >= llm.outage_s:

@@ -4,13 +4,46 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ksearch_ray.events import RunView
+from ksearch_ray.events import PlanFailed, RunView
 from ksearch_ray.measure import format_noise, with_noise
+from ksearch_ray.policies.llm.types import error_class
+from ksearch_ray.text import clip
+
+NOTHING_EVALUATED_EXIT = 4
+"""`ksearch run` / `resume`'s exit status when the run ended without evaluating a candidate of its own."""
+
+
+def nothing_evaluated(view: RunView) -> str | None:
+    """One line saying why a run that ended evaluated no candidate of its own; None when it evaluated one (a run
+    its budget stopped after real work is a success) or has not ended."""
+    if view.finished is None or view.evaluations or view.tune_evaluations:
+        return None
+    calls = [e.call for e in view.llm_calls]
+    replies = [c for c in calls if c.error is None or error_class(c.error_kind) == "unusable"]
+    candidates = [view.candidates[r] for r in sorted(view.candidates)]
+    with_code = [c for c in candidates if c.solution_id]
+    if with_code:
+        return (f"no candidate evaluated: {len(candidates)} coder replies, {len(with_code)} with code, none evaluated "
+                f"before the run ended ({view.finished})")
+    if candidates:
+        first = next((c.error for c in candidates if c.error), "no code came back")
+        return f"no candidate evaluated: {len(candidates)} replies, none had usable code; first reason: {clip(first, 240)}"
+    if replies:
+        plan = next((e.error for e in view.events if isinstance(e, PlanFailed)), "")
+        why = f"; first reason: {clip(plan, 240)}" if plan else ""
+        return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {len(replies)} "
+                f"replies{why}")
+    last = next((c.error for c in reversed(calls) if c.error), None)
+    said = f" ({len(calls)} failed calls; the last: {clip(last, 200)})" if last else ""
+    return f"no candidate evaluated: the LLM provider never answered{said}"
 
 
 def outcome_lines(view: RunView, run_dir: Path, policy: str = "") -> list[str]:
     by = f"; planner and coder: {policy}" if policy else ""
-    lines = [f"finished ({view.finished}): {view.rounds_used} rounds, {view.evaluations} evaluations{by}"]
+    counts = f"{view.rounds_used} rounds, {view.evaluations} evaluations{by}"
+    nothing = nothing_evaluated(view)
+    # A run that evaluated nothing does not say "finished": it says why, first.
+    lines = [nothing, f"ended ({view.finished}): {counts}"] if nothing else [f"finished ({view.finished}): {counts}"]
     seed = view.seed
     gpus = sorted(view.best_by_gpu) or [""]
     for gpu in gpus:

@@ -8,18 +8,24 @@ client, which is built inside the actor that uses it.
 Retries follow tenacity's policy (exponential backoff with jitter, a server's Retry-After
 honoured up to the cap), with litellm's and the OpenAI SDK's own retries off so that every HTTP
 request is counted once, in `LLMCall.attempts`. Failures are classified by litellm's exception
-types (`classify_error`): the provider's passing troubles (retried), errors that never clear (the
-run stops), and refusals of one request. A parameter the model refuses is dropped for that model
-and the request sent again. Replies stream by default (a proxy that cuts idle connections cannot
-cut a long reasoning call), and are read where the model put them: the content, else a tool call's
-arguments, else the reasoning. Every token billed is in the call's record, a cut stream's
-included (estimated). The call interface lives in `llm.types` and the response cache in
+types (`classify_error`): the provider unreachable (retried: a refused or cut connection, a timeout,
+a 5xx, a 429, an "overloaded"), a reply that arrived and cannot be read (one failed call, never an
+outage), errors that never clear (the run stops), and refusals of one request. A parameter the model
+refuses is dropped for that model and the request sent again. Replies stream by default (a proxy
+that cuts idle connections cannot cut a long reasoning call), and are read where the model put them:
+the content (with a tool call's arguments, when it sent one), else the reasoning. A streamed reply
+without an answer (a server that ignores `stream` and sends one JSON body, which litellm reads as an
+empty stream; a stream that ends or breaks before its finish) is asked again once without
+streaming, and when that answers the client streams no more (`stream_off`). A stream that never
+sends `[DONE]` is read up to its finish and usage. Every token billed is in the call's record, a cut
+stream's included (estimated). The call interface lives in `llm.types` and the response cache in
 `llm.store`; every public name of those is importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,6 +48,7 @@ from ksearch_ray.policies.llm.types import (
     LLMReply,
     Message,
 )
+from ksearch_ray.text import clip as clip_line
 
 __all__ = [
     "CachedReply",
@@ -83,9 +90,17 @@ _QUOTA = ("insufficient_quota", "exceeded your current quota", "quota exceeded",
           "out of credits", "payment required")
 _PARAM_REFUSED = ("unsupported", "not supported", "does not support", "unrecognized", "unknown parameter",
                   "unknown field", "invalid parameter", "extra inputs are not permitted", "not permitted",
-                  "is not allowed", "only the default")
+                  "is not allowed", "only the default", "unexpected")
 REFUSABLE_PARAMS = ("temperature", "max_tokens", "reasoning_effort", "response_format", "stream_options", "stream")
 """Parameters a model may refuse; each is dropped for that model and the call sent again."""
+_OVERLOADED = ("overloaded", "overload")
+"""A provider's "overloaded", whatever status it came with (some send it as a 200 whose body is an error)."""
+_UNREADABLE = ("unable to get json response", "unterminated string", "expecting value", "expecting property name",
+               "expecting ',' delimiter", "jsondecodeerror", "invalid control character", "extra data")
+"""What litellm's message says when a 200's body did not parse as JSON (some providers' paths report it as a 500)."""
+FINISH_GRACE_S = 2.0
+"""How long a stream is read after its finish reason, for the usage that follows it: a server that never sends
+`[DONE]` nor closes the connection would otherwise hold the call until its timeout."""
 
 
 def _retry_after_s(exc: BaseException) -> float | None:
@@ -131,11 +146,24 @@ def classify_error(exc: BaseException, sent: set[str] | None = None) -> LLMError
     status = status if isinstance(status, int) else None
     if isinstance(exc, LLMError):
         return exc
+    import httpx
+
+    inner = getattr(exc, "original_exception", None)
+    if isinstance(exc, errors.MidStreamFallbackError) and isinstance(inner, Exception) and inner is not exc:
+        # What broke the stream says what it was: an error object in a 200 body, a cut connection.
+        return classify_error(inner, sent)
     # Timeouts first: litellm's Timeout is a subclass of its connection error.
-    if isinstance(exc, errors.Timeout | TimeoutError):
+    if isinstance(exc, errors.Timeout | TimeoutError | httpx.TimeoutException):
         return LLMError("timeout", top, retryable=True, status_code=408)
-    if isinstance(exc, errors.APIConnectionError | errors.MidStreamFallbackError):
+    if isinstance(exc, errors.APIConnectionError | errors.MidStreamFallbackError | httpx.TransportError):
         return LLMError("connection", top, retryable=True)
+    if any(marker in text for marker in _UNREADABLE):
+        # A body that did not parse: the provider answered, in a way that cannot be read. One failed call, not
+        # an outage (and not asked again: a server that answers so answers so again).
+        return LLMError("malformed_response", top, retryable=False, status_code=status)
+    if any(marker in text for marker in _OVERLOADED) and not isinstance(exc, errors.ContextWindowExceededError):
+        # An outage in words, whatever status it came with (a 200 whose body is an error object included).
+        return LLMError("server", top, retryable=True, status_code=status, retry_after_s=_retry_after_s(exc))
     if isinstance(exc, errors.ContextWindowExceededError):
         return LLMError("context_window", top, retryable=False, status_code=400)
     if isinstance(exc, errors.ContentPolicyViolationError):
@@ -167,8 +195,9 @@ def classify_error(exc: BaseException, sent: set[str] | None = None) -> LLMError
     if isinstance(exc, errors.APIError | errors.APIResponseValidationError | json.JSONDecodeError):
         if status is not None and status >= 500 or status in (408, 409):
             return LLMError("server", top, retryable=True, status_code=status, retry_after_s=_retry_after_s(exc))
-        # A 200 whose body does not parse, or a stream that broke: a proxy or server hiccup, worth another try.
-        return LLMError("malformed_response", top, retryable=True, status_code=status)
+        # A 200 whose body does not parse: the provider answered, in a way that cannot be read. One failed call,
+        # not an outage (and not asked again: a server that answers so answers so again).
+        return LLMError("malformed_response", top, retryable=False, status_code=status)
     # Raised without an HTTP exchange (bad parameters, unknown provider): retrying cannot help.
     return LLMError("client", top, retryable=False, status_code=status)
 
@@ -199,13 +228,22 @@ class _Answer:
     completion_tokens: int = 0
     estimated: bool = False
 
+    chunks: int = 0  # stream chunks received
+    usage_seen: bool = False  # a stream's usage chunk came
+
+    @property
+    def said(self) -> bool:
+        return bool(self.content.strip() or self.reasoning.strip() or any(a.strip() for a in self.tool_arguments))
+
     def text(self) -> tuple[str, Literal["content", "reasoning", "tool_call"]]:
-        """The reply to read: the content; else a tool call's arguments (a model that answers through a
-        tool); else the reasoning (a server that put the whole answer there and left content null)."""
+        """The reply to read: the content, with a tool call's arguments after it when the model sent one (a
+        model that answers through a tool nobody offered, often after a line of prose); else the reasoning (a
+        server that put the whole answer there and left content null)."""
+        if self.tool_arguments:
+            tools = "\n".join(tool_text(a) for a in self.tool_arguments)
+            return (f"{self.content.strip()}\n\n{tools}" if self.content.strip() else tools), "tool_call"
         if self.content.strip():
             return self.content, "content"
-        if self.tool_arguments:
-            return "\n".join(tool_text(a) for a in self.tool_arguments), "tool_call"
         if self.reasoning.strip():
             return self.reasoning, "reasoning"
         return self.content, "content"
@@ -225,7 +263,9 @@ def tool_text(arguments: str) -> str:
         for key in ("code", "source", "kernel", "solution", "content", "program"):
             if isinstance(value.get(key), str):
                 prose = value.get("explanation") or value.get("description") or ""
-                return f"{prose}\n\n```\n{value[key]}\n```".strip()
+                # A whole reply in one argument (prose and fenced blocks) is read as it is, not fenced again.
+                body = value[key] if "```" in value[key] or "~~~" in value[key] else f"```\n{value[key]}\n```"
+                return f"{prose}\n\n{body}".strip()
     return arguments if isinstance(value, dict | list) else str(value)
 
 
@@ -263,6 +303,10 @@ class LiteLLMClient:
         self._litellm: Any = None
         self.refused: set[str] = set()
         """Parameters this model refused: not sent again (a refused max_tokens goes as max_completion_tokens)."""
+        self.stream_off: str | None = None
+        """Why this endpoint is not streamed to (a streamed reply came without an answer and the same request,
+        not streamed, answered): set once, by the first such call; the run records it and a resumed run starts
+        with `llm.stream` off."""
         self._context: int | None | bool = False  # False: not looked up yet
 
     async def complete(self, kind: str, messages: list[Message], *, response_format: dict[str, Any] | None = None
@@ -306,6 +350,7 @@ class LiteLLMClient:
                     "cost_known": cost_known,
                     "dropped_params": sorted(ledger.dropped),
                     "streamed": ledger.streamed,
+                    "stream_fallback": ledger.stream_fallback,
                 }
             )
             raise
@@ -326,6 +371,7 @@ class LiteLLMClient:
                 "dropped_params": sorted(ledger.dropped),
                 "tokens_estimated": ledger.estimated or answer.estimated,
                 "streamed": ledger.streamed,
+                "stream_fallback": ledger.stream_fallback,
                 "reasoning_chars": len(answer.reasoning),
                 "answer_from": answer_from,
             }
@@ -390,9 +436,9 @@ class LiteLLMClient:
                                 ledger.dropped.add(error.param)
                                 continue
                             raise
-            return answer, sent
+            return answer, sent + ledger.extra_requests
         except LLMError as error:
-            error.attempts = sent
+            error.attempts = sent + ledger.extra_requests
             raise
 
     def _backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
@@ -492,7 +538,7 @@ class LiteLLMClient:
             kwargs["max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"] = cfg.max_tokens
         if response_format is not None and "response_format" not in self.refused:
             kwargs["response_format"] = response_format
-        if cfg.stream and "stream" not in self.refused:
+        if cfg.stream and "stream" not in self.refused and self.stream_off is None:
             kwargs["stream"] = True
             if "stream_options" not in self.refused:
                 kwargs["stream_options"] = {"include_usage": True}
@@ -514,27 +560,53 @@ class LiteLLMClient:
                     response = await litellm.acompletion(**kwargs)
                     if not stream:
                         return _unpack(response)
-                    async for chunk in response:
-                        _add_chunk(received, chunk)
-                    said = received.content or received.reasoning or received.tool_arguments
-                    if received.finish_reason is None or not (said or received.prompt_tokens):
-                        # The stream was cut, or the body was not a stream at all (litellm then makes up
-                        # an empty reply that "stopped").
-                        raise LLMError("malformed_response", f"the reply stream ended without an answer "
-                                       f"({len(received.content) + len(received.reasoning)} characters, finish "
-                                       f"reason {received.finish_reason})", retryable=True)
-                    if received.prompt_tokens == 0 and received.completion_tokens == 0:
-                        _estimate(received, messages)
-                    return received
+                    why = await _read_stream(response, received, usage_wanted="stream_options" in kwargs)
+                    if why is None:
+                        if received.prompt_tokens == 0 and received.completion_tokens == 0:
+                            _estimate(received, messages)
+                        return received
             except Exception as exc:  # the LLM boundary: every failure becomes a classified LLMError
                 error = classify_error(exc, sent)
                 if error.kind == "client":
                     log.warning("unexpected LLM client failure", exc_info=exc)
-                if received.content or received.reasoning or received.tool_arguments:
+                chunks = received.chunks
+                if received.said:
                     # A stream cut part way: the provider bills what it generated; count it, estimated.
                     _estimate(received, messages)
                     ledger.add(received)
-                raise error from exc
+                    received = _Answer()
+                if not (stream and chunks and error.kind in ("connection", "malformed_response")):
+                    raise error from exc
+                # The endpoint answered, then its stream broke: not an outage; asked again without streaming.
+                why = (f"the stream ended before its finish reason ({chunks} chunks)" if "finish_reason" in str(error)
+                       else f"the stream broke mid-reply ({clip_line(str(error), 160)})")
+            # A streamed reply without an answer: what it billed is counted, and the same request goes once more
+            # without streaming.
+            if received.said:
+                _estimate(received, messages)
+            ledger.add(received)
+            return await self._unstreamed(kwargs, ledger, why)
+
+    async def _unstreamed(self, kwargs: dict[str, Any], ledger: _Ledger, why: str) -> _Answer:
+        """The request of a streamed reply that had no answer, sent again without streaming; when that answers,
+        this endpoint is streamed to no more."""
+        litellm = self._litellm_module()
+        plain = {k: v for k, v in kwargs.items() if k not in ("stream", "stream_options")}
+        ledger.stream_fallback = why
+        ledger.extra_requests += 1
+        try:
+            async with asyncio.timeout(self.config.timeout_s * 1.1 + 1.0):
+                answer = _unpack(await litellm.acompletion(**plain))
+        except Exception as exc:  # the LLM boundary, as in _attempt
+            raise classify_error(exc, set(plain)) from exc
+        if not answer.said:
+            raise LLMError("malformed_response", f"{why}; asked again without streaming, the reply was empty too",
+                           retryable=False)
+        if self.stream_off is None:
+            log.warning("%s: %s; the same request without streaming answered: not streaming from now on",
+                        self.model, why)
+            self.stream_off = why
+        return answer
 
     def _cost(self, prompt_tokens: int, completion_tokens: int) -> tuple[float, bool]:
         if self.config.price_per_mtok is not None:
@@ -560,6 +632,8 @@ class _Ledger:
     estimated: bool = False
     streamed: bool = False
     dropped: set[str] = field(default_factory=set)
+    stream_fallback: str | None = None  # why the call was asked again without streaming
+    extra_requests: int = 0  # requests beyond the retry loop's count (the unstreamed one)
 
     def add(self, answer: _Answer) -> None:
         self.prompt_tokens += answer.prompt_tokens
@@ -567,9 +641,46 @@ class _Ledger:
         self.estimated = self.estimated or answer.estimated
 
 
+async def _read_stream(response: Any, received: _Answer, *, usage_wanted: bool) -> str | None:
+    """Read a streamed reply into `received`; None if it holds an answer, else why not. A stream is read up to
+    its finish reason and the usage after it (a short grace for that), not necessarily to `[DONE]`."""
+    chunks = response.__aiter__()
+    try:
+        while True:
+            try:
+                if received.finish_reason is None:
+                    chunk = await anext(chunks)
+                else:
+                    chunk = await asyncio.wait_for(anext(chunks), FINISH_GRACE_S)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:  # the grace after the finish ran out: the server keeps the stream open
+                break
+            received.chunks += 1
+            _add_chunk(received, chunk)
+            if received.finish_reason is not None and (received.usage_seen or not usage_wanted):
+                break
+    finally:
+        close = getattr(response, "aclose", None)
+        if close is not None and received.finish_reason is not None:
+            with contextlib.suppress(Exception):  # closing a stream we stopped reading; nothing to lose
+                await close()
+    headers = (getattr(response, "_hidden_params", None) or {}).get("additional_headers") or {}
+    body = str(headers.get("llm_provider-content-type") or "").split(";")[0].strip()
+    if not received.said and not ("event-stream" in body and received.finish_reason is not None):
+        # (A real event stream that finished empty is the model's empty answer, read as such.)
+        shape = f"a plain {body} body" if body and "event-stream" not in body else f"{received.chunks} chunks"
+        return (f"a streaming request was answered without any content ({shape}, finish reason "
+                f"{received.finish_reason})")
+    if received.finish_reason is None:
+        return f"the stream ended before its finish reason ({len(received.content) + len(received.reasoning)} characters)"
+    return None
+
+
 def _add_chunk(answer: _Answer, chunk: Any) -> None:
     usage = getattr(chunk, "usage", None)
     if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
+        answer.usage_seen = True
         answer.prompt_tokens = int(usage.prompt_tokens or 0)
         answer.completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
     for choice in getattr(chunk, "choices", None) or []:

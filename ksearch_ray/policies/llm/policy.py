@@ -35,6 +35,7 @@ from ksearch_ray.policies.llm.client import (
 )
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, read_plan
 from ksearch_ray.policies.llm.prompting import format_sources, render
+from ksearch_ray.policies.llm.types import error_class
 from ksearch_ray.policies.llm.views import (
     CHARS_PER_TOKEN,
     code_against,
@@ -158,7 +159,7 @@ class LLMPolicy:
                 if exc.kind == "context_window" and shrink < MAX_SHRINKS and budget > MIN_BUDGET_TOKENS:
                     budget = self._shrunk(budget, exc)
                     continue
-                return _Asked(None, calls, f"LLM call failed: {exc}", failed=exc.call)
+                return _Asked(None, calls, _failed(exc), failed=exc.call)
             calls += [*refused, reply.call]
             text = reply.text
             for _ in range(MAX_CONTINUATIONS):
@@ -169,7 +170,7 @@ class LLMPolicy:
                     reply, refused = await self._complete(f"{kind}_continue", follow, False)
                 except LLMError as exc:
                     calls += [exc.call] if exc.call else []
-                    return _Asked(None, calls, f"LLM call failed: {exc}", failed=exc.call)
+                    return _Asked(None, calls, _failed(exc), failed=exc.call)
                 calls += [*refused, reply.call]
                 text += reply.text
             return _Asked(text, calls, truncated=reply.call.finish_reason == "length")
@@ -355,6 +356,14 @@ class LLMPolicy:
                 fields[key] = cut_middle(value, max(floor, len(value) - excess))
                 messages = render(kind, prompts_dir=self.prompts_dir, **fields)
         return messages
+
+
+def _failed(exc: LLMError) -> str:
+    """What a failed call's reply says: a reply that arrived and could not be read is said apart from a call
+    that got none (a reader tells "the endpoint answers in a way we cannot read" from "the endpoint is down")."""
+    if error_class(exc.kind) == "unusable":
+        return f"the endpoint answered but its reply could not be read: {exc}"
+    return f"LLM call failed: {exc}"
 
 
 def _wants_structured(config: LLMConfig) -> bool:

@@ -20,28 +20,37 @@ __all__ = ["LLMConfig"]  # the run configuration's llm section
 Message = dict[str, Any]
 
 ErrorKind = Literal[
-    # the provider's reasons, which pass: the call is retried, and no round is spent on it
-    "rate_limit", "timeout", "connection", "server", "malformed_response",
+    # the provider unreachable or overloaded, which passes: the call is retried, and no round is spent on it
+    "rate_limit", "timeout", "connection", "server",
+    # a reply that arrived and cannot be used (a body that does not parse, a stream with no answer even when
+    # asked again without streaming): a failed call, never an outage
+    "malformed_response",
     # reasons that never clear: the run stops at once
     "auth", "not_found", "quota", "client",
     # this request refused: one failed call, the run goes on
     "bad_request", "content_policy", "context_window", "unsupported_param", "unsupported",
 ]
-TRANSIENT_ERROR_KINDS: frozenset[str] = frozenset({"rate_limit", "timeout", "connection", "server", "malformed_response"})
-"""Failures of the provider that pass (an outage, a rate limit, a slow or cut connection): the call is
-retried, within the outage allowance, and spends no round."""
+TRANSIENT_ERROR_KINDS: frozenset[str] = frozenset({"rate_limit", "timeout", "connection", "server"})
+"""The provider unreachable (a refused or cut connection, a timeout, a 5xx, a 429, an "overloaded"): an outage,
+which passes; the call is retried, within the outage allowance, and spends no round."""
+UNUSABLE_ERROR_KINDS: frozenset[str] = frozenset({"malformed_response"})
+"""The provider answered, in a way that cannot be read: the call failed (a round without code, for the coder),
+and the provider is not counted as down."""
 FATAL_ERROR_KINDS: frozenset[str] = frozenset({"auth", "not_found", "quota", "client"})
 """Failures no retry can fix (a rejected key, an unknown model, an exhausted quota, a request litellm
 cannot even send): a search stops on them, loudly, instead of burning its budget on failures."""
-ErrorClass = Literal["transient", "fatal", "rejected"]
+ErrorClass = Literal["transient", "fatal", "rejected", "unusable"]
 
 
 def error_class(kind: str | None) -> ErrorClass | None:
-    """transient (wait and retry), fatal (stop the run) or rejected (this request: one failed call)."""
+    """transient (wait and retry), fatal (stop the run), rejected (this request: asked again, then one failed
+    call) or unusable (a reply that cannot be read: one failed call at once)."""
     if kind is None:
         return None
     if kind in TRANSIENT_ERROR_KINDS:
         return "transient"
+    if kind in UNUSABLE_ERROR_KINDS:
+        return "unusable"
     if kind in FATAL_ERROR_KINDS:
         return "fatal"
     return "rejected"
@@ -77,6 +86,10 @@ class LLMCall(BaseModel):
     tokens_estimated: bool = Field(
         default=False, description="Some tokens are estimated (3 characters a token): a stream cut before its usage.")
     streamed: bool = False
+    stream_fallback: str | None = Field(
+        default=None, description="Why this call was asked again without streaming (a streamed reply without an "
+        "answer: a plain JSON body, no content delta, a stream that ended or broke before its finish); the client "
+        "streams no more from then on.")
     reasoning_chars: int = Field(default=0, description="Characters of reasoning the model returned beside its answer.")
     answer_from: Literal["content", "reasoning", "tool_call"] = Field(
         default="content", description="Where the reply's text was found: the content, the reasoning (content was "

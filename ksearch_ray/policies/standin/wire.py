@@ -1,0 +1,272 @@
+"""Servers with an HTTP habit: an OpenAI-compatible proxy on loopback that gets each answer from a real
+answer source (the stand-in, or any endpoint) and hands it back the way some servers do.
+
+It knows HTTP and the chat-completions wire format, nothing of the prompts: the answer source reads the
+prompts as a model would, and the proxy only changes how the answer travels. Each request goes upstream
+unstreamed; the reply comes back with one habit:
+
+- `ignores_stream`: one plain JSON body, whatever `stream` asks (some self-hosted servers and gateways);
+- `no_done`: an event stream that never sends `[DONE]` and keeps the connection open;
+- `error_200`: every other request gets an HTTP 200 whose body is an error object (an "overloaded");
+- `reasoning_only`: the answer only as `reasoning_content`; a stream of it then stops, without a finish;
+- `cut_stream`: a stream cut mid-reply (the connection drops inside a chunked body);
+- `rejects_stream_options`: a 400 for any request that carries `stream_options`;
+- `fences`: code blocks fenced as `py`, `triton` or with no language, in turn;
+- `tool_calls`: the answer as a tool call nobody asked for, after a line of prose.
+
+`python -m ksearch_ray.policies.standin.wire --upstream URL --habit NAME --port N` serves one habit;
+tests and `experiments/llm_habits.py` start them in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal, get_args
+
+Habit = Literal["ignores_stream", "no_done", "error_200", "reasoning_only", "cut_stream", "rejects_stream_options",
+                "fences", "tool_calls"]
+HABITS: tuple[str, ...] = get_args(Habit)
+OVERLOADED = {"error": {"message": "The model is overloaded. Please try again later.", "type": "overloaded_error",
+                        "code": "overloaded"}}
+STREAM_OPTIONS_REFUSAL = ("TypeError: create_chat_completion() got an unexpected keyword argument 'stream_options'")
+HOLD_S = 30.0
+"""How long a `no_done` stream is held open after its last chunk."""
+_PYTHON_FENCE = re.compile(r"^(\s*```)python[ \t]*$", re.MULTILINE | re.IGNORECASE)
+
+
+class WireHabitServer:
+    """`with WireHabitServer(upstream, "ignores_stream") as server:` serves on 127.0.0.1 until the block ends."""
+
+    def __init__(self, upstream: str, habit: str, *, port: int = 0, error_body: dict[str, Any] | None = None):
+        if habit not in HABITS:
+            raise ValueError(f"unknown habit {habit!r}: one of {', '.join(HABITS)}")
+        self.upstream = upstream.rstrip("/")
+        self.habit = habit
+        self.error_body = error_body or OVERLOADED
+        self.requests: list[dict[str, Any]] = []
+        self._count = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"wire-{habit}", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> WireHabitServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> WireHabitServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def ask_upstream(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, JSON body, headers worth passing on) of the same request, unstreamed, upstream."""
+        plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        request = urllib.request.Request(f"{self.upstream}/chat/completions", data=json.dumps(plain).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                return response.status, json.load(response), {}
+        except urllib.error.HTTPError as exc:
+            kept = {k: v for k, v in exc.headers.items() if k.lower() == "retry-after"}
+            try:
+                payload = json.loads(exc.read() or b"{}")
+            except json.JSONDecodeError:
+                payload = {"error": {"message": f"upstream said {exc.code}"}}
+            return exc.code, payload, kept
+
+
+def reshape(habit: str, completion: dict[str, Any], n: int) -> dict[str, Any]:
+    """The upstream's completion as this habit sends it (the n-th request: `fences` takes turns)."""
+    out = json.loads(json.dumps(completion))
+    message = out["choices"][0]["message"]
+    text = message.get("content") or ""
+    if habit == "fences":
+        tag = ("py", "triton", "")[(n - 1) % 3]
+        message["content"] = _PYTHON_FENCE.sub(lambda m: m.group(1) + tag, text)
+    elif habit == "reasoning_only":
+        message["content"] = None
+        message["reasoning_content"] = text
+    elif habit == "tool_calls":
+        message["content"] = "I will give the answer through a tool call."
+        message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                                  "function": {"name": "respond", "arguments": json.dumps({"content": text})}}]
+        out["choices"][0]["finish_reason"] = "tool_calls"
+    return out
+
+
+def chunks_of(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """A completion as stream chunks: content, reasoning and tool-call arguments in pieces, the finish, the usage."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    head = {"id": completion.get("id") or f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": completion.get("model", "")}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    for key in ("reasoning_content", "content"):
+        text = message.get(key) or ""
+        size = max(len(text) // 4, 1)
+        out += [chunk({key: text[i:i + size]}) for i in range(0, len(text), size)]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        arguments = call["function"]["arguments"]
+        out.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        size = max(len(arguments) // 3, 1)
+        out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[i:i + size]}}]})
+                for i in range(0, len(arguments), size)]
+    out.append(chunk({}, choice.get("finish_reason") or "stop"))
+    if usage and completion.get("usage"):
+        out.append(head | {"choices": [], "usage": completion["usage"]})
+    return out
+
+
+def _handler(server: WireHabitServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's signature)
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
+            try:
+                with urllib.request.urlopen(f"{server.upstream}/models", timeout=30) as response:
+                    self._json(response.status, json.load(response))
+            except (OSError, ValueError) as exc:
+                self._json(502, {"error": {"message": f"upstream: {exc}"}})
+
+        def do_POST(self) -> None:  # noqa: N802
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                self._json(400, {"error": {"message": "the request body is not JSON"}})
+                return
+            with server._lock:
+                n = next(server._count)
+                server.requests.append(body)
+            habit = server.habit
+            stream = bool(body.get("stream"))
+            if habit == "rejects_stream_options" and "stream_options" in body:
+                self._json(400, {"error": {"message": STREAM_OPTIONS_REFUSAL, "type": "BadRequestError", "code": 400}})
+                return
+            if habit == "error_200" and n % 2 == 1:
+                self._json(200, server.error_body)
+                return
+            status, completion, headers = server.ask_upstream(body)
+            if status != 200 or not completion.get("choices"):
+                self._json(status, completion, headers)
+                return
+            completion = reshape(habit, completion, n)
+            if not stream or habit == "ignores_stream":
+                self._json(200, completion)
+                return
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            chunks = chunks_of(completion, usage)
+            if habit == "no_done":
+                self._chunked(chunks, hold=True)
+            elif habit == "cut_stream":
+                self._chunked(chunks[: max(len(chunks) // 2, 2)], cut=True)
+            elif habit == "reasoning_only":
+                self._events([c for c in chunks if c["choices"] and not c["choices"][0]["finish_reason"]], done=False)
+            else:
+                self._events(chunks, done=True)
+
+        def _events(self, chunks: list[dict[str, Any]], *, done: bool) -> None:
+            """Server-sent events; the connection closes at the end (no length needed)."""
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if done:
+                    self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away; nothing to tell it
+
+        def _chunked(self, chunks: list[dict[str, Any]], *, hold: bool = False, cut: bool = False) -> None:
+            """Events in a chunked body: held open without `[DONE]` (hold), or dropped part way (cut)."""
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for chunk in chunks:
+                    data = f"data: {json.dumps(chunk)}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                if cut:
+                    self.connection.shutdown(socket.SHUT_RDWR)  # no last chunk: the body ends mid-reply
+                    return
+                if hold:
+                    server._closing.wait(HOLD_S)
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # the client went away; nothing to tell it
+
+        def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away; nothing to tell it
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="An OpenAI-compatible proxy with one HTTP habit.")
+    parser.add_argument("--upstream", required=True, help="The answer source's API base, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--habit", required=True, choices=HABITS)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    with WireHabitServer(args.upstream, args.habit, port=args.port) as server:
+        print(f"{args.habit}: {server.api_base} (answers from {args.upstream})", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,7 @@ from typing import Any
 
 from ksearch_ray.events import SCHEMA, Event, EventError, dump_event, parse_event
 from ksearch_ray.models import Solution
+from ksearch_ray.text import Redactor
 
 
 class RunDirError(Exception):
@@ -84,6 +85,8 @@ class RunStore:
         self._seq = 0
         self._fh: Any = None
         self._lock_fh: Any = None
+        self.redact = Redactor.from_environment()
+        """The event log's guard: no secret value of this process is written (the run adds its API key's name)."""
 
     # --- creation / opening -----------------------------------------------------------------
 
@@ -167,7 +170,7 @@ class RunStore:
         """Number, stamp and write one event; it is on disk (fsynced) when this returns."""
         self._seq += 1
         event.seq, event.t = self._seq, time.time()
-        self._fh.write(dump_event(event) + "\n")
+        self._fh.write(self.redact.json_safe(dump_event(event)) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         return event

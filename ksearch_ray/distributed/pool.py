@@ -127,7 +127,8 @@ class EvaluatorPool:
         gpus = 1 if self.device == "cuda" or self.config.evaluation.evaluator_gpus else 0
         return EvaluatorActor.options(
             num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
-        ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir)
+        ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir,
+                 secret_names=[self.config.llm.api_key_env])
         # (the sandbox is the actor's own, in a private folder of its node, outside the run directory)
 
     async def describe(self, index: int = 0) -> EvaluatorInfo:

@@ -44,13 +44,14 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     StopCmd,
     WorkItem,
 )
+from ksearch_ray.evaluation.sandbox.resources import Resources
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
-from ksearch_ray.text import clip
+from ksearch_ray.text import Redactor, clip
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
@@ -112,7 +113,11 @@ class Evaluator:
         start: bool = True,
         device_handover: bool = True,
         profiler: ProfilerSettings | None = None,
+        secret_names: frozenset[str] = frozenset(),
     ):
+        """`secret_names`: environment variables holding secrets whatever their names (the run's API key
+        variable): they never reach a candidate, and their values, with every other secret value of this
+        process's environment (text.secret_values), are redacted from everything a candidate produced."""
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
         self.device = device
@@ -128,7 +133,9 @@ class Evaluator:
         self.profiler = profiler
         """How `profile` runs ncu; None: this evaluator profiles nothing."""
         self._profiler_found: ProfilerFound | None = None
-        self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
+        self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation),
+                               resources=Resources(**self.limits.resources()), refused=frozenset(secret_names))
+        self.redact = Redactor.from_environment(secret_names)
         self.judge = Judge(device, self.limits.reference_cache_mb * 2**20)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._progress: Callable[[str], None] = lambda _message: None
@@ -225,7 +232,7 @@ class Evaluator:
             result.score_kind = "geomean of mean latency (ms)"
         if result.status is Status.PASSED and stage is None and self._is_baseline(task, solution):
             self.learn_stage_times(task, result)
-        return result
+        return self._redacted(result)
 
     def retime(
         self,
@@ -320,6 +327,14 @@ class Evaluator:
                                  f"at least {lim.hang_floor:g} s)")
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _redacted(self, result: EvalResult) -> EvalResult:
+        """The boundary where a candidate's words (its messages, its logs) enter the trusted side: no
+        secret value of this process goes past it, into events, reports, trackers or prompts."""
+        result.message, result.log = self.redact(result.message), self.redact(result.log)
+        for workload in result.workloads:
+            workload.message = self.redact(workload.message)
+        return result
 
     def _is_baseline(self, task: Task, solution: Solution) -> bool:
         try:

@@ -84,7 +84,7 @@ class LocalEvaluatorPool:
             raise ConfigError("without Ray a run has one evaluator on the GPU (--evaluators 1); "
                               "run on Ray for one evaluator per GPU")
         self.config, self.task, self.device, self.size = config, task, device, size
-        self._make = make or (lambda _index: build_evaluator(config.evaluation, device))
+        self._make = make or (lambda _index: build_evaluator(config.evaluation, device, secret_names=[config.llm.api_key_env]))
         self.evaluators: list[Evaluator] = []
         self.done = 0
         self.busy_s: dict[int, float] = {}

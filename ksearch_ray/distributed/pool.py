@@ -210,7 +210,8 @@ class EvaluatorPool:
         if self.config.cluster.build_resource:
             options["resources"] = {self.config.cluster.build_resource: 0.01}
         record, library = build_extension.options(**options).remote(
-            solution, target, self.config.cluster.scratch_dir, self.config.cluster.build_timeout_s, max(1, round(self.config.cluster.build_cpus))
+            solution, target, self.config.cluster.scratch_dir, self.config.cluster.build_timeout_s, max(1, round(self.config.cluster.build_cpus)),
+            isolation=self.config.evaluation.isolation,
         )
         self._builds[key] = _Build(record, library)
         return self._builds[key]

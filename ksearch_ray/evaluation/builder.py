@@ -33,6 +33,7 @@ from ksearch_ray.evaluation.buildcache import (
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
 from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
 from ksearch_ray.evaluation.sandbox.resources import LOG_TAIL_BYTES, Resources, read_tail
 from ksearch_ray.evaluation.settings import Limits
@@ -43,14 +44,15 @@ from ksearch_ray.text import Redactor, clip
 class Builder:
     """Builds one solution at a time in its own sandbox; many Builders may share one cache directory."""
 
-    def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = ""):
+    def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = "",
+                 isolation: Isolation = Isolation.BEST_EFFORT):
         self.work_root = Path(work_root)
         self.cache = cache
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
         self.node = node
         # A build needs no GPU, and sees none; it has a candidate's limits (the defaults: compilers need no more).
-        self.sandbox = Sandbox("cpu", self.work_root, resources=Resources(**Limits().resources()))
+        self.sandbox = Sandbox("cpu", self.work_root, resources=Resources(**Limits().resources()), isolation=isolation)
         self.redact = Redactor.from_environment()
 
     def close(self) -> None:

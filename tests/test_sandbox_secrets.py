@@ -121,3 +121,22 @@ def test_no_canary_reaches_the_run_directory_the_report_or_the_model(canaries, t
     for where, text in [("events.jsonl", events), ("report.html", report), ("world-model snapshots", snapshots),
                         *((f"LLM request body {i}", body) for i, body in enumerate(bodies))]:
         assert not _leaks(text), f"{where} holds {_leaks(text)}"
+
+
+def test_one_input_secret_per_run_shared_by_its_evaluators_and_kept_for_a_resume(tmp_path):
+    from ksearch_ray.run.local import local_backends
+    from ksearch_ray.store import RunStore
+
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", ray=False, evaluators=2)
+    store = RunStore(tmp_path / "run")
+    store.root.mkdir()
+    pool = local_backends(config, Task.load(DATA / "toy"), store).evaluators
+    first, second = pool._make(0), pool._make(1)
+    try:
+        assert first.secret == second.secret == store.seed_secret()  # the same inputs on every evaluator
+    finally:
+        first.close()
+        second.close()
+    secret_file = store.root / "seed_secret"
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    assert RunStore(store.root).seed_secret() == first.secret  # a resumed session draws the same inputs

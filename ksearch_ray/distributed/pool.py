@@ -85,6 +85,8 @@ class EvaluatorPool:
     run_name: str
     on_lost: Callable[[int, str], object] = lambda _index, _solution_id: None
     """Called with (evaluator index, solution id) when an evaluator dies mid-evaluation."""
+    secret: int | None = None
+    """The run's input secret (RunStore.seed_secret), the same for every evaluator: one input set per seed."""
     busy_s: dict[int, float] = field(default_factory=dict)
     """Evaluator index -> seconds spent evaluating in this session."""
     done: int = 0
@@ -128,7 +130,7 @@ class EvaluatorPool:
         return EvaluatorActor.options(
             num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
         ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir,
-                 secret_names=[self.config.llm.api_key_env])
+                 secret_names=[self.config.llm.api_key_env], secret=self.secret)
         # (the sandbox is the actor's own, in a private folder of its node, outside the run directory)
 
     async def describe(self, index: int = 0) -> EvaluatorInfo:

@@ -140,3 +140,23 @@ def test_one_input_secret_per_run_shared_by_its_evaluators_and_kept_for_a_resume
     secret_file = store.root / "seed_secret"
     assert secret_file.stat().st_mode & 0o777 == 0o600
     assert RunStore(store.root).seed_secret() == first.secret  # a resumed session draws the same inputs
+
+
+def test_a_variable_the_task_declares_reaches_the_candidate_and_a_credential_never_does(tmp_path, monkeypatch):
+    import shutil
+
+    bundle = tmp_path / "toy"
+    shutil.copytree(DATA / "toy", bundle)
+    definition = json.loads((bundle / "task.json").read_text())
+    definition["environment"] = ["TOY_BLOCK_HINT", "TOY_SERVICE_TOKEN"]
+    (bundle / "task.json").write_text(json.dumps(definition))
+    monkeypatch.setenv("TOY_BLOCK_HINT", "128")
+    monkeypatch.setenv("TOY_SERVICE_TOKEN", "canary-token-31")
+    monkeypatch.setenv("TOY_UNDECLARED", "x")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\n\ndef run(x, a, b):\n"
+                     "    raise RuntimeError('SEEN=' + ','.join(sorted(k for k in os.environ if k.startswith('TOY_'))))\n")
+    toy = Task.load(bundle)
+    with Evaluator("cpu", tmp_path / "sb", limits=Limits(idle=30)) as ev:
+        result = ev.evaluate(toy, solution_from_file(probe, toy), workload_set="tests")
+    assert result.message.endswith("SEEN=TOY_BLOCK_HINT"), result.message  # not the token, not the undeclared one

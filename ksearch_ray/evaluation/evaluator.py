@@ -30,7 +30,12 @@ from ksearch_ray.evaluation.judge import Judge, reference_precision
 from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.retime import RetimeResult, retime
-from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, default_work_root
+from ksearch_ray.evaluation.sandbox.client import (
+    Sandbox,
+    SandboxError,
+    declared_environment,
+    default_work_root,
+)
 from ksearch_ray.evaluation.sandbox.handover import describe
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import (
@@ -200,7 +205,8 @@ class Evaluator:
         t0 = time.monotonic()
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
-        worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"))
+        worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
+                                    declared_environment(task.definition.environment, self.sandbox.refused))
         session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)

@@ -73,6 +73,11 @@ def scrubbed_environment(device: str, visible_gpu: str | None = None, *, declare
     return env
 
 
+def declared_environment(names: list[str], refused: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The values of the variables a task declares, where set and allowed (never a credential)."""
+    return {n: os.environ[n] for n in names if n in os.environ and allowed_variable(n, os.environ[n], frozenset(names), refused)}
+
+
 def default_work_root() -> Path:
     """A fresh private folder for one sandbox, outside any run directory and the home:
     under $XDG_RUNTIME_DIR (per-user, on most desktops) or /tmp/ksearch-<uid>."""
@@ -231,7 +236,9 @@ class Sandbox:
 
     # --- workers ----------------------------------------------------------------------------
 
-    def start(self, job: dict[str, Any]) -> WorkerHandle:
+    def start(self, job: dict[str, Any], environment: dict[str, str] | None = None) -> WorkerHandle:
+        """A worker for `job`; `environment`: variables the task declares (`declared_environment`), set
+        before the job's code runs."""
         for attempt in (1, 2):
             if not self.alive():
                 self._start_zygote()
@@ -252,7 +259,8 @@ class Sandbox:
             key = os.urandom(32)
             ours.sendall(key)
             chan = Channel(ours, key)
-            chan.send({**job, "resources": dataclasses.asdict(self.resources)})  # A takes it off (zygote.py)
+            # A takes these two off the job (zygote.py) before anything of the candidate's runs.
+            chan.send({**job, "resources": dataclasses.asdict(self.resources), "environment": environment or {}})
             return WorkerHandle(reply["pid"], chan, records)
         raise SandboxError("unreachable")
 

@@ -247,6 +247,7 @@ def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
 
     # A build job (ksearch_ray.evaluation.builder) has sources in its work directory and no task files.
     limits = resources.Resources.of(job.pop("resources", None))
+    os.environ.update(job.pop("environment", None) or {})  # what the task declares (Sandbox.start checked it)
     readable = [job["task_root"]] if job.get("task_root") else []
     if job.get("type") == "profile":  # the profiler's own install tree, read-only (where no system directory has it)
         readable.append(os.path.dirname(os.path.realpath(job["ncu"])))

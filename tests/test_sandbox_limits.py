@@ -103,6 +103,8 @@ def test_the_watcher_keeps_the_head_of_a_flood_and_a_bounded_tail_is_read(tmp_pa
         os._exit(0)
     os.close(w)
     log = tmp_path / "stdout.log"
-    status = watch(child, {r: str(log)}, Resources(output_mb=1), [], lambda c: os.kill(c, 9))
+    status = watch(child, {r: log.open("wb", buffering=0)}, Resources(output_mb=1), [], lambda c: os.kill(c, 9))
     assert os.WEXITSTATUS(status) == 92 and log.stat().st_size == 1 << 20
     assert read_tail(log, 100) == "a" * 100
+    os.mkfifo(tmp_path / "fifo")  # a candidate may put a FIFO in a log's place: reading it must not block
+    assert read_tail(tmp_path / "fifo", 100) == ""

@@ -32,9 +32,11 @@ import os
 import resource
 import select
 import signal
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import BinaryIO
 
 OUTPUT_LIMIT = 92  # exit code of a worker stopped for printing past the output limit
 DISK_LIMIT = 93  # ... for filling its job directory past the disk limit
@@ -99,15 +101,15 @@ def disk_usage(paths: list[str]) -> int:
     return total
 
 
-def watch(child: int, pipes: dict[int, str], limits: Resources, disk_paths: list[str],
+def watch(child: int, logs: Mapping[int, BinaryIO], limits: Resources, disk_paths: list[str],
           stop: Callable[[int], None]) -> int:
-    """In C's parent: drain C's output pipes into their log files (up to the output limit), check the
+    """In C's parent: drain C's output pipes (read end -> its log file, opened before C existed) into
+    their log files (up to the output limit), check the
     disk every second, reap every child (orphans included) until C ends; returns C's wait status, or
     a made-up exit status (OUTPUT_LIMIT, DISK_LIMIT) when C had to be stopped. `stop(c)` kills C and
     everything it started."""
-    logs = {fd: open(path, "wb", buffering=0) for fd, path in pipes.items()}  # noqa: SIM115
-    live = set(pipes)  # pipes not at their end yet
-    for fd in pipes:
+    live = set(logs)  # pipes not at their end yet
+    for fd in logs:
         os.set_blocking(fd, False)
     cap = limits.output_mb * _MB
     written, status, verdict = 0, None, None
@@ -171,12 +173,18 @@ def stop_namespace(_child: int) -> None:
 
 
 def read_tail(path: str | os.PathLike[str], limit: int) -> str:
-    """The last `limit` bytes of a file at most, as text ('' if it cannot be read): never the whole
-    of a log a candidate may have made huge."""
+    """The last `limit` bytes of a plain file at most, as text ('' if it cannot be read): never the
+    whole of a log a candidate may have made huge, and never a link or a FIFO it put in its place."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(size - limit, 0))
-            return f.read(limit).decode(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        return os.pread(fd, limit, max(info.st_size - limit, 0)).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)

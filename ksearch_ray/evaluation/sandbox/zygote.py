@@ -162,10 +162,16 @@ class Jail:
         """Fork C, which runs `job.body` within the job's limits; watch it (output, disk) and reap
         everything until it ends. Returns C's wait status (or the limit's, when it was stopped)."""
         pipes = [os.pipe(), os.pipe()] if job.logs else []
+        # The log files are opened here, before C exists (C cannot put a link in their place first),
+        # and C never holds them (it could write past the cap through them).
+        logs = {r: open(os.path.join(job.logs, name), "wb", buffering=0)  # noqa: SIM115  (closed by watch)
+                for (r, _w), name in zip(pipes, ("stdout.log", "stderr.log"), strict=True)} if job.logs else {}
         c = os.fork()
         if c == 0:
             code = 1
             try:
+                for log in logs.values():
+                    log.close()
                 for target, (r, w) in zip((1, 2), pipes, strict=False):
                     os.close(r)
                     os.dup2(w, target)
@@ -181,9 +187,7 @@ class Jail:
                 os._exit(code)
         for _r, w in pipes:
             os.close(w)
-        names = {r: os.path.join(job.logs, name) for (r, _w), name in zip(pipes, ("stdout.log", "stderr.log"), strict=True)} \
-            if job.logs else {}
-        return resources.watch(c, names, job.limits, job.read_write, stop)
+        return resources.watch(c, logs, job.limits, job.read_write, stop)
 
     def probe(self) -> str | None:
         """Run a trivial body through the whole jail once; None if it works, else what failed."""

@@ -103,19 +103,45 @@ def disk_usage(paths: list[str]) -> int:
 
 def watch(child: int, logs: Mapping[int, BinaryIO], limits: Resources, disk_paths: list[str],
           stop: Callable[[int], None]) -> int:
-    """In C's parent: drain C's output pipes (read end -> its log file, opened before C existed) into
-    their log files (up to the output limit), check the
-    disk every second, reap every child (orphans included) until C ends; returns C's wait status, or
-    a made-up exit status (OUTPUT_LIMIT, DISK_LIMIT) when C had to be stopped. `stop(c)` kills C and
-    everything it started."""
+    """In C's parent: drain C's output pipes (read end -> its log file, opened before C existed) up to
+    the output limit, check the disk every second, reap every child (orphans included) until C ends.
+    Returns C's wait status, or a made-up exit status (OUTPUT_LIMIT, DISK_LIMIT) when C had to be
+    stopped; `stop(c)` kills C and everything it started. It sleeps in select() between C's writes,
+    its children's ends (SIGCHLD, through a wake-up pipe) and the disk checks: no polling beside a
+    timed kernel."""
     live = set(logs)  # pipes not at their end yet
     for fd in logs:
         os.set_blocking(fd, False)
     cap = limits.output_mb * _MB
-    written, status, verdict = 0, None, None
+    written = 0
+
+    def drain(fd: int, chunks: int) -> bool:
+        """Up to `chunks` reads of what is in `fd` now, into its log; False once past the cap."""
+        nonlocal written
+        for _ in range(chunks):
+            try:
+                data = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                return True
+            if not data:
+                live.discard(fd)
+                return True
+            logs[fd].write(data if not cap else data[: max(cap - written, 0)])
+            written += len(data)
+            if cap and written > cap:
+                return False
+        return True
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    previous_handler = signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
+    previous_fd = signal.set_wakeup_fd(wake_w)
+    status: int | None = None
+    verdict: int | None = None
     next_disk = time.monotonic() + 1.0
     try:
-        while status is None:
+        while status is None and verdict is None:
             while True:  # reap: C, and orphans (this process is the namespace's init or a subreaper)
                 try:
                     pid, wstatus = os.waitpid(-1, os.WNOHANG)
@@ -126,44 +152,43 @@ def watch(child: int, logs: Mapping[int, BinaryIO], limits: Resources, disk_path
                 if pid == child:
                     status = wstatus
                     break
-            if not live:
-                if status is None:
-                    time.sleep(0.05)
-                ready: list[int] = []
-            else:
-                ready = select.select(sorted(live), [], [], 0.0 if status is not None else 0.05)[0]
+            if status is not None:
+                break
+            timeout = max(next_disk - time.monotonic(), 0.0) if limits.disk_mb else None
+            ready = select.select([*sorted(live), wake_r], [], [], timeout)[0]
             for fd in ready:
-                # After C's end: what is there now; never wait on a pipe a grandchild holds open.
-                for _ in range(64 if status is not None else 1):
-                    try:
-                        data = os.read(fd, _CHUNK)
-                    except BlockingIOError:
-                        break
-                    if not data:
-                        live.discard(fd)
-                        break
-                    logs[fd].write(data if not cap else data[: max(cap - written, 0)])
-                    written += len(data)
-                    if cap and written > cap:
-                        verdict = OUTPUT_LIMIT
-                        break
-                if verdict is not None:
+                if fd == wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+                elif not drain(fd, 1):
+                    verdict = OUTPUT_LIMIT
                     break
             if verdict is None and limits.disk_mb and time.monotonic() >= next_disk:
                 next_disk = time.monotonic() + 1.0
                 if disk_usage(disk_paths) > limits.disk_mb * _MB:
                     verdict = DISK_LIMIT
-            if verdict is not None and status is None:
-                stop(child)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(child, 0)
-                status = verdict << 8
+        if verdict is None:
+            # C is gone: what its pipes hold now (never wait on a pipe a grandchild keeps open).
+            for fd in sorted(live):
+                if not drain(fd, 64):
+                    verdict = OUTPUT_LIMIT
+        elif status is None:
+            stop(child)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, 0)
     finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGCHLD, previous_handler)
+        os.close(wake_r)
+        os.close(wake_w)
         for fd, f in logs.items():
             f.close()
             with contextlib.suppress(OSError):
                 os.close(fd)
-    return status if verdict is None else verdict << 8
+    if verdict is not None:
+        return verdict << 8
+    assert status is not None
+    return status
 
 
 def stop_namespace(_child: int) -> None:

@@ -17,9 +17,10 @@ import ray
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildRecord, BuildTarget
 from ksearch_ray.evaluation.buildcache import scratch_dir as node_scratch_dir
 from ksearch_ray.evaluation.builder import Builder
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.models import Solution
 
-_BUILDERS: dict[tuple[str, float, int], Builder] = {}
+_BUILDERS: dict[tuple[str, float, int, str], Builder] = {}
 
 
 def node_cache(configured: str | None) -> BuildCache:
@@ -27,16 +28,19 @@ def node_cache(configured: str | None) -> BuildCache:
     return BuildCache(node_scratch_dir(configured) / "build-cache")
 
 
-def _builder(configured: str | None, timeout_s: float, max_jobs: int) -> Builder:
+def _builder(configured: str | None, timeout_s: float, max_jobs: int, isolation: str) -> Builder:
     root = str(node_scratch_dir(configured))
-    key = (root, timeout_s, max_jobs)
+    key = (root, timeout_s, max_jobs, isolation)
     if key not in _BUILDERS:
         _BUILDERS[key] = Builder(Path(root) / "builders" / str(os.getpid()), node_cache(root), timeout_s=timeout_s,
-                                 max_jobs=max_jobs, node=ray.get_runtime_context().get_node_id())
+                                 max_jobs=max_jobs, node=ray.get_runtime_context().get_node_id(),
+                                 isolation=Isolation(isolation))
     return _BUILDERS[key]
 
 
 @ray.remote(num_returns=2, max_retries=3)
 def build_extension(solution: Solution, target: BuildTarget, scratch_dir: str | None, timeout_s: float,
-                    max_jobs: int) -> tuple[BuildRecord, bytes | None]:
-    return _builder(scratch_dir, timeout_s, max_jobs).build(solution, target)
+                    max_jobs: int, isolation: str = "best-effort") -> tuple[BuildRecord, bytes | None]:
+    """`isolation`: the run's (evaluation.isolation): a build runs the candidate's code too (its compiler
+    input, its static initialisers at import)."""
+    return _builder(scratch_dir, timeout_s, max_jobs, isolation).build(solution, target)

@@ -16,14 +16,16 @@ from ksearch_ray.taskspec.task import Task, find_task
 
 @ray.remote(max_restarts=0)
 class EvaluatorActor:
-    def __init__(self, device: str, settings_json: str, *, scratch_dir: str | None = None):
+    def __init__(self, device: str, settings_json: str, *, scratch_dir: str | None = None,
+                 secret_names: list[str | None] | None = None, secret: int | None = None):
         """The sandbox lives in a private folder of this actor's node, outside any run directory (the run
         directory exists on the driver's node only); `close` removes it."""
         from ksearch_ray.actors.builder import node_cache
 
         self.device = device
         self.node = ray.get_runtime_context().get_node_id()
-        self.evaluator = build_evaluator(EvaluationConfig.model_validate_json(settings_json), device)
+        self.evaluator = build_evaluator(EvaluationConfig.model_validate_json(settings_json), device,
+                                         secret_names=secret_names or (), secret=secret)
         self.cache = node_cache(scratch_dir)
         self._tasks: dict[tuple[str, tuple[str, ...]], Task] = {}  # loaded once: reference code included
 

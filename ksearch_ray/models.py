@@ -28,6 +28,7 @@ class Status(StrEnum):
     TIMEOUT = "TIMEOUT"
     CRASHED = "CRASHED"
     INTEGRITY_VIOLATION = "INTEGRITY_VIOLATION"
+    RESOURCE_LIMIT = "RESOURCE_LIMIT"  # the candidate hit a limit on memory, processes, file size, disk or output
 
     @property
     def passed(self) -> bool:

@@ -30,6 +30,7 @@ from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
 from ksearch_ray.run.progress import Reporter, make_reporter
 from ksearch_ray.store import RunStore, versions
 from ksearch_ray.taskspec.task import Task, find_task
+from ksearch_ray.text import Redactor
 from ksearch_ray.tracking import check_trackers, open_trackers
 
 
@@ -232,6 +233,7 @@ def _execute(make_search: Callable[..., Search], config: RunConfig, store: RunSt
              **options: Any) -> Search:
     """Run the search to its end; an error or Ctrl-C is logged and leaves the run resumable. The run's
     trackers (`--track`) hear its events from the first recorded one and are closed however it ends."""
+    store.redact = Redactor.from_environment([config.llm.api_key_env])
     with _log_to(store.root):
         trackers = open_trackers(config, store, reporter.line)
         ok = False

@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import platform
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 from ksearch_ray.events import SCHEMA, Event, EventError, dump_event, parse_event
 from ksearch_ray.models import Solution
+from ksearch_ray.text import Redactor
 
 
 class RunDirError(Exception):
@@ -84,6 +86,8 @@ class RunStore:
         self._seq = 0
         self._fh: Any = None
         self._lock_fh: Any = None
+        self.redact = Redactor.from_environment()
+        """The event log's guard: no secret value of this process is written (the run adds its API key's name)."""
 
     # --- creation / opening -----------------------------------------------------------------
 
@@ -167,7 +171,7 @@ class RunStore:
         """Number, stamp and write one event; it is on disk (fsynced) when this returns."""
         self._seq += 1
         event.seq, event.t = self._seq, time.time()
-        self._fh.write(dump_event(event) + "\n")
+        self._fh.write(self.redact.json_safe(dump_event(event)) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         return event
@@ -191,6 +195,28 @@ class RunStore:
             with open(self.events_path, "r+b") as f:
                 f.truncate(good_bytes)
         return events
+
+    # --- the run's input secret ----------------------------------------------------------------
+
+    def seed_secret(self) -> int:
+        """The secret every evaluator of this run mixes into its input seeds (evaluation/seeds.py): drawn
+        once, when the run starts, and kept in `seed_secret` (0600) so that a resumed session generates
+        the same inputs. The run directory is outside every candidate's view (the sandbox), so no
+        candidate can read it there; without isolation a candidate has the user's rights, this included."""
+        path = self.root / "seed_secret"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            text = path.read_text().strip()
+            if not text.isdigit():
+                raise RunDirError(f"{path} does not hold a seed secret (a number); restore it or remove it") from None
+            return int(text)
+        secret = secrets.randbits(63)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{secret}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return secret
 
     # --- solutions, snapshots, best -------------------------------------------------------------
 

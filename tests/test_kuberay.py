@@ -264,6 +264,11 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     spec = m.cluster["spec"]
     types = ray_node_types(spec)
 
+    # The sandbox: every pod that runs candidates (evaluators, builds) can make unprivileged namespaces.
+    for name, group in groups(spec):
+        if name != "head":
+            out += [f"group {name} {problem}" for problem in sandbox_problems(group)]
+
     # The run the entrypoint starts, as `ksearch run` parses it, and the resume it turns into.
     job = m.job["spec"]
     mounts = {path for path in _runs_mounts(spec, m.pvc["metadata"]["name"]).values()}
@@ -284,6 +289,9 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
         out.append(f"with no run directory yet the entrypoint runs `ksearch {started.what}`, not `ksearch run`")
         return out
     cfg: RunConfig = started.value
+    if cfg.evaluation.isolation != "require":
+        out.append(f"the run's evaluation.isolation is {cfg.evaluation.isolation}, not require: a pod without "
+                   "namespaces would run candidates unprotected")
     if "--config" not in argv or PurePosixPath(argv[argv.index("--config") + 1]).name != config_file:
         out.append(f"the entrypoint's --config is not the ConfigMap file {config_file} mounted on the head")
     run_dir = Path(cfg.run_dir or "")
@@ -362,6 +370,25 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     for key in ("entrypointNumCpus", "entrypointNumGpus", "entrypointResources"):
         if key in job:
             out.append(f"{key} would move the driver off the head, away from its actors")
+    return out
+
+
+def sandbox_problems(group: Doc) -> list[str]:
+    """What keeps the sandbox's unprivileged user, mount and PID namespaces from working in a group's pods
+    (docs/cluster.md, "The sandbox on Kubernetes")."""
+    pod, ctx = group["template"]["spec"], ray_container(group).get("securityContext", {})
+    out = []
+    if pod.get("hostUsers") is not False:
+        out.append("shares the node's user namespace (hostUsers: false is what allows an unmasked /proc)")
+    if ctx.get("procMount") != "Unmasked":
+        out.append("masks /proc (procMount: Unmasked): no fresh /proc can be mounted for a candidate")
+    for key in ("seccompProfile", "appArmorProfile"):
+        if ctx.get(key, {}).get("type") not in ("Unconfined", "Localhost"):
+            out.append(f"keeps the runtime's default {key}, which refuses unshare and mount")
+    if ctx.get("privileged") or ctx.get("allowPrivilegeEscalation") is not False:
+        out.append("allows privileges (privileged, or no allowPrivilegeEscalation: false)")
+    if ctx.get("capabilities", {}).get("drop") != ["ALL"] or not ctx.get("runAsNonRoot") or not ctx.get("runAsUser"):
+        out.append("runs with capabilities or as root (the sandbox needs neither)")
     return out
 
 
@@ -534,6 +561,16 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
     "driver moved": (lambda m: m.job["spec"].update(entrypointNumGpus=1), "off the head"),
     "expanded by the submitter's bash": (lambda m: m.job["spec"].update(entrypoint=m.job["spec"]["entrypoint"].replace(
         "bash -c 'RUN=", 'bash -c "RUN=').replace("fi'", 'fi"')), "not on the shared volume"),
+    "isolation best-effort": (lambda m: m.config_map["data"].update({"run.yaml": m.config_map["data"]["run.yaml"].replace(
+        "isolation: require", "isolation: best-effort")}), "not require"),
+    "no isolation setting": (lambda m: m.config_map["data"].update({"run.yaml": "cluster:\n  build_resource: ksearch_build\n"}),
+                             "not require"),
+    "default seccomp": (_both(lambda s: ray_container(_gpu(s))["securityContext"].pop("seccompProfile")), "seccompProfile"),
+    "default apparmor on builds": (_both(lambda s: ray_container(s["workerGroupSpecs"][1])["securityContext"].pop("appArmorProfile")),
+                                   "group build keeps the runtime's default appArmorProfile"),
+    "masked proc": (_both(lambda s: ray_container(_gpu(s))["securityContext"].update(procMount="Default")), "masks /proc"),
+    "host users": (_both(lambda s: _gpu(s)["template"]["spec"].pop("hostUsers")), "user namespace"),
+    "privileged": (_both(lambda s: ray_container(_gpu(s))["securityContext"].update(privileged=True)), "allows privileges"),
     "live view": (_entry('--run-dir "$RUN" --no-progress;', '--run-dir "$RUN";'), "live view"),
 }
 

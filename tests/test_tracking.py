@@ -326,8 +326,12 @@ def wandb_history(records: list[Any]) -> list[tuple[int, dict[str, Any]]]:
 def test_wandb_offline_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resume_goes_on_in_the_same_run(
         tmp_path, capfd, monkeypatch):
     needs("wandb")
-    for variable in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(variable, str(tmp_path / "home" / variable.lower()))
+    home = tmp_path / "home"
+    for variable in ("HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(variable, str(home))
+    for variable in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "config"))  # the user's own W&B settings stay theirs
     monkeypatch.setenv("WANDB_MODE", "offline")
     root = tmp_path / "run"
     session(root, ["k1", "broken"], 2, ["wandb"], capfd)
@@ -361,5 +365,8 @@ def test_wandb_offline_gets_the_curves_the_ledger_and_the_best_kernel_and_a_resu
     files = dirs[1] / "files"
     assert (files / "best" / "k.py").read_text() == kernel("k4").sources["k.py"]
     assert any(r.WhichOneof("record_type") == "artifact" and r.artifact.type == "code" for r in sessions_[1])
+    # W&B staged the artifact inside the run directory, and wrote nothing under the home beside its settings.
+    assert [p for p in (root / "wandb" / "staging").rglob("*") if p.is_file()]
+    assert not [p for p in home.rglob("*") if p.is_file() and not p.is_relative_to(home / "config")]
     tables = [json.loads(p.read_text()) for p in (files / "media" / "table").glob("evaluations_*.table.json")]
     assert [row[4] for row in tables[0]["data"]] == ["PASSED", "CRASHED", "PASSED", "PASSED"]

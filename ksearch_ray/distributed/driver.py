@@ -105,7 +105,7 @@ def ray_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -
         assert search is not None
         search.record(EvaluatorLost(evaluator=index, solution_id=solution_id))
 
-    pool = EvaluatorPool(config, store.root.name, on_lost=lost)
+    pool = EvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
     backends = Backends(
         world_model=lambda tree: RayWorldModel(store, tree),
         planner=RayPolicy("planner", config, store),

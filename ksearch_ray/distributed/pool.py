@@ -85,6 +85,8 @@ class EvaluatorPool:
     run_name: str
     on_lost: Callable[[int, str], object] = lambda _index, _solution_id: None
     """Called with (evaluator index, solution id) when an evaluator dies mid-evaluation."""
+    secret: int | None = None
+    """The run's input secret (RunStore.seed_secret), the same for every evaluator: one input set per seed."""
     busy_s: dict[int, float] = field(default_factory=dict)
     """Evaluator index -> seconds spent evaluating in this session."""
     done: int = 0
@@ -127,7 +129,8 @@ class EvaluatorPool:
         gpus = 1 if self.device == "cuda" or self.config.evaluation.evaluator_gpus else 0
         return EvaluatorActor.options(
             num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
-        ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir)
+        ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir,
+                 secret_names=[self.config.llm.api_key_env], secret=self.secret)
         # (the sandbox is the actor's own, in a private folder of its node, outside the run directory)
 
     async def describe(self, index: int = 0) -> EvaluatorInfo:
@@ -209,7 +212,8 @@ class EvaluatorPool:
         if self.config.cluster.build_resource:
             options["resources"] = {self.config.cluster.build_resource: 0.01}
         record, library = build_extension.options(**options).remote(
-            solution, target, self.config.cluster.scratch_dir, self.config.cluster.build_timeout_s, max(1, round(self.config.cluster.build_cpus))
+            solution, target, self.config.cluster.scratch_dir, self.config.cluster.build_timeout_s, max(1, round(self.config.cluster.build_cpus)),
+            isolation=self.config.evaluation.isolation,
         )
         self._builds[key] = _Build(record, library)
         return self._builds[key]

@@ -16,7 +16,6 @@ puts it in the object store, from which the evaluator's node fetches it.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 import uuid
@@ -34,21 +33,27 @@ from ksearch_ray.evaluation.buildcache import (
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
 from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
+from ksearch_ray.evaluation.sandbox.resources import LOG_TAIL_BYTES, Resources, read_tail
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.text import clip
+from ksearch_ray.text import Redactor, clip
 
 
 class Builder:
     """Builds one solution at a time in its own sandbox; many Builders may share one cache directory."""
 
-    def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = ""):
+    def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = "",
+                 isolation: Isolation = Isolation.BEST_EFFORT):
         self.work_root = Path(work_root)
         self.cache = cache
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
         self.node = node
-        self.sandbox = Sandbox("cpu", self.work_root)  # a build needs no GPU, and sees none
+        # A build needs no GPU, and sees none; it has a candidate's limits (the defaults: compilers need no more).
+        self.sandbox = Sandbox("cpu", self.work_root, resources=Resources(**Limits().resources()), isolation=isolation)
+        self.redact = Redactor.from_environment()
 
     def close(self) -> None:
         self.sandbox.close()
@@ -103,6 +108,7 @@ class Builder:
             self.sandbox.kill(worker)
             self.sandbox.reap(worker)
         record.seconds = time.monotonic() - t0
+        record.message, record.log = self.redact(record.message), self.redact(record.log)  # candidate output, in
         try:
             if record.passed:
                 path = workdir / "build" / f"{module}.so"
@@ -119,8 +125,7 @@ class Builder:
 def _tail(workdir: Path) -> str:
     tails = []
     for name in ("stderr.log", "stdout.log"):
-        with contextlib.suppress(OSError):
-            text = (workdir / name).read_text(errors="replace").strip()
-            if text:
-                tails.append(text[-1500:])
+        text = read_tail(workdir / name, LOG_TAIL_BYTES).strip()  # never the whole log: a candidate's output is hostile
+        if text:
+            tails.append(text[-1500:])
     return "\n".join(tails)

@@ -31,7 +31,12 @@ from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, sou
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.reference import SandboxedReference
 from ksearch_ray.evaluation.retime import RetimeResult, retime
-from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, default_work_root
+from ksearch_ray.evaluation.sandbox.client import (
+    Sandbox,
+    SandboxError,
+    declared_environment,
+    default_work_root,
+)
 from ksearch_ray.evaluation.sandbox.handover import describe
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import (
@@ -45,13 +50,14 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     StopCmd,
     WorkItem,
 )
+from ksearch_ray.evaluation.sandbox.resources import Resources
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
-from ksearch_ray.text import clip
+from ksearch_ray.text import Redactor, clip
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
@@ -113,7 +119,11 @@ class Evaluator:
         start: bool = True,
         device_handover: bool = True,
         profiler: ProfilerSettings | None = None,
+        secret_names: frozenset[str] = frozenset(),
     ):
+        """`secret_names`: environment variables holding secrets whatever their names (the run's API key
+        variable): they never reach a candidate, and their values, with every other secret value of this
+        process's environment (text.secret_values), are redacted from everything a candidate produced."""
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
         self.device = device
@@ -129,7 +139,9 @@ class Evaluator:
         self.profiler = profiler
         """How `profile` runs ncu; None: this evaluator profiles nothing."""
         self._profiler_found: ProfilerFound | None = None
-        self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
+        self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation),
+                               resources=Resources(**self.limits.resources()), refused=frozenset(secret_names))
+        self.redact = Redactor.from_environment(secret_names)
         self.judge = Judge(device, self.limits.reference_cache_mb * 2**20, sandboxed=self._sandboxed_reference)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._progress: Callable[[str], None] = lambda _message: None
@@ -195,7 +207,8 @@ class Evaluator:
         self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
-        worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"))
+        worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
+                                    declared_environment(task.definition.environment, self.sandbox.refused))
         session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)
@@ -227,7 +240,7 @@ class Evaluator:
             result.score_kind = "geomean of mean latency (ms)"
         if result.status is Status.PASSED and stage is None and self._is_baseline(task, solution):
             self.learn_stage_times(task, result)
-        return result
+        return self._redacted(result)
 
     def retime(
         self,
@@ -327,6 +340,14 @@ class Evaluator:
         """Where the references of a task from outside the package are computed: a worker of this sandbox."""
         return SandboxedReference(self.sandbox, task, self.work_root, setup_s=self.limits.setup,
                                   idle_s=self.limits.idle, device_handover=self.device_handover)
+
+    def _redacted(self, result: EvalResult) -> EvalResult:
+        """The boundary where a candidate's words (its messages, its logs) enter the trusted side: no
+        secret value of this process goes past it, into events, reports, trackers or prompts."""
+        result.message, result.log = self.redact(result.message), self.redact(result.log)
+        for workload in result.workloads:
+            workload.message = self.redact(workload.message)
+        return result
 
     def _is_baseline(self, task: Task, solution: Solution) -> bool:
         try:

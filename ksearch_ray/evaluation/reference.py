@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel
 
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle
+from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle, declared_environment
 from ksearch_ray.evaluation.sandbox.handover import HandoverError, Importer
 from ksearch_ray.evaluation.sandbox.protocol import (
     Fail,
@@ -109,7 +109,8 @@ class SandboxedReference:
         job = ReferenceJob(workdir=str(self._workdir), triton_cache_dir=str(cache), task_root=str(self.task.root),
                            device="cuda" if self.sandbox.device == "cuda" else "cpu",
                            device_handover=self.device_handover)
-        self._worker = self.sandbox.start(job.model_dump(mode="json"))
+        self._worker = self.sandbox.start(job.model_dump(mode="json"),
+                                          declared_environment(self.task.definition.environment, self.sandbox.refused))
         self.starts += 1
         try:
             self._receive(self.setup_s, "start-up", Ready)

@@ -1,8 +1,10 @@
 """Seeds for input generation.
 
-Every evaluation mixes the workload's published seed with a secret the evaluator draws per
-run, so a candidate that recognises published inputs (and returns cached answers) gains
-nothing: the inputs it sees are new every run. Per-call seeds in `fresh` timing derive from a
+Every evaluation mixes the workload's published seed with a secret drawn once per run (kept in
+the run directory, RunStore.seed_secret, and given to every evaluator of the run when it is made;
+an evaluator made on its own, as `ksearch eval` makes one, draws its own), so a candidate that
+recognises published inputs (and returns cached answers) gains nothing: the inputs it sees are new
+every run, and the same on every evaluator of a run, so their figures compare. Per-call seeds in `fresh` timing derive from a
 workload's base seed and the call index, so the evaluator can regenerate any call's inputs.
 """
 

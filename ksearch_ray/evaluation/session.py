@@ -9,7 +9,8 @@ is what scaled time limits learn from a baseline).
 
 from __future__ import annotations
 
-import contextlib
+import re
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,6 +34,13 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     ProtocolError,
     Taken,
     parse_report,
+)
+from ksearch_ray.evaluation.sandbox.resources import (
+    DISK_LIMIT,
+    LOG_TAIL_BYTES,
+    OUTPUT_LIMIT,
+    Resources,
+    read_tail,
 )
 from ksearch_ray.models import Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
@@ -73,6 +81,30 @@ class WaitLimit:
 
     seconds: float
     why: str = ""
+
+
+# What a process says when an allocation, a fork or a thread was refused by its limits.
+_HOST_MEMORY = re.compile(r"(?<![A-Za-z])MemoryError|std::bad_alloc|Cannot allocate memory|DefaultCPUAllocator: can't allocate")
+_NO_PROCESS = re.compile(r"BlockingIOError: \[Errno 11\]|Resource temporarily unavailable|can't start new thread")
+
+
+def limit_hit(limits: Resources, code: int, sig: int, text: str) -> str | None:
+    """The one-line reason a worker that ended with (`code`, `sig`) and said `text` hit one of its
+    resource limits; None if it did not."""
+    if code == OUTPUT_LIMIT:
+        return (f"the candidate printed more than {limits.output_mb} MiB (stdout and stderr, "
+                "evaluation.limits.output_mb) and was stopped")
+    if code == DISK_LIMIT:
+        return (f"the candidate filled more than {limits.disk_mb} MiB of disk in its job directory "
+                "(evaluation.limits.disk_mb) and was stopped")
+    if limits.file_mb and (sig == signal.SIGXFSZ or "File too large" in text):  # Python ignores SIGXFSZ: EFBIG
+        return f"the candidate wrote a file larger than {limits.file_mb} MiB (evaluation.limits.file_mb)"
+    if limits.memory_mb and _HOST_MEMORY.search(text):
+        return f"the candidate ran out of its host memory ({limits.memory_mb} MiB, evaluation.limits.memory_mb)"
+    if limits.processes and _NO_PROCESS.search(text):
+        return (f"the candidate could not start a process or thread: its limit is {limits.processes} "
+                "(evaluation.limits.processes)")
+    return None
 
 
 class Session:
@@ -128,6 +160,9 @@ class Session:
                 code, sig = self.sandbox.reap(self.worker)
                 how = f"killed by signal {sig}" if sig else f"exited with code {code}"
                 logs = self.logs()
+                hit = limit_hit(self.sandbox.resources, code, sig, logs)
+                if hit:
+                    raise Failure(Status.RESOURCE_LIMIT, f"{hit} during {phase}", logs) from None
                 last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
                 raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {clip(last, 300)}" if last else ""),
                               logs) from None
@@ -140,7 +175,10 @@ class Session:
                 raise Failure(Status.INTEGRITY_VIOLATION, f"malformed message from the worker during {phase} ({exc})") from None
             if isinstance(msg, Fail):
                 where = msg.workload
-                raise Failure(msg.status, f"{where}: {msg.message}" if where else msg.message, msg.log, workload=where)
+                hit = limit_hit(self.sandbox.resources, 0, 0, f"{msg.message}\n{msg.log}") \
+                    if msg.status in (Status.RUNTIME_ERROR, Status.COMPILE_ERROR, Status.CRASHED) else None
+                status, message = (Status.RESOURCE_LIMIT, f"{hit}: {msg.message}") if hit else (msg.status, msg.message)
+                raise Failure(status, f"{where}: {message}" if where else message, msg.log, workload=where)
             if isinstance(msg, expect):
                 return msg
             if isinstance(msg, Progress):
@@ -178,10 +216,9 @@ class Session:
         """Tail of what the worker printed: CUDA errors, aborts and tracebacks surface here."""
         tails = []
         for name in ("stderr.log", "stdout.log"):
-            with contextlib.suppress(OSError):
-                text = (self.workdir / name).read_text(errors="replace").strip()
-                if text:
-                    tails.append(text[-1500:])
+            text = read_tail(self.workdir / name, LOG_TAIL_BYTES).strip()  # a bounded tail, whatever the log's size
+            if text:
+                tails.append(text[-1500:])
         return "\n".join(tails)
 
     def stop_worker(self) -> None:

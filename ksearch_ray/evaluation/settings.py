@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Limits(BaseModel):
-    """Seconds (and one memory cap) an evaluation may spend; each settable per run."""
+    """Seconds an evaluation may spend, and what its candidate may use of the host; each settable per run
+    (YAML: `evaluation: {limits: {memory_mb: 16384}}`).
+
+    The resource defaults are sized for an 8-GPU node with eight evaluators (one candidate each at a
+    time): 8 x 32 GiB of host memory, 8 x 1024 processes and threads, 8 x 16 GiB of disk, within what
+    such a node has (1-2 TiB of memory, hundreds of GiB of local disk), and far above what a kernel
+    needs (a Triton or CUDA candidate uses a few GiB of host memory: torch, the CUDA context, the
+    compiler). 0 turns a resource limit off."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -41,9 +48,29 @@ class Limits(BaseModel):
         "The scaled limit is never below this (Triton compiles a kernel in seconds, and every "
         "compile counts as progress)."))
     total: float = Field(default=3600.0, gt=0, description="Whole evaluation, sandbox start to verdict.")
+    memory_mb: int = Field(default=32768, ge=0, description=(
+        "Host memory of a candidate's process (RLIMIT_DATA: heap and private mappings; the GPU's own memory "
+        "and CUDA's address-space reservations do not count, so CUDA initialises). Past it an allocation "
+        "fails: Status.RESOURCE_LIMIT."))
+    processes: int = Field(default=1024, ge=0, description=(
+        "Processes and threads a candidate may have at once (RLIMIT_NPROC, counted in the candidate's own "
+        "user namespace; without one, above what the host user already runs)."))
+    file_mb: int = Field(default=4096, ge=0, description=(
+        "Largest file a candidate may write (RLIMIT_FSIZE); past it the write fails and the worker is stopped."))
+    disk_mb: int = Field(default=16384, ge=0, description=(
+        "Disk a candidate may fill in its job directory and Triton cache (checked every second), and the "
+        "size of its private /tmp and /dev/shm."))
+    output_mb: int = Field(default=64, ge=0, description=(
+        "What a candidate may print (stdout and stderr together), capped as it is written: past it the "
+        "candidate is stopped. The evaluator reads only the last 64 KiB of any log."))
     reference_cache_mb: int = Field(default=4096, ge=0, description=(
         "Memory (device memory on a GPU) the evaluator keeps for reference outputs, so a reference "
         "for an input set is computed once per evaluator; 0 turns the cache off."))
+
+
+    def resources(self) -> dict[str, int]:
+        """The resource limits, as the sandbox takes them (sandbox/resources.py)."""
+        return {k: getattr(self, k) for k in ("memory_mb", "processes", "file_mb", "disk_mb", "output_mb")}
 
 
 class TimingPolicy(BaseModel):

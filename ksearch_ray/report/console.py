@@ -87,7 +87,7 @@ def eval_table(result: EvalResult, base: EvalResult | None = None) -> Table:
     for w in result.workloads:
         t = w.timing
         colour = "green" if w.status is Status.PASSED else "red"
-        row = [
+        row: list[str | Text] = [
             Text(w.workload), f"[{colour}]{w.status.value}[/]",
             _fmt(t.mean_ms if t else None), _fmt(t.median_ms if t else None), _fmt(t.min_ms if t else None),
             _fmt(t.std_ms if t else None), str(t.count) if t else "—",

@@ -77,14 +77,17 @@ class LocalPolicy:
 class LocalEvaluatorPool:
     """Evaluators of this machine, one measurement at a time each, driven from worker threads."""
 
-    def __init__(self, config: RunConfig, task: Task, make: Callable[[int], Evaluator] | None = None):
+    def __init__(self, config: RunConfig, task: Task, make: Callable[[int], Evaluator] | None = None, *,
+                 secret: int | None = None):
+        """`secret`: the run's input secret (RunStore.seed_secret), shared by its evaluators."""
         device = config.evaluation.device or "cpu"
         size = config.evaluation.evaluators or 1
         if device == "cuda" and size > 1:
             raise ConfigError("without Ray a run has one evaluator on the GPU (--evaluators 1); "
                               "run on Ray for one evaluator per GPU")
         self.config, self.task, self.device, self.size = config, task, device, size
-        self._make = make or (lambda _index: build_evaluator(config.evaluation, device))
+        self._make = make or (lambda _index: build_evaluator(config.evaluation, device, secret_names=[config.llm.api_key_env],
+                                                             secret=secret))
         self.evaluators: list[Evaluator] = []
         self.done = 0
         self.busy_s: dict[int, float] = {}
@@ -152,7 +155,7 @@ def local_backends(config: RunConfig, task: Task, store: RunStore, *, planner: A
         world_model=lambda tree: LocalWorldModel(store, tree),
         planner=planner or LocalPolicy(make_policy(config.llm, cache)),
         coder=coder or LocalPolicy(make_policy(config.llm, cache)),
-        evaluators=evaluators or LocalEvaluatorPool(config, task),
+        evaluators=evaluators or LocalEvaluatorPool(config, task, secret=store.seed_secret()),
     )
 
 

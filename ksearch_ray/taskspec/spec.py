@@ -78,6 +78,9 @@ class TaskDefinition(BaseModel):
         default=None, description="The solution a run starts from when it is in the language searched (else: the "
                                   "first seed by name in that language).")
     compat_options: dict[str, str] = Field(default_factory=dict, description="Option name -> what it changes.")
+    environment: list[str] = Field(default_factory=list, description=(
+        "Environment variables a kernel of this task reads, passed into the sandbox where set (never one "
+        "that looks like a credential); every other variable beyond PATH, locale, CUDA and Triton stays out."))
 
 
 class Workload(BaseModel):

@@ -6,7 +6,9 @@ project is `WANDB_PROJECT` or `ksearch-ray`. The run's id is kept in tracking.js
 session asks for it again (`resume="allow"`; offline, W&B starts a new local directory of the same id).
 Every log's step is the event's place in events.jsonl, which only grows, across sessions too, so a
 resumed session's history follows the first's; `round` is each figure's x-axis (`define_metric`).
-W&B's console capture is off: the run's output is its own.
+W&B's console capture is off: the run's output is its own. W&B's artifact staging, cache and
+downloads go under `<run_dir>/wandb/` too (not ~/.cache or ~/.local/share), unless the user set
+their variables.
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ from ksearch_ray.config import RunConfig
 from ksearch_ray.tracking.sink import EVALUATION_COLUMNS, LEDGER_FIELDS
 
 PROJECT = "ksearch-ray"
+# Where W&B writes outside its run directory unless told: staging of artifacts (WANDB_DATA_DIR), the
+# artifact cache (WANDB_CACHE_DIR) and downloads (WANDB_ARTIFACT_DIR), all under the home by default.
+_PLACES = {"WANDB_DATA_DIR": "staging", "WANDB_CACHE_DIR": "cache", "WANDB_ARTIFACT_DIR": "artifacts"}
+_SET_BY_US: dict[str, str] = {}
+
+
+def _keep_files_in(folder: Path) -> None:
+    """W&B's places under `folder` (this run's), except those the user chose."""
+    for variable, name in _PLACES.items():
+        if variable in os.environ and os.environ[variable] != _SET_BY_US.get(variable):
+            continue  # the user's own choice
+        path = folder / name
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.environ[variable] = _SET_BY_US[variable] = str(path)
 
 
 def _after_the_last_session(folder: Path, run_id: str) -> None:
@@ -42,6 +58,7 @@ class WandbTracker:
         run_id = (previous or {}).get("id")  # none: W&B makes one, kept in tracking.json
         if run_id:
             _after_the_last_session(root / "wandb", run_id)
+        _keep_files_in(root / "wandb")
         self.run = wandb.init(
             project=(previous or {}).get("project") or os.environ.get("WANDB_PROJECT", PROJECT), dir=str(root),
             id=run_id, resume="allow", name=root.name, tags=[config.task, config.search.method],

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ksearch_ray.evaluation.sandbox.resources import read_tail
 from ksearch_ray.text import clip
 
 # Part of every build key (ksearch_ray.evaluation.buildcache): a change here rebuilds everything.
@@ -160,9 +161,19 @@ def serve_build(chan: Any, job: dict[str, Any]) -> int:
     return 0
 
 
-def _read_tail(build_dir: Path) -> str:
+def _read_tail(build_dir: Path, limit: int = 200_000) -> str:
+    """The end of this worker's stdout.log. The output reaches the file through a pipe that the
+    sandbox's parent process drains (sandbox/resources.py): wait until it is quiet (at most 2 s)."""
     log = build_dir.parent / "stdout.log"
-    return log.read_text(errors="replace")[-200_000:] if log.is_file() else ""
+    sys.stdout.flush()
+    size, deadline = -1, time.monotonic() + 2.0
+    while log.is_file() and time.monotonic() < deadline:
+        now = log.stat().st_size
+        if now == size:
+            break
+        size = now
+        time.sleep(0.1)
+    return read_tail(log, limit)
 
 
 _ERROR_LINE = re.compile(r"(error|Error|ERROR)[: ]")

@@ -1,6 +1,7 @@
 """The evaluator's handle on its sandbox: a zygote process and the workers it forks.
 
-The zygote runs with a scrubbed environment (no API keys, tokens or cloud credentials) and,
+The zygote runs with an allow-listed environment (what a kernel needs: PATH, locale, CUDA, Triton;
+never API keys, tokens, credentials or URLs with passwords) and,
 on the CPU path, with no GPU visible and Triton's interpreter on. Each worker runs in its own
 namespaces where the host allows (isolation.py); on hosts that do not, the sandbox says once,
 on standard error, which protections are lost, and `Isolation.REQUIRE` refuses to start.
@@ -11,6 +12,7 @@ one: a dead sandbox costs one candidate, never the evaluator.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -27,18 +29,37 @@ from typing import Any
 
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.isolation import PROTECTIONS, Isolation
+from ksearch_ray.evaluation.sandbox.resources import Resources, read_tail
 from ksearch_ray.private_dir import PrivateDirError, check_private, private_dir
+from ksearch_ray.text import SECRET_NAME, URL_USERINFO
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.IGNORECASE)
-_SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCLOUD_", "HF_", "HUGGING", "OPENAI", "ANTHROPIC",
-                    "LITELLM", "RAY_", "GITHUB_", "GH_", "KSEARCH_")
+# What a kernel needs from the environment, by name: the rest of the evaluator's environment (API keys,
+# cloud credentials, database and index URLs, proxies, Ray's own variables) never reaches a candidate.
+_ALLOWED_NAMES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
+    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "PKG_CONFIG_PATH",
+    "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED", "PYTHONPATH", "FLASHINFER_WORKSPACE_BASE",
+})
+_ALLOWED_PREFIXES = ("LC_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "NVCC_", "CUTLASS_", "TRITON_", "TORCH_CUDA_",
+                     "TORCHINDUCTOR_", "FLASHINFER_JIT_", "PYTORCH_")
+# Even an allowed name is dropped when it looks like a credential (the redactor's own rule, broader).
+_SECRET_NAME = re.compile(rf"{SECRET_NAME.pattern}|AUTH|COOKIE|SESSION|CERT", re.IGNORECASE)
 
 
-def scrubbed_environment(device: str, visible_gpu: str | None = None) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items()
-        if not _SECRET_NAME.search(k) and not k.upper().startswith(_SECRET_PREFIXES)
-    }
+def allowed_variable(name: str, value: str, declared: frozenset[str] = frozenset(),
+                     refused: frozenset[str] = frozenset()) -> bool:
+    """Whether the candidate may see `name`: a name a kernel needs (or the task declares), never one
+    the run refuses (its API key variable), one that looks like a credential, or a URL with userinfo."""
+    if name in refused or _SECRET_NAME.search(name) or URL_USERINFO.match(value):
+        return False
+    return name in _ALLOWED_NAMES or name.startswith(_ALLOWED_PREFIXES) or name in declared
+
+
+def scrubbed_environment(device: str, visible_gpu: str | None = None, *, declared: frozenset[str] = frozenset(),
+                         refused: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The candidate's environment: an allow-list of the evaluator's (see `allowed_variable`)."""
+    env = {k: v for k, v in os.environ.items() if allowed_variable(k, v, declared, refused)}
     package_parent = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -51,6 +72,11 @@ def scrubbed_environment(device: str, visible_gpu: str | None = None) -> dict[st
         if visible_gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_gpu
     return env
+
+
+def declared_environment(names: list[str], refused: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The values of the variables a task declares, where set and allowed (never a credential)."""
+    return {n: os.environ[n] for n in names if n in os.environ and allowed_variable(n, os.environ[n], frozenset(names), refused)}
 
 
 def default_work_root() -> Path:
@@ -113,7 +139,10 @@ def _pipe_for_records() -> tuple[int, int]:
 
 class Sandbox:
     def __init__(self, device: str, work_root: Path, *, startup_timeout: float = 300.0,
-                 isolation: Isolation = Isolation.BEST_EFFORT):
+                 isolation: Isolation = Isolation.BEST_EFFORT, resources: Resources | None = None,
+                 refused: frozenset[str] = frozenset()):
+        """`resources`: every worker's limits (sandbox/resources.py). `refused`: environment variables that
+        never reach a candidate whatever their name (the run's API key variable)."""
         self.device = device
         self.work_root = Path(work_root).resolve()  # the worker chdirs into job dirs below it from elsewhere
         self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -123,6 +152,8 @@ class Sandbox:
             raise SandboxError(f"sandbox folder refused: {exc}") from None
         self.startup_timeout = startup_timeout
         self.isolation = isolation
+        self.resources = resources or Resources()
+        self.refused = refused
         self.report = IsolationReport()
         self._warned: set[str] = set()
         self.visible_gpu = self._current_gpu() if device == "cuda" else None
@@ -162,7 +193,8 @@ class Sandbox:
                 [sys.executable, "-m", "ksearch_ray.evaluation.sandbox.zygote", str(child.fileno()), self.device,
                  self.isolation.value],
                 pass_fds=[child.fileno()],
-                env=scrubbed_environment(self.device, self.visible_gpu),
+                env={**scrubbed_environment(self.device, self.visible_gpu, refused=self.refused),
+                     "HOME": str(self.work_root)},  # the zygote's tools write nothing into the user's home
                 cwd=self.work_root,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -179,7 +211,7 @@ class Sandbox:
         except (TimeoutError, ValueError):
             hello = {}
         if not hello.get("ready"):
-            tail = (self.work_root / "zygote.log").read_text(errors="replace")[-2000:]
+            tail = read_tail(self.work_root / "zygote.log", 2000)
             self.close()
             raise SandboxError(f"sandbox zygote failed to start: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
         self.zygote_starts += 1
@@ -215,11 +247,13 @@ class Sandbox:
 
     # --- workers ----------------------------------------------------------------------------
 
-    def start(self, job: dict[str, Any]) -> WorkerHandle:
+    def start(self, job: dict[str, Any], environment: dict[str, str] | None = None) -> WorkerHandle:
+        """A worker for `job`; `environment`: variables the task declares (`declared_environment`), set
+        before the job's code runs."""
         with self._lock:
-            return self._start(job)
+            return self._start(job, environment)
 
-    def _start(self, job: dict[str, Any]) -> WorkerHandle:
+    def _start(self, job: dict[str, Any], environment: dict[str, str] | None) -> WorkerHandle:
         for attempt in (1, 2):
             if not self.alive():
                 self._start_zygote()
@@ -240,7 +274,8 @@ class Sandbox:
             key = os.urandom(32)
             ours.sendall(key)
             chan = Channel(ours, key)
-            chan.send(job)
+            # A takes these two off the job (zygote.py) before anything of the candidate's runs.
+            chan.send({**job, "resources": dataclasses.asdict(self.resources), "environment": environment or {}})
             return WorkerHandle(reply["pid"], chan, records)
         raise SandboxError("unreachable")
 

@@ -246,8 +246,11 @@ def _bind(src: str, dst: str, *, read_only: bool, is_dir: bool) -> None:
         mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep)
 
 
-def build_root(plan: MountPlan, read_only: list[str], read_write: list[str]) -> None:
-    """In B (PID 1 of the new namespace, still privileged in it): the candidate's root, then pivot."""
+def build_root(plan: MountPlan, read_only: list[str], read_write: list[str], *, tmpfs_mb: int = 0) -> None:
+    """In B (PID 1 of the new namespace, still privileged in it): the candidate's root, then pivot.
+    `tmpfs_mb`: the size of the candidate's own /tmp and /dev/shm (memory the host gives them); 0: the
+    kernel's default (half the host's memory)."""
+    size = f",size={tmpfs_mb}m" if tmpfs_mb else ""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # The new root is a tmpfs on /tmp; sources stay reachable under /oldroot until the end.
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
@@ -267,9 +270,9 @@ def build_root(plan: MountPlan, read_only: list[str], read_write: list[str]) -> 
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{new}/dev/{name}")
     os.makedirs(new + "/dev/shm")
-    mount("tmpfs", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("tmpfs", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777" + size)
     os.makedirs(new + "/tmp")
-    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777" + size)
     os.makedirs(new + "/proc")
     mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's only
     if os.path.isdir("/oldroot/sys"):

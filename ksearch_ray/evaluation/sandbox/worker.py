@@ -27,11 +27,9 @@ from ksearch_ray.evaluation.sandbox.timer import run_retime, run_timing
 _perf = integrity.perf_counter
 
 
-def _redirect_output(workdir: Path) -> None:
-    for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
-        f = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
+def _redirect_output() -> None:
+    """Python's streams onto fds 1 and 2: pipes the sandbox's parent process drains into stdout.log and
+    stderr.log of the job directory, up to the output limit (sandbox/resources.py)."""
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
@@ -82,7 +80,7 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     """Run one job to the end; returns the process exit code."""
     workdir = Path(job["workdir"])
     os.chdir(workdir)
-    _redirect_output(workdir)
+    _redirect_output()
     os.environ["TRITON_CACHE_DIR"] = job["triton_cache_dir"]
     os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
     os.environ["HOME"] = str(workdir)

@@ -22,6 +22,7 @@ The first message, unasked: {"ready": true, "pid": N, "isolated": bool, "isolati
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksearch_ray.evaluation.sandbox import isolation as iso
+from ksearch_ray.evaluation.sandbox import resources
 
 SETUP_FAILED = 97  # B's exit code when the namespace could not be set up (a sandbox fault)
 
@@ -60,6 +62,8 @@ class Prepared:
     body: Callable[[], int]
     read_only: list[str] = field(default_factory=list)
     read_write: list[str] = field(default_factory=list)
+    logs: str | None = None  # C's stdout.log and stderr.log go here, through the watching parent; none: inherited
+    limits: resources.Resources = field(default_factory=resources.Resources)
 
 
 class Jail:
@@ -115,7 +119,7 @@ class Jail:
         job = prepare()
         if not self.isolated:
             iso.become_subreaper()
-            status = self._fork_c(job.body)
+            status = self._fork_c(job, stop=_stop_descendants)
             iso.kill_descendants(os.getpid())
             _exit_like(status)
         ro, rw = self.plan.with_job(job.read_only, job.read_write)
@@ -128,7 +132,7 @@ class Jail:
             try:
                 os.close(report_r)
                 os.close(alive_w)
-                code = self._process_b(job.body, ro, rw, uid, report_w, alive_r)
+                code = self._process_b(job, ro, rw, uid, report_w, alive_r)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
                 sys.stderr.flush()
@@ -142,38 +146,48 @@ class Jail:
         _exit_like(b_status)
         return 1
 
-    def _process_b(self, body: Callable[[], int], ro: list[str], rw: list[str], uid: int | None, report_w: int,
+    def _process_b(self, job: Prepared, ro: list[str], rw: list[str], uid: int | None, report_w: int,
                    alive_r: int) -> int:
         iso.die_with_parent()
         if select.select([alive_r], [], [], 0)[0]:
             return 1  # A died before the death signal was armed
-        iso.build_root(self.plan, ro, rw)
+        iso.build_root(self.plan, ro, rw, tmpfs_mb=job.limits.disk_mb)
         if uid is not None:
             iso.chown_tree(rw, uid)
-        status = self._fork_c(body, drop=True, uid=uid)
+        status = self._fork_c(job, stop=resources.stop_namespace, drop=True, uid=uid)
         os.write(report_w, struct.pack("i", status))
         return 0  # as PID 1, B's exit takes every process left in the namespace with it
 
-    def _fork_c(self, body: Callable[[], int], drop: bool = False, uid: int | None = None) -> int:
+    def _fork_c(self, job: Prepared, stop: Callable[[int], None], drop: bool = False, uid: int | None = None) -> int:
+        """Fork C, which runs `job.body` within the job's limits; watch it (output, disk) and reap
+        everything until it ends. Returns C's wait status (or the limit's, when it was stopped)."""
+        pipes = [os.pipe(), os.pipe()] if job.logs else []
+        # The log files are opened here, before C exists (C cannot put a link in their place first),
+        # and C never holds them (it could write past the cap through them).
+        logs = {r: open(os.path.join(job.logs, name), "wb", buffering=0)  # noqa: SIM115  (closed by watch)
+                for (r, _w), name in zip(pipes, ("stdout.log", "stderr.log"), strict=True)} if job.logs else {}
         c = os.fork()
         if c == 0:
             code = 1
             try:
+                for log in logs.values():
+                    log.close()
+                for target, (r, w) in zip((1, 2), pipes, strict=False):
+                    os.close(r)
+                    os.dup2(w, target)
+                    os.close(w)
                 if drop:
                     iso.drop_privileges(uid)
-                code = body()
+                resources.apply_limits(job.limits, own_namespace=self.isolated)
+                code = job.body()
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
                 sys.stderr.flush()
             finally:
                 os._exit(code)
-        while True:  # reap orphans too (B is the namespace's init)
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                return 1 << 8
-            if pid == c:
-                return status
+        for _r, w in pipes:
+            os.close(w)
+        return resources.watch(c, logs, job.limits, job.read_write, stop)
 
     def probe(self) -> str | None:
         """Run a trivial body through the whole jail once; None if it works, else what failed."""
@@ -192,6 +206,13 @@ class Jail:
             if text == "ok" and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 return None
             return text or f"the sandbox set-up failed (wait status {status}; details in zygote.log)"
+
+
+def _stop_descendants(child: int) -> None:
+    """Without a PID namespace (A is a subreaper): kill C and whatever C started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)
+    iso.kill_descendants(os.getpid())
 
 
 def _probe_body(device: str, out: str) -> int:
@@ -229,10 +250,12 @@ def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
         return serve(chan, job, clock_fd)
 
     # A build job (ksearch_ray.evaluation.builder) has sources in its work directory and no task files.
+    limits = resources.Resources.of(job.pop("resources", None))
+    os.environ.update(job.pop("environment", None) or {})  # what the task declares (Sandbox.start checked it)
     readable = [job["task_root"]] if job.get("task_root") else []
     if job.get("type") == "profile":  # the profiler's own install tree, read-only (where no system directory has it)
         readable.append(os.path.dirname(os.path.realpath(job["ncu"])))
-    return Prepared(body, readable, [job["workdir"], job["triton_cache_dir"]])
+    return Prepared(body, readable, [job["workdir"], job["triton_cache_dir"]], logs=job["workdir"], limits=limits)
 
 
 def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:

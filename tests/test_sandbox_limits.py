@@ -1,0 +1,110 @@
+"""A candidate's resources are bounded, each limit hit is a status of its own, and the evaluator survives.
+
+Hostile candidates from tests/data/candidates run through the real zygote and namespaces on the CPU
+path, with small limits so that each attack ends in seconds: a fork bomb, a memory hog, 1 GiB of
+output, a file past the size limit, a job directory filled past the disk limit. After each, the same
+evaluator passes the task's baseline. tests/test_sandbox_gpu.py repeats them on a GPU with the
+default limits.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.sandbox.resources import Resources, read_tail, watch
+from ksearch_ray.models import Status
+from ksearch_ray.taskspec.task import Task, solution_from_file
+
+DATA = Path(__file__).parent / "data"
+CANDIDATES = DATA / "candidates"
+SMALL = Limits(setup=120, build_python=60, idle=30, total=120, memory_mb=1024, processes=64, file_mb=16,
+               disk_mb=64, output_mb=8)
+
+
+@pytest.fixture(scope="module")
+def toy() -> Task:
+    return Task.load(DATA / "toy")
+
+
+@pytest.fixture(scope="module")
+def bounded():
+    ev = Evaluator("cpu", limits=SMALL, timing=TimingPolicy(max_calls=5), isolation=Isolation.REQUIRE)
+    yield ev
+    ev.close()
+
+
+def evaluate(ev: Evaluator, task: Task, name: str):
+    result = ev.evaluate(task, solution_from_file(CANDIDATES / f"{name}.py", task), workload_set="tests")
+    assert ev.evaluate(task, task.baseline(), workload_set="tests").status is Status.PASSED  # the evaluator survives
+    return result
+
+
+def test_a_fork_bomb_is_capped_in_the_candidates_own_namespace(bounded, toy):
+    result = evaluate(bounded, toy, "fork_bomb")
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "its limit is 64 (evaluation.limits.processes)" in result.message
+    forked = int(result.message.split("forked ")[1].split()[0])
+    assert 1 <= forked < 64
+    subprocess.run(["true"], check=True)  # the host user's own processes are not counted against it
+
+
+def test_a_memory_hog_is_stopped_with_a_clear_status(bounded, toy):
+    result = evaluate(bounded, toy, "memory_hog")
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "host memory (1024 MiB, evaluation.limits.memory_mb)" in result.message
+
+
+def test_output_is_capped_while_written_and_the_evaluator_reads_only_a_tail(bounded, toy):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = evaluate(bounded, toy, "flood_output")  # 1 GiB on stdout, then a crash
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "printed more than 8 MiB" in result.message
+    assert grown_mb < 100, f"the evaluator grew by {grown_mb:.0f} MB"
+    assert len(result.log) <= 4000
+
+
+def test_a_file_past_the_size_limit_is_refused(bounded, toy):
+    result = evaluate(bounded, toy, "big_file")
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "a file larger than 16 MiB" in result.message
+
+
+def test_filling_the_job_directory_past_the_disk_limit_stops_the_candidate(bounded, toy):
+    result = evaluate(bounded, toy, "fill_disk")
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "more than 64 MiB of disk" in result.message
+
+
+def test_limits_are_settings_and_misspelt_ones_are_refused():
+    from ksearch_ray.config import validate_config
+
+    config = validate_config({"task": "trimul", "evaluation": {"limits": {"memory_mb": 2048, "output_mb": 1}}})
+    assert config.evaluation.limits.resources()["memory_mb"] == 2048
+    with pytest.raises(Exception, match="memory_gb"):
+        validate_config({"task": "trimul", "evaluation": {"limits": {"memory_gb": 2}}})
+
+
+def test_the_watcher_keeps_the_head_of_a_flood_and_a_bounded_tail_is_read(tmp_path):
+    import os
+
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        with open(w, "wb", buffering=0) as out:
+            out.write(b"a" * (3 << 20))
+        os._exit(0)
+    os.close(w)
+    log = tmp_path / "stdout.log"
+    status = watch(child, {r: log.open("wb", buffering=0)}, Resources(output_mb=1), [], lambda c: os.kill(c, 9))
+    assert os.WEXITSTATUS(status) == 92 and log.stat().st_size == 1 << 20
+    assert read_tail(log, 100) == "a" * 100
+    os.mkfifo(tmp_path / "fifo")  # a candidate may put a FIFO in a log's place: reading it must not block
+    assert read_tail(tmp_path / "fifo", 100) == ""

@@ -1,0 +1,76 @@
+"""The resource limits at their defaults on a real GPU (skipped without one): CUDA initialises under
+them and a normal TriMul evaluation passes, while the hostile candidates of test_sandbox_limits.py
+are still stopped, each with Status.RESOURCE_LIMIT, and the GPU evaluator goes on.
+
+Run on the H200: `python -m pytest -q -m gpu tests/test_sandbox_limits_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import pytest
+
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.models import Status
+from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
+
+pytestmark = pytest.mark.gpu
+DATA = Path(__file__).parent / "data"
+CANDIDATES = DATA / "candidates"
+DEFAULTS = Limits()
+
+
+@pytest.fixture(scope="module")
+def toy() -> Task:
+    return Task.load(DATA / "toy")
+
+
+@pytest.fixture(scope="module")
+def gpu(toy):
+    ev = Evaluator("cuda", limits=Limits(), isolation=Isolation.REQUIRE)  # every resource limit at its default
+    assert ev.evaluate(toy, toy.baseline()).passed
+    yield ev
+    ev.close()
+
+
+def scaled(task: Task, name: str, old: str, new: str, tmp_path: Path):
+    """A candidate of tests/data/candidates, made big enough to pass the default limits."""
+    source = (CANDIDATES / f"{name}.py").read_text()
+    assert old in source
+    path = tmp_path / f"{name}.py"
+    path.write_text(source.replace(old, new))
+    return solution_from_file(path, task)
+
+
+def test_gpu_a_trimul_evaluation_passes_with_the_default_limits(gpu):
+    trimul = find_task("trimul")
+    for name in ("baseline", "triton_seed"):
+        result = gpu.evaluate(trimul, trimul.solution(name), workload_set=trimul.definition.default_workloads)
+        assert result.status is Status.PASSED, (name, result.message, result.log[-1000:])
+
+
+def test_gpu_a_memory_hog_is_stopped_at_the_default_limit(gpu, toy, tmp_path):
+    hog = scaled(toy, "memory_hog", "TOTAL = 6 << 30", f"TOTAL = {DEFAULTS.memory_mb // 1024 + 16} << 30", tmp_path)
+    result = gpu.evaluate(toy, hog, workload_set="tests")
+    assert result.status is Status.RESOURCE_LIMIT, (result.message, result.log[-1000:])
+    assert gpu.evaluate(toy, toy.baseline()).passed
+
+
+def test_gpu_a_fork_bomb_is_capped_at_the_default_limit(gpu, toy, tmp_path):
+    bomb = scaled(toy, "fork_bomb", "TRIES = 1000", f"TRIES = {DEFAULTS.processes * 3}", tmp_path)
+    result = gpu.evaluate(toy, bomb, workload_set="tests")
+    assert result.status is Status.RESOURCE_LIMIT, (result.message, result.log[-1000:])
+    assert int(result.message.split("forked ")[1].split()[0]) < DEFAULTS.processes
+    assert gpu.evaluate(toy, toy.baseline()).passed
+
+
+def test_gpu_a_gigabyte_of_output_is_capped_while_written(gpu, toy):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = gpu.evaluate(toy, solution_from_file(CANDIDATES / "flood_output.py", toy), workload_set="tests")
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert result.status is Status.RESOURCE_LIMIT and f"more than {DEFAULTS.output_mb} MiB" in result.message, result.message
+    assert grown_mb < 200, f"the evaluator grew by {grown_mb:.0f} MB"
+    assert gpu.evaluate(toy, toy.baseline()).passed

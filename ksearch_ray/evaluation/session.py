@@ -34,7 +34,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Taken,
     parse_report,
 )
-from ksearch_ray.models import Solution, Status, WorkloadResult
+from ksearch_ray.models import Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
 from ksearch_ray.text import clip
 
@@ -63,6 +63,8 @@ class RunSpec:
     time_seeds: list[int]
     prebuilt: BuildRecord | None = None
     prepare: str | None = None  # the trusted untimed setup function (trusted_prepare), decided once
+    objective: Objective = "call"  # which figure is `timing` (the task's, or --objective)
+    flush_l2: bool = True  # the task's rule and the timing policy both ask for it
     results: list[WorkloadResult] = field(default_factory=list)
     build_seconds: float = 0.0
 

@@ -65,6 +65,8 @@ class TimedStage:
         outputs: list[list[dict[str, torch.Tensor]]] = []
         for i, workload in enumerate(run.workloads):
             got: list[Timed] = []
+            taken_records: list[list[ClockRecord]] = []
+            taken_outputs: list[dict[str, torch.Tensor]] = []
             while not got or got[-1].figure != "call":
                 msg = session.recv("timing", f"timing of {workload.name}", Tick, Timed)
                 stopwatch.drain()  # keep the pipe empty: the worker must never block on it
@@ -75,9 +77,12 @@ class TimedStage:
                 if (msg.figure == "kernel") != (msg.method == "graph_replay"):
                     raise Failure(Status.INTEGRITY_VIOLATION, f"{workload.name}: a {msg.figure} figure timed as {msg.method}")
                 got.append(msg)
-            records.append([stopwatch.take(m.count, workload.name) for m in got])
+                taken_records.append(stopwatch.take(msg.count, workload.name))
+                # At once: a worker that handed over device memory waits for `taken` before it goes on.
+                taken_outputs.append(session.take(msg.handover, workload.name))
+            records.append(taken_records)
             reports.append(got)
-            outputs.append([session.take(m.handover, workload.name) for m in got])
+            outputs.append(taken_outputs)
         elapsed = time.monotonic() - t0
         reported_ms = sum(r.time_ms for per in records for rs in per for r in rs)
         if reported_ms > elapsed * 1e3:

@@ -111,10 +111,15 @@ def eval_(
     work_dir: Annotated[Path | None, typer.Option(help="Sandbox working directory.")] = None,
     max_calls: Annotated[int | None, typer.Option(help="Cap on timed calls per workload (default 100, GPUMode's).")] = None,
     isolation: Isolation = None,
+    objective: Annotated[str | None, typer.Option(
+        "--objective", metavar="kernel|call", help="Which figure scores: kernel (graph replay) or call (the candidate's "
+        "own call, host work included); default: the task's. Both are shown.")] = None,
 ) -> None:
     """Evaluate one candidate kernel: correctness on every workload, then timing."""
     if mode not in ("fresh", "reuse"):
         fail(f"--mode must be fresh or reuse, not {mode!r}")
+    if objective not in (None, "kernel", "call"):
+        fail(f"--objective must be kernel or call, not {objective!r}")
     isolation = isolation or "best-effort"
     if isolation not in ("require", "best-effort", "off"):
         fail(f"--isolation must be require, best-effort or off, not {isolation!r}")
@@ -142,7 +147,8 @@ def eval_(
 
     if max_calls is not None and max_calls < 3:
         fail("--max-calls must be at least 3")
-    settings = EvaluationConfig(isolation=isolation, timing={"max_calls": max_calls} if max_calls else {})  # type: ignore[arg-type]
+    settings = EvaluationConfig(isolation=isolation, timing={"max_calls": max_calls} if max_calls else {},  # type: ignore[arg-type]
+                                objective=objective)  # type: ignore[arg-type]
     try:
         evaluator = build_evaluator(settings, device, work_dir, start=True)
     except (RuntimeError, SandboxError) as exc:
@@ -150,32 +156,54 @@ def eval_(
     try:
         with _eval_progress() as say:
             say(f"evaluating {solution.name} on {task.workload_set_name(workloads, device)}")
-            result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options,  # type: ignore[arg-type]
-                                        progress=lambda text: say(f"{solution.name}: {text}"))
+            say(objective_line(task, evaluator.objective_for(task), objective is not None, device))
             base = None
             if reference is not None:
+                # The comparison first: a bundled solution's waits scale the hang limits of the candidate's.
                 say(f"evaluating {reference.name} for comparison")
                 base = evaluator.evaluate(task, reference, workload_set=workloads, mode=mode, options=options,  # type: ignore[arg-type]
                                           progress=lambda text: say(f"{reference.name}: {text}"))
+                if _bundled(task, reference):
+                    evaluator.learn_stage_times(task, base)
+            result = evaluator.evaluate(task, solution, workload_set=workloads, mode=mode, options=options,  # type: ignore[arg-type]
+                                        progress=lambda text: say(f"{solution.name}: {text}"))
     except SandboxError as exc:
         fail(str(exc))
     finally:
         evaluator.close()
 
     if as_json:
-        from ksearch_ray.report.console import workload_speedups
+        from ksearch_ray.report.console import other_objective, workload_speedups
 
-        payload: dict[str, object] = {"result": result.model_dump(mode="json")}
+        payload: dict[str, object] = {"result": result.model_dump(mode="json"), "objective": result.objective}
         if base is not None:
             payload["baseline"] = base.model_dump(mode="json")
             payload["speedup"] = _speedup(base, result, task)
             payload["workload_speedups"] = workload_speedups(result, base)
+            other = other_objective(result.objective)
+            payload[f"workload_speedups_{other}"] = workload_speedups(result, base, figure=other)
         print(json.dumps(payload, indent=2))
     else:
         from ksearch_ray.report.console import print_eval
 
         print_eval(out, result, base, _speedup(base, result, task))
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _bundled(task: Any, solution: Any) -> bool:
+    """`solution` is, byte for byte, one of the task's own solutions (trusted: it may teach wait limits)."""
+    try:
+        return bool(task.solution(solution.name).id == solution.id)
+    except TaskError:
+        return False
+
+
+def objective_line(task: Any, objective: str, overridden: bool, device: str) -> str:
+    """The run's first lines say which figure scores, and why."""
+    rule = task.definition.objective
+    why = "set by --objective" if overridden else f"the task's rule: {rule.source or 'the default'}"
+    cpu = "; on the CPU there is no graph replay: the call figure is the only one" if device == "cpu" else ""
+    return f"objective: {objective} ({why}){cpu}"
 
 
 @contextlib.contextmanager
@@ -218,6 +246,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("evaluators", "--evaluators", "evaluation.evaluators"),
     ("workloads", "--workloads", "evaluation.workloads"),
     ("mode", "--mode", "evaluation.mode"),
+    ("objective", "--objective", "evaluation.objective"),
     ("isolation", "--isolation", "evaluation.isolation"),
     ("profile_bests", "--profile-bests/--no-profile-bests", "evaluation.profile.bests"),
     ("ray", "--ray/--no-ray", "cluster.ray"),

@@ -158,6 +158,9 @@ class EvaluationConfig(_Section):
     device: Literal["cuda", "cpu"] | None = Field(default=None, description="cuda or cpu (default: cuda where there is a GPU).")
     workloads: str | None = Field(default=None, description="Workload set that scores candidates (default: the task's).")
     mode: Literal["fresh", "reuse"] = Field(default="fresh", description="Timing mode: fresh inputs every timed call, or reuse.")
+    objective: Literal["kernel", "call"] | None = Field(
+        default=None, description="What the score times: kernel (the call replayed as a CUDA graph) or call (the "
+        "candidate's own call, host work included); default: the task's, after its source benchmark.")
     isolation: Literal["require", "best-effort", "off"] = Field(
         default="best-effort",
         description="Candidate isolation: require (refuse without it), best-effort (warns about what the host lacks) or off.",
@@ -181,7 +184,8 @@ class EvaluationConfig(_Section):
         return value
 
     def timing_for(self, device: str) -> TimingPolicy:
-        return TimingPolicy.model_validate({**TimingPolicy.for_device(device).model_dump(), **self.timing})
+        objective = {"objective": self.objective} if self.objective else {}
+        return TimingPolicy.model_validate({**TimingPolicy.for_device(device).model_dump(), **self.timing, **objective})
 
 
 class ClusterConfig(_Section):

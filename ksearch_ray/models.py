@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Language = Literal["python", "triton", "cuda"]
+Objective = Literal["kernel", "call"]
+"""What a task's score times: `kernel`, the call replayed as a CUDA graph (no host work, as serving
+engines run decode); `call`, the candidate's own Python call, host launch work included (as users,
+GPUMode's eval.py and FlashInfer-Bench's benchmark call it)."""
 
 
 class Status(StrEnum):
@@ -91,6 +96,11 @@ class Timing(BaseModel):
     rel_err: float | None = Field(
         default=None, description="Standard error of the mean over the mean, as reached (the stop rule's target)."
     )
+    robust_rel_err: float | None = Field(
+        default=None,
+        description="The same from the median absolute deviation (1.4826 MAD / median / sqrt(count)): the figure's "
+        "noise, which one host hiccup among many timed calls barely moves.",
+    )
 
 
 class WorkloadResult(BaseModel):
@@ -102,7 +112,20 @@ class WorkloadResult(BaseModel):
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     fraction_ok: float | None = Field(default=None, description="Share of elements within tolerance.")
-    timing: Timing | None = None
+    timing: Timing | None = Field(
+        default=None, description="The objective's figure (EvalResult.objective): what the score and the search use.")
+    kernel_timing: Timing | None = Field(
+        default=None, description="The call replayed as a CUDA graph; None where it cannot be captured, and on the CPU.")
+    call_timing: Timing | None = Field(
+        default=None, description="The candidate's own call, host launch work included (the plain-call path).")
+
+    @property
+    def kernel_ms(self) -> float | None:
+        return self.kernel_timing.mean_ms if self.kernel_timing else None
+
+    @property
+    def call_ms(self) -> float | None:
+        return self.call_timing.mean_ms if self.call_timing else None
 
 
 class EvalResult(BaseModel):
@@ -123,6 +146,8 @@ class EvalResult(BaseModel):
     score: float | None = Field(default=None, description="Task score (lower is better for latency scores).")
     score_kind: str = Field(default="", description="What the score is, e.g. 'geomean latency (ms)'.")
     timed: bool = Field(default=False, description="Whether latencies were measured.")
+    objective: Objective = Field(
+        default="kernel", description="Which figure `timing` and the score are: kernel (graph replay) or call.")
     prepared_untimed: bool = Field(
         default=False,
         description="A trusted baseline's per-input setup (its `prepare`, e.g. a library's plan) ran outside the "
@@ -155,3 +180,10 @@ class EvalResult(BaseModel):
     @property
     def passed(self) -> bool:
         return self.status is Status.PASSED
+
+    def figure_ms(self, figure: Objective) -> float | None:
+        """Geometric mean over the timed workloads of one figure (kernel or call), ms; None where one lacks it."""
+        values = [w.kernel_ms if figure == "kernel" else w.call_ms for w in self.workloads if w.timing]
+        if not values or any(v is None or v <= 0 for v in values):
+            return None
+        return math.exp(sum(math.log(v) for v in values if v) / len(values))

@@ -25,6 +25,7 @@ def ksearch(*args: str, cwd: Path = ROOT):  # type: ignore[no-untyped-def]
     (["eval", "--task", "toy_axpy", "--task-dir", str(DATA), "good", "--workloads", "nope"], "no workload set 'nope'"),
     (["run", "--task", "trimul", "--width", "0"], "search.width: Input should be greater than or equal to 1"),
     (["run", "--task", "trimul", "--method", "greedy"], "search.method: Input should be 'ksearch', 'evolve' or 'refine'"),
+    (["run", "--task", "trimul", "--objective", "wall"], "'wall' is not one of 'kernel', 'call'"),
     (["run", "--task", "trimul", "--from-solution", "nosuch.py"], "--from-solution: no solution of trimul"),  # before Ray
     (["run", "--task", "trimul", "--model", "hosted_vllm/m", "--api-base", "http://127.0.0.1:9/v1"], "cannot reach the model endpoint"),
     (["resume", "/nonexistent/run"], "is not a run directory"),

@@ -94,7 +94,7 @@ def test_wait_limits_scale_with_the_baseline_between_a_floor_and_a_ceiling(toy, 
         ev.learn_stage_times(toy, base)
         assert ev.wait_limit(toy, "benchmarks", "correctness").seconds == 20  # 10 x 2 s
         assert ev.wait_limit(toy, "benchmarks", "timing").seconds == 5  # the floor
-        assert ev.wait_limit(toy, "benchmarks", "warmup").seconds == 100  # the ceiling
+        assert ev.wait_limit(toy, "benchmarks", "warmup").seconds == 80  # 50 s + the 30 s margin, not 10 x 50
         assert ev.wait_limit(toy, "smoke", "correctness").seconds == 20  # another set of the task
         assert ev.wait_limit(toy, "benchmarks", "build", compiles=True).seconds == 900  # nvcc: never scaled
         assert ev.wait_limit(toy, "benchmarks", "start").seconds == ev.limits.setup

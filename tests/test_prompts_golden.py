@@ -80,7 +80,8 @@ def facts_for(task: Task, info: EvaluatorInfo, device: str) -> Facts:
         shapes.append(WorkloadShape(name=w.name, axes=dict(w.axes), params=dict(w.params),
                                     flops=cost[0] if cost else None, bytes=cost[1] if cost else None))
     return Facts(device=info, workload_set=task.workload_set_name(task.definition.default_workloads, device),
-                 workloads=shapes, timing_rule=TimingPolicy.for_device(device).rule(device, "fresh"))
+                 workloads=shapes, timing_rule=TimingPolicy.for_device(device).rule(
+                     device, "fresh", objective=task.definition.objective.timed, flush_l2=task.definition.objective.flush_l2))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Run by experiments/h200_integrity.sh on the H200: GPU access through the namespaces, the CUDA
 path of the native stopwatch, the physical floor of a known GPU, CUDA-graph re-timing, and a
-TF32-switching TriMul kernel in both timing modes.
+TF32-switching TriMul kernel in both timing modes; every test under both objectives (kernel, call).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
 from ksearch_ray.evaluation.floors import peaks_for
 from ksearch_ray.evaluation.retime import RetimeMethod
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
@@ -29,9 +29,11 @@ def toy() -> Task:
     return Task.load(DATA / "toy")
 
 
-@pytest.fixture(scope="module")
-def gpu(toy):
-    ev = Evaluator("cuda", limits=Limits(idle=120, hang_floor=5), isolation=Isolation.REQUIRE)
+@pytest.fixture(scope="module", params=["kernel", "call"])
+def gpu(toy, request):
+    """An evaluator scoring by each objective in turn: every check below must hold under both."""
+    ev = Evaluator("cuda", limits=Limits(idle=120, hang_floor=5), isolation=Isolation.REQUIRE,
+                   timing=TimingPolicy(objective=request.param))
     assert ev.evaluate(toy, toy.baseline()).passed  # the baseline's waits scale the limits
     yield ev
     ev.close()
@@ -51,12 +53,17 @@ def test_gpu_works_inside_the_namespaces_and_the_floor_knows_this_gpu(gpu, toy):
     assert gpu.peaks is not None and gpu.peaks == peaks_for(result.device_name)
 
 
-def test_gpu_outputs_reach_the_judge_in_device_memory_and_calls_replay_as_graphs(gpu, toy):
+def test_gpu_outputs_reach_the_judge_in_device_memory_and_both_figures_are_timed(gpu, toy):
     result = gpu.evaluate(toy, toy.baseline())
     assert result.passed, result.message
     assert result.transport == "cuda_vmm"
-    assert all(w.timing and w.timing.method == "graph_replay" for w in result.workloads)
-    assert "CUDA graph" in result.timing_rule
+    assert result.objective == gpu.timing.objective
+    for w in result.workloads:
+        assert w.kernel_timing and w.kernel_timing.method == "graph_replay", w
+        assert w.call_timing and w.call_timing.method == "calls", w
+        assert w.timing == (w.kernel_timing if result.objective == "kernel" else w.call_timing)
+        assert w.call_timing.robust_rel_err is not None and w.kernel_timing.robust_rel_err is not None
+    assert "CUDA graph" in result.timing_rule and f"the score uses the {result.objective} figure" in result.timing_rule
 
 
 def test_gpu_a_handed_over_buffer_cannot_be_rewritten_from_a_side_stream(gpu, toy):
@@ -102,11 +109,12 @@ def test_gpu_stopwatch_tampering_is_caught(gpu, toy, name):
     assert gpu.evaluate(toy, solution_from_file(CANDIDATES / f"{name}.py", toy)).status is Status.INTEGRITY_VIOLATION
 
 
-def test_gpu_retime_replays_a_cuda_graph_and_agrees(gpu, toy):
+def test_gpu_retime_follows_the_objective_and_agrees(gpu, toy):
     primary = gpu.evaluate(toy, toy.baseline())
     check = gpu.retime(toy, toy.baseline(), primary)
     assert check.agreed, check.message
-    assert {w.method for w in check.workloads} == {RetimeMethod.GRAPH_REPLAY}
+    expected = RetimeMethod.GRAPH_REPLAY if gpu.timing.objective == "kernel" else RetimeMethod.CALLS
+    assert {w.method for w in check.workloads} == {expected}
 
 
 @pytest.mark.parametrize("mode", ["fresh", "reuse"])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ksearch_ray.events import RunView
+from ksearch_ray.models import EvalResult
 from ksearch_ray.store import RunDirError, RunStore, read_manifest
 
 
@@ -63,7 +64,7 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             "solution_id": r.solution_id, "status": r.status, "passed": r.status == "PASSED",
             "workloads": view.results_at[r.seq].workload_set, "speedup": r.speedup, "best_so_far": best_so_far,
             "wall_s": r.active_s, "cost_usd": r.cost_usd, "llm_tokens": r.llm_tokens, "evaluator": r.evaluator,
-            "gpu": r.gpu, "eval_s": r.seconds,
+            "gpu": r.gpu, "eval_s": r.seconds, **figures(view.results_at[r.seq]),
         })
     candidates = [r for r in view.rows if r.origin == "candidate"]
     evaluated = [r for r in candidates if r.solution_id is not None]
@@ -97,3 +98,9 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     }
     return rows, run
 
+
+def figures(result: EvalResult) -> dict[str, Any]:
+    """The objective and both figures of one evaluation (geomeans over its workloads, ms)."""
+    timed = any(w.timing for w in result.workloads)
+    return {"objective": result.objective if timed else None,
+            "kernel_ms": result.figure_ms("kernel"), "call_ms": result.figure_ms("call")}

@@ -34,6 +34,9 @@ EVALUATION_SCHEMA: dict[str, Any] = {
     "evaluator": pl.Int64,
     "gpu": pl.Utf8,
     "eval_s": pl.Float64,  # how long this evaluation took
+    "objective": pl.Utf8,  # which figure `speedup` compares: kernel (graph replay) or call
+    "kernel_ms": pl.Float64,  # geomean over workloads of the graph-replayed kernel; null where any has none
+    "call_ms": pl.Float64,  # geomean over workloads of the call, host work included
 }
 
 RUN_SCHEMA: dict[str, Any] = {

@@ -55,7 +55,7 @@ from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
-from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
+from ksearch_ray.models import EvalResult, Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
 from ksearch_ray.text import Redactor, clip
 
@@ -195,12 +195,14 @@ class Evaluator:
             [derive_seed(self.secret, w.name, w.params.get("seed"), tag) for w in workloads],
             prebuilt=prebuilt[0] if prebuilt else None,
             prepare=trusted_prepare(task, solution),
+            objective=self.objective_for(task),
+            flush_l2=self.timing.flush_l2 and task.definition.objective.flush_l2,
         )
         set_name = task.workload_set_name(workload_set, self.device)
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
             workload_set=set_name, mode=mode, device=self.device,
-            device_name=device_name(self.device), compat=sorted(options), timed=timed,
+            device_name=device_name(self.device), compat=sorted(options), timed=timed, objective=run.objective,
             prepared_untimed=run.prepare is not None,
         )
         t0 = time.monotonic()
@@ -209,7 +211,9 @@ class Evaluator:
                                 gpumode=task.definition.interface == "gpumode")
         worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
                                     declared_environment(task.definition.environment, self.sandbox.refused))
-        session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s),
+        # The limits may also learn from this candidate's own correctness waits (session.waits).
+        session = Session(self.sandbox, worker, run, self.judge, workdir,
+                          lambda s: self._limit(run, set_name, s, session.waits),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
@@ -234,7 +238,7 @@ class Evaluator:
         result.transport = describe(session.importer.transports)
         if stage is None and timed:
             result.timed_seconds = timed_stage.timed_seconds
-            result.timing_rule = self.timing.rule(self.device, mode)
+            result.timing_rule = self.timing.rule(self.device, mode, objective=run.objective, flush_l2=run.flush_l2)
         if result.status is Status.PASSED and timed:
             result.score = geomean([r.timing.mean_ms for r in run.results if r.timing])
             result.score_kind = "geomean of mean latency (ms)"
@@ -253,6 +257,10 @@ class Evaluator:
         """Time `solution` again by a second, independent method, in a fresh worker, and say whether
         `primary` (its evaluation) agrees. See evaluation/retime.py for the method and tolerance."""
         return retime(self.evaluate, self.device, task, solution, primary, frozenset(options))
+
+    def objective_for(self, task: Task) -> Objective:
+        """The figure `timing` and the score are: the timing policy's `objective`, else the task's."""
+        return self.timing.objective or task.definition.objective.timed
 
     def profiler_status(self) -> ProfilerFound:
         """Whether this evaluator can profile, looked up once (`ncu --version` answers in a second or so)."""
@@ -314,8 +322,10 @@ class Evaluator:
         if baseline.status is Status.PASSED and baseline.stage_waits:
             self._stage_waits[(task.name, baseline.workload_set)] = dict(baseline.stage_waits)
 
-    def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False) -> WaitLimit:
-        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`."""
+    def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False,
+                   own: dict[str, float] | None = None) -> WaitLimit:
+        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`.
+        `own`: the candidate's own longest waits so far in this evaluation, by stage."""
         lim = self.limits
         ceiling = (lim.build_cuda if compiles else lim.build_python) if stage == "build" else lim.idle
         if stage == "start":
@@ -326,13 +336,22 @@ class Evaluator:
         if known is None:  # another set of the same task: its longest waits, conservatively
             sets = [w for (name, _), w in self._stage_waits.items() if name == task.name]
             known = {s: max(w.get(s, 0.0) for w in sets) for s in {k for w in sets for k in w}} if sets else None
+        whose = "the baseline's"
+        if (not known or stage not in known) and self.device == "cuda" and stage in task.definition.expected_waits:
+            known, whose = task.definition.expected_waits, "the task's declared"
+        if (not known or stage not in known) and own and "correctness" in own and stage in ("warmup", "timing"):
+            # Nothing known of the baseline: a warm-up is a few of the calls the correctness checks made,
+            # a timed call one of them (and its capture as a graph, another).
+            calls = max(self.timing.warmup_calls, 1) if stage == "warmup" else 2
+            known, whose = {stage: calls * own["correctness"]}, f"the expected ({calls} x this candidate's longest correctness wait)"
         if not known or stage not in known:
             return WaitLimit(ceiling)
-        scaled = max(lim.hang_floor, lim.hang_factor * known[stage])
+        expected = known[stage]
+        scaled = max(lim.hang_floor, min(lim.hang_factor * expected, expected + lim.hang_margin))
         if scaled >= ceiling:
             return WaitLimit(ceiling)
-        return WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x the baseline's {known[stage]:.2g} s, "
-                                 f"at least {lim.hang_floor:g} s)")
+        return WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x {whose} {expected:.2g} s, at most "
+                                 f"{lim.hang_margin:g} s more, at least {lim.hang_floor:g} s)")
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -355,9 +374,9 @@ class Evaluator:
         except TaskError:
             return False
 
-    def _limit(self, run: RunSpec, workload_set: str, stage: str) -> WaitLimit:
+    def _limit(self, run: RunSpec, workload_set: str, stage: str, own: dict[str, float]) -> WaitLimit:
         compiles = run.solution.language == "cuda" and run.prebuilt is None
-        return self.wait_limit(run.task, workload_set, stage, compiles=compiles)
+        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, own=own)
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"

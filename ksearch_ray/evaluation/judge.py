@@ -19,6 +19,7 @@ once per evaluator.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -30,7 +31,10 @@ import torch
 
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
 from ksearch_ray.evaluation.reference import ReferenceFailure, SandboxedReference
+from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, Workload
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -88,11 +92,30 @@ class Judge:
 
     def _judge(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
                outputs: dict[str, torch.Tensor]) -> Comparison:
-        with self._on_stream(), torch.no_grad():
-            expected = self._expected(task, workload, seed, options)
-            relaxed = task.definition.tolerance.relaxed_dtype_option
-            return compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
-                                   any_float_dtype=relaxed is not None and relaxed in options)
+        try:
+            with self._on_stream(), torch.no_grad():
+                expected = self._expected(task, workload, seed, options)
+                relaxed = task.definition.tolerance.relaxed_dtype_option
+                return compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
+                                       any_float_dtype=relaxed is not None and relaxed in options)
+        except ReferenceFailure:
+            raise  # an untrusted task's reference worker failed: not a verdict on the candidate (a SandboxError)
+        except Exception as exc:  # noqa: BLE001  (the judge's boundary: out of memory, a CUDA error, a broken reference)
+            log.warning("the judge failed on %s: %s", workload.name, exc, exc_info=True)
+            del outputs
+            self._recover()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return Comparison(Status.RUNTIME_ERROR, f"the judge could not check it: {type(exc).__name__}: {first[:300]}")
+
+    def _recover(self) -> None:
+        """After a failure: the cached references go, and on a GPU what the allocator holds (an
+        out-of-memory error leaves it full); a CUDA error that poisoned the context stays an error."""
+        with self._lock:
+            self._cache.clear()
+            self._cached = 0
+        if self.device == "cuda":
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:

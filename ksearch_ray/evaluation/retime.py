@@ -7,10 +7,11 @@ R is chosen from one call clocked the same way (never from the figure under test
 trip's own cost (well under a millisecond) is small against the total, and the same R iterations
 of an L2 flush alone are timed and subtracted, which also cancels it.
 
-* GPU: the candidate's call (with an L2 flush before it, as in the primary timing) is captured
-  once in a CUDA graph and replayed: no candidate Python runs while it is timed, and no launch
-  overhead counts. A call that cannot be captured (it syncs, or plans on the host per call) is
-  timed as plain back-to-back calls, which counts its host overhead too.
+* GPU, kernel objective: the candidate's call (with an L2 flush before it, as in the primary timing)
+  is captured once in a CUDA graph and replayed: no candidate Python runs while it is timed, and no
+  launch overhead counts. A call that cannot be captured (it syncs, or plans on the host per call)
+  is timed as plain back-to-back calls, which counts its host overhead too.
+* GPU, call objective: plain back-to-back calls (the primary figure is the call's).
 * CPU: plain back-to-back calls (the primary figure is host wall time too).
 
 The candidate's output after the timed repetitions is checked against the reference again, so
@@ -115,9 +116,10 @@ class RetimeStage:
 
     def __call__(self, session: Session) -> float:
         run, device = session.run, self.device
+        # The objective decides what is re-timed: the kernel as a graph replay, or the call as calls.
         session.send(RetimeCmd(workloads=[
             WorkItem(index=i, workload=w, seed=s) for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))
-        ]))
+        ], graphs=run.objective == "kernel"))
         busy = 0.0
         for i, workload in enumerate(run.workloads):
             if workload.name not in self.primary_ms:

@@ -42,7 +42,7 @@ from ksearch_ray.evaluation.sandbox.resources import (
     Resources,
     read_tail,
 )
-from ksearch_ray.models import Solution, Status, WorkloadResult
+from ksearch_ray.models import Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.task import Task, Workload
 from ksearch_ray.text import clip
 
@@ -71,6 +71,8 @@ class RunSpec:
     time_seeds: list[int]
     prebuilt: BuildRecord | None = None
     prepare: str | None = None  # the trusted untimed setup function (trusted_prepare), decided once
+    objective: Objective = "call"  # which figure is `timing` (the task's, or --objective)
+    flush_l2: bool = True  # the task's rule and the timing policy both ask for it
     results: list[WorkloadResult] = field(default_factory=list)
     build_seconds: float = 0.0
 

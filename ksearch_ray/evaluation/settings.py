@@ -7,14 +7,18 @@ misspelt limit is an error, not a silently ignored default.
 How a wait is limited (see docs/architecture.md, "Evaluation"): every wait for the worker's next
 message in a stage is cut off after
 
-    min(ceiling, max(hang_floor, hang_factor * the baseline's longest wait in that stage))
+    min(ceiling, max(hang_floor, min(hang_factor * expected, expected + hang_margin)))
 
-where the ceiling is `idle` (`build_python` / `build_cuda` for the build), and the baseline's waits
-are what this evaluator measured when it evaluated the task's baseline solution (or was told with
-`Evaluator.learn_stage_times`). Until it knows them, the ceiling alone applies.
+where the ceiling is `idle` (`build_python` / `build_cuda` for the build), and the expected wait is
+the baseline's longest wait in that stage: what this evaluator measured when it evaluated the task's
+baseline solution (or was told with `Evaluator.learn_stage_times`), else what the task declares
+(task.json `expected_waits`, on a GPU), else, for the warm-up and timing stages, what the candidate's
+own correctness calls took in this evaluation. With none of them, the ceiling alone applies.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +48,8 @@ class Limits(BaseModel):
         "kernel): a worker silent this long is killed and the candidate judged TIMEOUT."))
     hang_factor: float = Field(default=10.0, gt=0, description=(
         "Scaled limit: this multiple of the task baseline's longest wait in the same stage."))
+    hang_margin: float = Field(default=30.0, gt=0, description=(
+        "... and never more than this many seconds beyond the expected wait: a hang is judged within it."))
     hang_floor: float = Field(default=20.0, gt=0, description=(
         "The scaled limit is never below this (Triton compiles a kernel in seconds, and every "
         "compile counts as progress)."))
@@ -85,12 +91,16 @@ class TimingPolicy(BaseModel):
     max_total_s: float = Field(default=10.0, gt=0, description="Stop once the timed calls add up to this.")
     max_wall_s: float = Field(default=120.0, gt=0, description="Stop a workload's calls after this much wall time.")
     warmup_calls: int = Field(default=2, ge=0, description="Untimed calls per workload before any is timed.")
-    flush_l2: bool = Field(default=True, description="Write a buffer twice the L2's size before each timed call.")
+    flush_l2: bool = Field(default=True, description=(
+        "Write a buffer twice the L2's size before each timed call, where the task's rule flushes (false: never)."))
     graphs: bool = Field(default=True, description=(
-        "On a GPU, capture the call once as a CUDA graph and replay it for every timed call (fresh "
-        "inputs are copied into the captured buffers first, outside the timed region): no launch gaps "
-        "or host jitter in the figure. Calls that cannot be captured (they sync or plan on the host) "
-        "are timed as plain calls; each workload's Timing says which."))
+        "On a GPU, also time the kernel figure: the call captured once as a CUDA graph and replayed for "
+        "every timed call (fresh inputs are copied into the captured buffers first, outside the timed "
+        "region): no launch gaps or host jitter in it. Calls that cannot be captured (they sync or plan "
+        "on the host) have the call figure only."))
+    objective: Literal["kernel", "call"] | None = Field(default=None, description=(
+        "Which figure the score and the search use: kernel (graph replay) or call (the candidate's own call, "
+        "host work included); none: the task's (task.json `objective`, after its source benchmark)."))
     tail_slack_ratio: float = Field(default=0.05, ge=0, description=(
         "Work hidden from the timed stream (side streams) keeps the device busy after the end event: "
         "a device-wide sync right after it may take at most this fraction of the call's median ..."))
@@ -105,18 +115,24 @@ class TimingPolicy(BaseModel):
             return cls(max_calls=20, max_total_s=1.0, max_wall_s=10.0, warmup_calls=1)
         return cls()
 
-    def rule(self, device: str, mode: str) -> str:
+    def rule(self, device: str, mode: str, *, objective: str = "call", flush_l2: bool | None = None) -> str:
         """The stop rule and method in one sentence, as the evaluation's output states it."""
+        flush_l2 = self.flush_l2 and (True if flush_l2 is None else flush_l2)
         inputs = ("fresh inputs for every call, generated on the device outside the timed region"
                   if mode == "fresh" else "one input set for every call")
-        how = ("CUDA-event timed; the call replayed as a CUDA graph where it can be captured, plain calls otherwise"
-               if device == "cuda" and self.graphs else
-               "CUDA-event timed plain calls" if device == "cuda" else "host wall clock (Triton interpreter)")
-        flush = ", L2 flushed before each call" if self.flush_l2 and device == "cuda" else ""
+        if device == "cuda":
+            how = ("CUDA events around one call after a device sync, host launch work included"
+                   + ("; and the kernel: the call replayed as a CUDA graph where it can be captured" if self.graphs else ""))
+            scored = (f"the score uses the {objective} figure"
+                      + (" (the call where it cannot be captured)" if objective == "kernel" else ""))
+        else:
+            how = "host wall clock around one call (Triton interpreter; no kernel figure)"
+            scored = "the score uses the call figure"
+        flush = ", L2 flushed before each call" if flush_l2 and device == "cuda" else ""
         return (f"per workload: {self.warmup_calls} warm-up calls, then timed calls ({how}{flush}; {inputs}) until "
                 f"the standard error of the mean is below {self.target_rel_err:.2%} of the mean (at least "
                 f"{self.min_calls} calls), or {self.max_calls} calls, or {self.max_total_s:g} s of timed calls, "
-                f"or {self.max_wall_s:g} s of wall time")
+                f"or {self.max_wall_s:g} s of wall time, for each figure; {scored}")
 
 
 class ProfilerSettings(BaseModel):

@@ -26,6 +26,8 @@ from ksearch_ray.evaluation.settings import TimingPolicy
 from ksearch_ray.models import Status, Timing
 from ksearch_ray.taskspec.task import Workload
 
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
 
 def time_command(run: RunSpec, policy: TimingPolicy) -> TimeCmd:
     return TimeCmd(
@@ -34,7 +36,7 @@ def time_command(run: RunSpec, policy: TimingPolicy) -> TimeCmd:
                    for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))],
         max_calls=policy.max_calls, min_calls=policy.min_calls, target_rel_err=policy.target_rel_err,
         max_total_s=policy.max_total_s, max_wall_s=policy.max_wall_s, warmup_calls=policy.warmup_calls,
-        flush_l2=policy.flush_l2, graphs=policy.graphs,
+        flush_l2=run.flush_l2, graphs=policy.graphs,
     )
 
 
@@ -56,22 +58,33 @@ class TimedStage:
         t0 = time.monotonic()
         session.send(Go())
         stopwatch = Records(session.worker.clock)
-        reports: list[Timed] = []
-        records: list[list[ClockRecord]] = []
-        outputs: list[dict[str, torch.Tensor]] = []
+        # Per workload: the kernel figure (graph replays) where the call can be captured, then the
+        # call figure, which closes the workload.
+        reports: list[list[Timed]] = []
+        records: list[list[list[ClockRecord]]] = []
+        outputs: list[list[dict[str, torch.Tensor]]] = []
         for i, workload in enumerate(run.workloads):
-            while True:
+            got: list[Timed] = []
+            taken_records: list[list[ClockRecord]] = []
+            taken_outputs: list[dict[str, torch.Tensor]] = []
+            while not got or got[-1].figure != "call":
                 msg = session.recv("timing", f"timing of {workload.name}", Tick, Timed)
                 stopwatch.drain()  # keep the pipe empty: the worker must never block on it
-                if isinstance(msg, Timed):
-                    break
-            if msg.index != i:
-                raise Failure(Status.INTEGRITY_VIOLATION, "timing results arrived out of order")
-            records.append(stopwatch.take(msg.count, workload.name))
-            reports.append(msg)
-            outputs.append(session.take(msg.handover, workload.name))
+                if not isinstance(msg, Timed):
+                    continue
+                if msg.index != i or (msg.figure == "kernel" and (got or run.device != "cuda")):
+                    raise Failure(Status.INTEGRITY_VIOLATION, "timing results arrived out of order")
+                if (msg.figure == "kernel") != (msg.method == "graph_replay"):
+                    raise Failure(Status.INTEGRITY_VIOLATION, f"{workload.name}: a {msg.figure} figure timed as {msg.method}")
+                got.append(msg)
+                taken_records.append(stopwatch.take(msg.count, workload.name))
+                # At once: a worker that handed over device memory waits for `taken` before it goes on.
+                taken_outputs.append(session.take(msg.handover, workload.name))
+            records.append(taken_records)
+            reports.append(got)
+            outputs.append(taken_outputs)
         elapsed = time.monotonic() - t0
-        reported_ms = sum(r.time_ms for rs in records for r in rs)
+        reported_ms = sum(r.time_ms for per in records for rs in per for r in rs)
         if reported_ms > elapsed * 1e3:
             # A compromised worker could report anything; it cannot make time pass faster here.
             raise Failure(Status.INTEGRITY_VIOLATION,
@@ -83,14 +96,26 @@ class TimedStage:
         self.timed_seconds = reported_ms / 1e3
         session.stop_worker()  # it is done: its teardown overlaps the judging
         session.begin("judging")
-        # Each workload's last timed output, against the reference on inputs regenerated here.
-        futures = [session.judge_later(i, call_seed(run.time_seeds[i], msg.seed_index), out)
-                   for i, (msg, out) in enumerate(zip(reports, outputs, strict=True))]
+        # Each figure's last timed output, against the reference on inputs regenerated here.
+        futures = [[session.judge_later(i, call_seed(run.time_seeds[i], m.seed_index), out)
+                    for m, out in zip(msgs, outs, strict=True)]
+                   for i, (msgs, outs) in enumerate(zip(reports, outputs, strict=True))]
         outputs.clear()  # the judge holds them now
-        for i, future in enumerate(futures):
-            session.verdict(i, future.result(), " (during timing)")
-            timing = run.results[i].timing = self.stats(run, run.workloads[i], records[i], reports[i].method)
-            session.say(f"timed {run.workloads[i].name} ({i + 1}/{len(run.workloads)}): mean {timing.mean_ms:.4g} ms")
+        for i, per in enumerate(futures):
+            for future, m in zip(per, reports[i], strict=True):
+                session.verdict(i, future.result(), f" (during timing, {m.figure} figure)")
+            result = run.results[i]
+            for m, rs in zip(reports[i], records[i], strict=True):
+                timing = self.stats(run, run.workloads[i], rs, m.method)
+                if m.figure == "kernel":
+                    result.kernel_timing = timing
+                else:
+                    result.call_timing = timing
+            # The objective's figure; a call that cannot be captured has only the call figure.
+            result.timing = (result.kernel_timing if run.objective == "kernel" and result.kernel_timing
+                             else result.call_timing)
+            session.say(f"timed {run.workloads[i].name} ({i + 1}/{len(run.workloads)}): "
+                        f"{figures_text(result.kernel_ms, result.call_ms, run.objective)}")
         return elapsed
 
     def stats(self, run: RunSpec, workload: Workload, records: list[ClockRecord], method: str) -> Timing:
@@ -111,12 +136,23 @@ class TimedStage:
         check_floor(run, workload, min(times), self.peaks)
         mean = statistics.fmean(times)
         std = statistics.stdev(times) if len(times) > 1 else 0.0
+        mad = statistics.median(abs(t - median) for t in times)
         return Timing(
             mean_ms=mean, median_ms=median, min_ms=min(times), std_ms=std, count=len(times),
             wall_median_ms=statistics.median(r.wall_ms for r in records), clock="cuda_events" if cuda else "host_wall",
             method="graph_replay" if method == "graph_replay" else "calls",
             rel_err=std / math.sqrt(len(times)) / mean if mean > 0 and len(times) > 1 else None,
+            robust_rel_err=MAD_TO_SIGMA * mad / math.sqrt(len(times)) / median if median > 0 and len(times) > 1 else None,
         )
+
+
+def figures_text(kernel_ms: float | None, call_ms: float | None, objective: str) -> str:
+    """'kernel 0.755 ms · call 0.946 ms (objective)': both figures, the objective's marked."""
+    parts = []
+    for name, ms in (("kernel", kernel_ms), ("call", call_ms)):
+        text = f"{name} {ms:.4g} ms" if ms is not None else f"{name} -"
+        parts.append(text + (" (objective)" if name == objective else ""))
+    return " · ".join(parts)
 
 
 def check_floor(run: RunSpec, workload: Workload, fastest_ms: float, peaks: DevicePeaks | None) -> None:

@@ -8,6 +8,7 @@ else (a pipe, a file, a job log) tables come out at their natural width, whateve
 from __future__ import annotations
 
 import io
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from ksearch_ray.events import (
     Tuned,
 )
 from ksearch_ray.measure import Noise, format_noise, with_noise
-from ksearch_ray.models import EvalResult, Status
+from ksearch_ray.models import EvalResult, Status, WorkloadResult
 from ksearch_ray.report.listing import TaskEntry
 from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
@@ -77,36 +78,54 @@ def say(console: Console, text: str, *, markup: bool = False) -> None:
 
 def eval_table(result: EvalResult, base: EvalResult | None = None) -> Table:
     clock = "GPU (CUDA events)" if result.device == "cuda" else "CPU host wall clock, not GPU latency"
-    table = Table(title=f"{result.task} · {result.solution_name} · {result.workload_set} · {result.mode} · {clock}")
-    for col in ("workload", "status", "mean ms", "median ms", "min ms", "std ms", "n", "max abs err", "max rel err"):
+    table = Table(title=f"{result.task} · {result.solution_name} · {result.workload_set} · {result.mode} · {clock} · "
+                        f"objective: {result.objective}")
+    # Both figures; `*` marks the objective's (the score's). On the CPU there is no graph replay.
+    marks = {name: " *" if result.objective == name else "" for name in ("kernel", "call")}
+    cols = ["workload", "status", f"kernel ms{marks['kernel']}", f"call ms{marks['call']}", "median ms", "min ms",
+            "noise", "n", "max abs err", "max rel err"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("workload", "status") else "right",
                          overflow="fold" if col == "workload" else "ellipsis")
     if base is not None:
         table.add_column("speedup", justify="right")
+        table.add_column(f"speedup ({other_objective(result.objective)})", justify="right")
     ratios = workload_speedups(result, base) if base else {}
+    others = workload_speedups(result, base, figure=other_objective(result.objective)) if base else {}
     for w in result.workloads:
         t = w.timing
         colour = "green" if w.status is Status.PASSED else "red"
         row: list[str | Text] = [
-            Text(w.workload), f"[{colour}]{w.status.value}[/]",
-            _fmt(t.mean_ms if t else None), _fmt(t.median_ms if t else None), _fmt(t.min_ms if t else None),
-            _fmt(t.std_ms if t else None), str(t.count) if t else "—",
-            _fmt(w.max_abs_error, ".2e"), _fmt(w.max_rel_error, ".2e"),
+            Text(w.workload), f"[{colour}]{w.status.value}[/]", _fmt(w.kernel_ms), _fmt(w.call_ms),
+            _fmt(t.median_ms if t else None), _fmt(t.min_ms if t else None),
+            f"±{100 * t.robust_rel_err:.2g}%" if t and t.robust_rel_err is not None else "—",
+            str(t.count) if t else "—", _fmt(w.max_abs_error, ".2e"), _fmt(w.max_rel_error, ".2e"),
         ]
         if base is not None:
-            row.append(_fmt(ratios.get(w.workload), ".3f"))
+            row += [_fmt(ratios.get(w.workload), ".3f"), _fmt(others.get(w.workload), ".3f")]
         table.add_row(*row)
     return table
 
 
-def workload_speedups(result: EvalResult, base: EvalResult) -> dict[str, float]:
-    """Baseline mean over candidate mean, per workload both timed."""
+def other_objective(objective: str) -> str:
+    return "call" if objective == "kernel" else "kernel"
+
+
+def workload_speedups(result: EvalResult, base: EvalResult, figure: str | None = None) -> dict[str, float]:
+    """Baseline mean over candidate mean, per workload both timed: the objective's figure, or `figure`
+    (kernel or call) where both have it."""
+    def ms(w: WorkloadResult) -> float | None:
+        if figure is None:
+            return w.timing.mean_ms if w.timing else None
+        return w.kernel_ms if figure == "kernel" else w.call_ms
+
     base_by_name = {w.workload: w for w in base.workloads}
     ratios = {}
     for w in result.workloads:
         b = base_by_name.get(w.workload)
-        if b and b.timing and w.timing and w.timing.mean_ms > 0:
-            ratios[w.workload] = b.timing.mean_ms / w.timing.mean_ms
+        mine, theirs = ms(w), (ms(b) if b else None)
+        if mine and theirs and mine > 0:
+            ratios[w.workload] = theirs / mine
     return ratios
 
 
@@ -119,11 +138,18 @@ def print_eval(console: Console, result: EvalResult, base: EvalResult | None, sp
         return
     where = f"{result.device_name}" + (f", compat: {', '.join(result.compat)}" if result.compat else "")
     if result.score is not None:
-        say(console, f"score: {result.score:.4g} ({result.score_kind}) on {where}")
+        say(console, f"score: {result.score:.4g} ({result.score_kind}, objective: {result.objective}) on {where}")
+        other = other_objective(result.objective)
+        figures = [w.kernel_ms if other == "kernel" else w.call_ms for w in result.workloads]
+        if figures and all(f is not None and f > 0 for f in figures):
+            mean = math.exp(sum(math.log(f) for f in figures if f) / len(figures))
+            say(console, f"the {other} figure beside it: geomean {mean:.4g} ms")
+        elif result.device == "cpu":
+            say(console, "no kernel figure on the CPU path (no CUDA graph replay): the call is the interpreter's call")
     else:
         say(console, f"PASSED (correctness only) on {where}")
     if base is not None and speedup is not None:
-        untimed = " (its per-input setup ran outside the timing: kernel time alone)" if base.prepared_untimed else ""
+        untimed = " (its per-input setup, e.g. a plan, ran outside the timing)" if base.prepared_untimed else ""
         say(console, f"baseline {base.solution_name}: {base.score:.4g}{untimed}; speedup {speedup:.3f}x")
     say(console, f"evaluation took {result.seconds:.1f} s, of which sandbox overhead {result.overhead_seconds:.2f} s")
 
@@ -242,11 +268,28 @@ def print_run(console: Console, run: Run) -> None:
             say(console, f"\nthe best solution {best.solution_id} is missing from {run.root / 'solutions'}")
             return
         say(console, f"\nbest kernel: solution {solution.id} by {solution.author}")
+        figures = figures_table(run)
+        if figures is not None:
+            print_table(console, figures)
         for name, text in solution.sources.items():
             say(console, f"--- {name}")
             say(console, text)
     else:
         say(console, "\nno passing candidate yet")
+
+
+def figures_table(run: Run) -> Table | None:
+    """The best against the baseline per workload: the objective's speedup, and each figure's beside it."""
+    frame = run.workload_comparison()
+    base = run.best_baseline()
+    if base is None or not frame.height or frame["best_ms"].is_null().all():
+        return None
+    table = Table("workload", "baseline ms", "best ms", f"speedup ({base.objective})", "kernel speedup", "call speedup",
+                  title="the best per workload (kernel: CUDA-graph replay; call: host work included)")
+    for r in frame.iter_rows(named=True):
+        table.add_row(r["workload"], _fmt(r["baseline_ms"]), _fmt(r["best_ms"]),
+                      *(_fmt(r[c], ".3f") for c in ("speedup", "kernel_speedup", "call_speedup")))
+    return table
 
 
 def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:

@@ -287,13 +287,16 @@ def _workloads(run: Run) -> str:
         bar = f'<span class="bar" style="width:{bar_width(ratio):.0f}%"></span>' if ratio else ""
         rows.append(
             f"<tr>{_cell(r['workload'], wrap=True)}{_cell(_ms(r['baseline_ms']), r['baseline_ms'])}{_cell(_ms(r['best_ms']), r['best_ms'])}"
-            f"{_cell(format_speedup(ratio) if ratio else '', ratio)}<td class=\"barcell\">{bar}</td></tr>"
+            f"{_cell(format_speedup(ratio) if ratio else '', ratio)}<td class=\"barcell\">{bar}</td>"
+            + "".join(_cell(format_speedup(r[c]) if r[c] else "", r[c]) for c in ("kernel_speedup", "call_speedup"))
+            + "</tr>"
         )
-    return (f"<p>Mean latency per workload, {h(clock)}; baseline <code>{h(base.solution_name)}</code>, measured on the "
-            f"same evaluator in the same session as the best. Bars: speedup on a log scale, full width "
-            f"{h(format_speedup(top))}{' (parity)' if top == 1.0 else ''}.</p>"
+    return (f"<p>Mean latency per workload ({h(base.objective)} objective), {h(clock)}; baseline "
+            f"<code>{h(base.solution_name)}</code>, measured on the same evaluator in the same session as the best. "
+            f"Bars: speedup on a log scale, full width {h(format_speedup(top))}{' (parity)' if top == 1.0 else ''}. "
+            f"Beside it, the speedup of each figure: kernel (CUDA-graph replay) and call (host work included).</p>"
             f'<table class="sortable data"><thead><tr><th>workload</th><th>baseline ms</th><th>best ms</th><th>speedup</th>'
-            f"<th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            f"<th></th><th>kernel speedup</th><th>call speedup</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def _profiles(run: Run) -> str:

@@ -203,6 +203,7 @@ class Search:
         self.infos = await self.pool.describe_all()
         self.policy_name = await self.backends.planner.name()
         self.on_line(f"planner and coder: {self.policy_name}; evaluators: {len(self.infos)} on {self.hardware}")
+        self.on_line(self.objective_line())
         tree = self.view.tree
         if tree is None:
             self.record(WmInit(tree=new_tree(self.task.name, self.task.definition.description)))
@@ -346,6 +347,16 @@ class Search:
         self.on_line(f"the LLM provider answers again, after {lasted:.0f} s and {self._outage_failures} failed call(s)")
         self.outage_since = None
 
+    def objective_line(self) -> str:
+        """Which figure scores the search (kernel or call), and why: one of the run's first lines."""
+        rule = self.task.definition.objective
+        chosen = self.config.evaluation.objective
+        objective = chosen or rule.timed
+        why = "set by --objective / evaluation.objective" if chosen else f"the task's rule: {rule.source or 'the default'}"
+        cpu = "; on the CPU there is no graph replay: the call figure is the only one" \
+            if (self.config.evaluation.device or "cpu") == "cpu" else ""
+        return f"objective: {objective} ({why}){cpu}"
+
     # --- what prompts say ---------------------------------------------------------------------------
 
     def facts(self) -> Facts:
@@ -363,7 +374,9 @@ class Search:
             mode = self.config.evaluation.mode
             self._facts = Facts(device=self.infos[0] if self.infos else None,
                                 workload_set=self.task.workload_set_name(self.workload_set, device), workloads=shapes,
-                                timing_rule=self.config.evaluation.timing_for(device).rule(device, mode),
+                                timing_rule=self.config.evaluation.timing_for(device).rule(
+                                    device, mode, objective=self.config.evaluation.objective or self.task.definition.objective.timed,
+                                    flush_l2=self.task.definition.objective.flush_l2),
                                 fresh_inputs=mode == "fresh")
         return self._facts
 

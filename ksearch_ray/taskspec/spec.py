@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class TaskError(Exception):
@@ -55,6 +55,22 @@ class CostModel(BaseModel):
     description: str = ""
 
 
+class TimingObjective(BaseModel):
+    """How the task's source benchmark times a kernel, which the score follows (`--objective` overrides `timed`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timed: Literal["kernel", "call"] = Field(
+        default="call",
+        description="call: CUDA events around the candidate's own call after a device sync, host launch work "
+        "included; kernel: the call replayed as a CUDA graph (no host work).")
+    inputs: Literal["fresh", "reuse"] = Field(
+        default="fresh", description="What the source does between timed calls: new inputs, or one input set. "
+        "The evaluation's mode (--mode) decides what is run; fresh is the default and never looser.")
+    flush_l2: bool = Field(default=True, description="Whether the L2 cache is flushed before each timed call.")
+    source: str = Field(default="", description="Where the rule comes from, in one sentence.")
+
+
 class TaskDefinition(BaseModel):
     """The contents of task.json."""
 
@@ -81,6 +97,11 @@ class TaskDefinition(BaseModel):
     environment: list[str] = Field(default_factory=list, description=(
         "Environment variables a kernel of this task reads, passed into the sandbox where set (never one "
         "that looks like a credential); every other variable beyond PATH, locale, CUDA and Triton stays out."))
+    expected_waits: dict[str, float] = Field(default_factory=dict, description=(
+        "Stage -> the baseline's longest wait for the worker on a GPU, seconds (EvalResult.stage_waits of a "
+        "measured baseline): scales an evaluator's hang limits before it has measured the baseline itself."))
+    objective: TimingObjective = Field(
+        default_factory=TimingObjective, description="How the source benchmark times kernels; the score follows it.")
 
 
 class Workload(BaseModel):

@@ -189,9 +189,13 @@ class TrackingSink:
             figures |= {"eval/passed": float(event.result.passed)}
             if row.speedup is not None:
                 figures["eval/speedup"] = row.speedup
+            for which in ("kernel", "call"):  # both figures, whichever the objective (eval/objective)
+                ms = event.result.figure_ms(which)
+                if ms is not None:
+                    figures[f"eval/{which}_ms"] = ms
             tracker.log(figures, round_=event.round, seq=event.seq,
                         text={"eval/status": event.result.status.value, "eval/origin": row.origin,
-                              "eval/solution_id": event.solution_id})
+                              "eval/solution_id": event.solution_id, "eval/objective": event.result.objective})
         elif isinstance(event, Candidate) and event.solution_id is None:
             tracker.log(figures | {"eval/passed": 0.0}, round_=event.round, seq=event.seq,
                         text={"eval/status": view.rows[-1].status, "eval/origin": "candidate"})

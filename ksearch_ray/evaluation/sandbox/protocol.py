@@ -183,8 +183,12 @@ class Tick(_Message):
 
 
 class Timed(_Message):
+    """One figure of one workload: `kernel` (graph replays, sent first where the call can be captured),
+    then `call` (the candidate's own calls), which closes the workload."""
+
     type: Literal["timed"] = "timed"
     index: int
+    figure: Literal["kernel", "call"]
     count: int
     seed_index: int = Field(ge=0, description="Which call's inputs the handed-over output belongs to.")
     method: TimingMethod
@@ -242,7 +246,7 @@ class TimeCmd(_Message):
     max_wall_s: float
     warmup_calls: int
     flush_l2: bool
-    graphs: bool
+    graphs: bool = Field(description="Also time the call replayed as a CUDA graph (the kernel figure), on a GPU.")
 
 
 class Go(_Message):
@@ -252,6 +256,8 @@ class Go(_Message):
 class RetimeCmd(_Message):
     type: Literal["retime"] = "retime"
     workloads: list[WorkItem]
+    graphs: bool = Field(default=True, description="Replay the call as a CUDA graph where it can be captured "
+                                                  "(the kernel objective); false: plain calls (the call objective).")
 
 
 class StopCmd(_Message):

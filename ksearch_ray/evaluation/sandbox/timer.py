@@ -1,18 +1,19 @@
 """Timing inside the worker: warm-up, the timed calls, and the re-timing the evaluator clocks itself.
 
-Timed calls (`run_timing`): per workload, calls until the native stopwatch's stop rule says the
-mean is known well enough (sandbox/clock.py; the rule is the evaluator's TimingPolicy). On a GPU
-the call is captured once as a CUDA graph where it can be (`Replay`): each timed call then copies
-that call's fresh inputs into the captured buffers, flushes the L2 and syncs, all outside the
-timed region, and replays the graph between the stopwatch's events, so no candidate Python, launch
-gap or host jitter is in the figure and the candidate cannot tell one timed call from another (the
-L2 flush is queued just ahead of the start event, so the graph's launch latency is hidden behind it). A
-call that cannot be captured (it syncs, or plans on the host) is called instead, as on the CPU. A
-trusted baseline's per-input setup (`prepare`, e.g. FlashInfer's plan) runs before the capture, and
-in fresh mode the call is captured again after the setup for every input set, so a library's kernel
-is timed as a replay like a candidate's, without its wrapper's host-side Python.
-Whatever is timed, the output of the last timed call is handed over and judged against the
-reference for that call's inputs.
+Timed calls (`run_timing`): per workload, two figures, each timed until the native stopwatch's stop
+rule says its mean is known well enough (sandbox/clock.py; the rule is the evaluator's TimingPolicy).
+
+* kernel (GPU only, where the call can be captured, `Replay`): the call captured once as a CUDA
+  graph; each timed call copies that call's fresh inputs into the captured buffers and syncs
+  outside the timed region, the L2 flush is queued just ahead of the start event (so the graph's
+  launch latency hides behind it), and the graph is replayed between the stopwatch's events: no
+  candidate Python, launch gap or host jitter is in the figure. A trusted baseline's per-input
+  setup (`prepare`, e.g. FlashInfer's plan) runs before each capture.
+* call (always): the candidate's own call between the stopwatch's events after a flush and a
+  device sync, host launch work included, as GPUMode's eval.py and FlashInfer-Bench time it, with
+  the integrity checks after every call. On the CPU path this is the only figure.
+
+Each figure's last output is handed over and judged against the reference for that call's inputs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Tick,
     TimeCmd,
     Timed,
-    TimingMethod,
     Warmed,
     WorkItem,
 )
@@ -46,6 +46,8 @@ from ksearch_ray.evaluation.seeds import call_seed
 from ksearch_ray.models import Status
 
 _perf = integrity.perf_counter
+_sync = torch.cuda.synchronize
+_empty_cache = torch.cuda.empty_cache  # bound before any candidate exists, like the clocks
 _SCALARS = (int, float, bool, str, type(None))
 
 
@@ -75,12 +77,21 @@ class Replay:
         except Exception:  # a call that syncs, allocates on the host or plans per call: timed as calls
             with contextlib.suppress(RuntimeError):
                 w.sync()
+                _empty_cache()  # what the failed capture allocated
             return None
         torch.cuda.current_stream().wait_stream(stream)
         w.integrity_check("capturing the call as a CUDA graph")  # the candidate's Python ran
         graph.replay()  # untimed: the graph's first launch uploads it to the device
         w.sync()
         return cls(graph, inputs, outputs)
+
+    def release(self) -> None:
+        """Free the graph and what it holds, and give its private memory pool back to the device
+        (the caching allocator frees a dead graph's pool only when its cache is emptied)."""
+        self.outputs, self.inputs = None, {}
+        self.graph.reset()
+        _sync()
+        _empty_cache()
 
     def refill(self, new: dict[str, Any]) -> bool:
         """Copy `new` into the captured buffers; False when it does not fit them (the graph is then recaptured)."""
@@ -118,73 +129,117 @@ def run_timing(w: Worker, cmd: TimeCmd) -> None:
     if not isinstance(w.receive(), Go):  # the evaluator has its verdict already
         return
     for item in cmd.workloads:
-        _time_one(w, item, cmd, flush)
+        if cmd.graphs and w.cuda:
+            _time_kernel(w, item, cmd, flush)
+        _time_calls(w, item, cmd, flush)
     w.current = None
     w.send(Done())
 
 
-def _time_one(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
+def _enough(watch: Any, n: int, cmd: TimeCmd, start: float) -> bool:
+    return n >= cmd.min_calls and (watch.should_stop(cmd.min_calls, cmd.target_rel_err, cmd.max_total_s * 1e3)
+                                   or _perf() - start > cmd.max_wall_s)
+
+
+def _time_kernel(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
+    """The kernel figure: the call captured as a CUDA graph and replayed. Sends nothing when the call
+    cannot be captured (it syncs, or plans on the host): the workload then has the call figure only.
+
+    In fresh mode each call's inputs are copied into the captured buffers, untimed; they are captured
+    again when they do not fit, and always for a trusted baseline with a per-input setup (its plan
+    for these inputs is in the graph). At most two graphs exist at a time: a replaced graph is reset
+    and the cache emptied, since a graph's private memory pool goes back to the device only then
+    (without it, one capture per input set held 127.8 GiB of an H200)."""
     name = w.current = item.workload.name
-    fresh = cmd.mode == "fresh"
     watch = clock.stopwatch()
     watch.reset()
+    first = w.inputs_for(item.workload, call_seed(item.seed, 0))
+    w.set_up(first)
+    replay = Replay.capture(w, first)
+    del first
+    if replay is None:
+        return
+    fresh = cmd.mode == "fresh"
+    seed_index, n, start = 0, 0, _perf()
+    for i in range(cmd.max_calls):
+        if fresh and i > 0:
+            new = w.inputs_for(item.workload, call_seed(item.seed, i))
+            if w.prepare is not None or not replay.refill(new):
+                w.set_up(new)
+                again = Replay.capture(w, new)
+                if again is None:  # these inputs cannot be replayed: the figure is the replays so far
+                    break
+                replay.release()
+                replay = again
+            del new
+            seed_index = i
+        # The flush is still running on the device when the start event and the graph launch are
+        # queued behind it, so the event starts the clock when the graph's work can start: the
+        # host's launch latency (microseconds, jittery) is not in the figure of a short kernel.
+        w.sync()
+        if flush is not None:
+            flush()
+        watch.begin()
+        replay.graph.replay()
+        if watch.end() != 0:
+            raise CandidateFailure(Status.RUNTIME_ERROR, f"a CUDA error surfaced while replaying call {i} of {name}")
+        n = i + 1
+        w.send(Tick(n=n))
+        if _enough(watch, n, cmd, start):
+            break
+    outputs = w.check_outputs(replay.outputs, replay.inputs)
+    w.deliver(lambda h: Timed(index=item.index, figure="kernel", count=n, seed_index=seed_index,
+                              method="graph_replay", handover=h), outputs)
+    del outputs
+    replay.release()
+
+
+def _time_calls(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
+    """The call figure: the candidate's own call between the stopwatch's events after a device sync,
+    host launch work included (GPUMode's eval.py and FlashInfer-Bench time it so); a trusted
+    baseline's per-input setup runs before, untimed. The integrity checks run after every call."""
+    name = w.current = item.workload.name
+    watch = clock.stopwatch()
+    watch.reset()
+    fresh = cmd.mode == "fresh"
+    if w.cuda:
+        # Untimed: the graphs of the kernel figure were freed with the allocator's cache, and a timed
+        # call must not pay for refilling it (cudaMalloc) where the warm-up left it warm. In fresh
+        # mode on inputs no timed call gets, so nothing it leaves behind answers a timed call.
+        warm = w.inputs_for(item.workload, call_seed(item.seed, cmd.max_calls if fresh else 0))
+        w.set_up(warm)
+        w.call(warm)
+        w.sync()
+        w.integrity_check(f"the untimed call before timing {name}")
+        del warm
     inputs: dict[str, Any] | None = w.inputs_for(item.workload, call_seed(item.seed, 0))
     assert inputs is not None
     w.set_up(inputs)
-    replay = Replay.capture(w, inputs) if cmd.graphs and w.cuda else None
-    every_call_replayed = replay is not None
     result: Any = None
     seed_index, n, start = 0, 0, _perf()
     for i in range(cmd.max_calls):
         if fresh and i > 0:  # new inputs and weights for every call, generated outside the timed region
+            result = inputs = None  # free the last call's memory first
+            inputs = w.inputs_for(item.workload, call_seed(item.seed, i))
+            w.set_up(inputs)
             seed_index = i
-            if replay is None:
-                result = inputs = None  # free the last call's memory first
-            new = w.inputs_for(item.workload, call_seed(item.seed, i))
-            # Recaptured when the new inputs do not fit the captured buffers, and always for a trusted
-            # baseline with a per-input setup: that setup (a library's plan for this page table) runs
-            # on the new inputs first, and the graph holds what it planned.
-            if replay is not None and (w.prepare is not None or not replay.refill(new)):
-                w.set_up(new)
-                replay = Replay.capture(w, new)
-                every_call_replayed = every_call_replayed and replay is not None
-                if replay is None:
-                    inputs = new
-            elif replay is None:
-                inputs = new
-                w.set_up(inputs)
-            del new
-        if replay is not None:
-            # The flush is still running on the device when the start event and the graph launch are
-            # queued behind it, so the event starts the clock when the graph's work can start: the
-            # host's launch latency (microseconds, jittery) is not in the figure of a short kernel.
-            w.sync()
-            if flush is not None:
-                flush()
-            watch.begin()
-            replay.graph.replay()
-        else:
-            if flush is not None:
-                flush()
-            w.sync()
-            watch.begin()
-            assert inputs is not None
-            result = w.call(inputs)
+        if flush is not None:
+            flush()
+        w.sync()
+        watch.begin()
+        assert inputs is not None
+        result = w.call(inputs)
         if watch.end() != 0:
             raise CandidateFailure(Status.RUNTIME_ERROR, f"a CUDA error surfaced while timing call {i} of {name}")
         n = i + 1
-        if replay is None:
-            w.integrity_check(f"timed call {i} of {name}")
+        w.integrity_check(f"timed call {i} of {name}")
         w.send(Tick(n=n))
-        if n >= cmd.min_calls and (watch.should_stop(cmd.min_calls, cmd.target_rel_err, cmd.max_total_s * 1e3)
-                                   or _perf() - start > cmd.max_wall_s):
+        if _enough(watch, n, cmd, start):
             break
-    if replay is not None:
-        result, inputs = replay.outputs, replay.inputs
     assert inputs is not None
     outputs = w.check_outputs(result, inputs)
-    method: TimingMethod = "graph_replay" if every_call_replayed and replay is not None else "calls"
-    w.deliver(lambda h: Timed(index=item.index, count=n, seed_index=seed_index, method=method, handover=h), outputs)
+    w.deliver(lambda h: Timed(index=item.index, figure="call", count=n, seed_index=seed_index, method="calls",
+                              handover=h), outputs)
 
 
 # --- re-timing (clocked by the evaluator: evaluation/retime.py) --------------------------------------
@@ -201,13 +256,16 @@ def run_retime(w: Worker, cmd: RetimeCmd) -> None:
         if isinstance(msg, PrepareCmd):
             item = items[msg.index]
             w.current = item.workload.name
-            graph = None
+            if graph is not None:  # the last workload's graphs: their memory goes back to the device
+                graph = result = None
+                _sync()
+                _empty_cache()
             inputs = w.inputs_for(item.workload, call_seed(item.seed, 0))
             w.set_up(inputs)
             for _ in range(2):
                 result = w.call(inputs)
             w.sync()
-            graph, result = _capture_with_flush(w, flush, inputs, result) if w.cuda else (None, result)
+            graph, result = _capture_with_flush(w, flush, inputs, result) if w.cuda and cmd.graphs else (None, result)
             w.integrity_check(f"preparing the re-timing of {w.current}")
             w.send(Prepared(method="graph_replay" if graph else "calls"))
         elif isinstance(msg, RunCmd):

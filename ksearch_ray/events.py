@@ -192,6 +192,19 @@ class Outage(_Event):
     waited_s: float = Field(default=0.0, description="How long it lasted (ended, gave_up).")
 
 
+class PolicyFault(_Event):
+    """A planner or coder that broke its contract: it raised, or replied with something that is not its
+    reply type. Not a round (the call is asked again); a bug report is written to `report`."""
+
+    kind: Literal["policy_fault"] = "policy_fault"
+    role: str
+    call_kind: str
+    cycle: str | None = None
+    error: str = Field(description="One line: the exception's type and message, or what was wrong with the reply.")
+    report: str = Field(default="", description="The bug report's path, relative to the run directory.")
+    in_a_row: int = Field(default=1, description="Faults of this role in a row, this one included.")
+
+
 # --- cycles, candidates, evaluations ------------------------------------------------------------------
 
 
@@ -350,7 +363,7 @@ class Confirm(_Event):
 
 Event = Annotated[
     WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
-    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
+    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | PolicyFault | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
     | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm | ProfilerNote | Profile,
     Field(discriminator="kind"),
 ]
@@ -491,6 +504,7 @@ class RunView:
     """(solution id, GPU name) -> its profile (the last one, ok or not)."""
     run_ends: list[RunEnd] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
+    policy_faults: list[PolicyFault] = field(default_factory=list)
     plan_rejections: list[tuple[int, str]] = field(default_factory=list)
     """(seq, line) for every planner op not applied (or only in part), as its batch's report said: what the
     planner is told in its next call."""
@@ -708,6 +722,8 @@ class RunView:
             self.stopped = e.reason
         elif isinstance(e, Outage):
             self.outages.append(e)
+        elif isinstance(e, PolicyFault):
+            self.policy_faults.append(e)
 
     def attempt(self, e: _Where) -> Attempt | None:
         """The attempt an event speaks of."""

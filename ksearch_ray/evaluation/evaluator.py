@@ -12,6 +12,7 @@ in the worker, nowhere else.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import time
@@ -161,11 +162,13 @@ class Evaluator:
         progress: Callable[[str], None] | None = None,
         prebuilt: tuple[BuildRecord, bytes] | None = None,
         stage: Stage | None = None,
+        own_waits: dict[str, float] | None = None,
     ) -> EvalResult:
         """The verdict on `solution`. `progress` hears one short line per stage and workload.
         `prebuilt`: the library of this solution built ahead of time (a CUDA/C++ candidate); loaded, not built.
         `stage` replaces the timing stage (Evaluator.retime uses it); its seeds are drawn apart
-        from the timing ones.
+        from the timing ones. `own_waits`: this solution's longest waits per stage, measured before (its
+        primary evaluation, when re-timing it): its wait limits then follow its own clock, not the baseline's.
 
         Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
         the candidate (none of its code has run), and a search must stop rather than count it.
@@ -194,7 +197,7 @@ class Evaluator:
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
         worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"))
-        session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s),
+        session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s, own_waits),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
@@ -237,7 +240,10 @@ class Evaluator:
     ) -> RetimeResult:
         """Time `solution` again by a second, independent method, in a fresh worker, and say whether
         `primary` (its evaluation) agrees. See evaluation/retime.py for the method and tolerance."""
-        return retime(self.evaluate, self.device, task, solution, primary, frozenset(options))
+        # The re-timing's waits are limited by the candidate's own measured waits (with the floor), not only
+        # the baseline's: a PyTorch baseline's 0.16 s says nothing of a candidate in Triton's interpreter.
+        evaluate = functools.partial(self.evaluate, own_waits=dict(primary.stage_waits) or None)
+        return retime(evaluate, self.device, task, solution, primary, frozenset(options))
 
     def profiler_status(self) -> ProfilerFound:
         """Whether this evaluator can profile, looked up once (`ncu --version` answers in a second or so)."""
@@ -299,9 +305,23 @@ class Evaluator:
         if baseline.status is Status.PASSED and baseline.stage_waits:
             self._stage_waits[(task.name, baseline.workload_set)] = dict(baseline.stage_waits)
 
-    def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False) -> WaitLimit:
-        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`."""
+    def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False,
+                   own_waits: dict[str, float] | None = None) -> WaitLimit:
+        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`;
+        with `own_waits` (the solution's own longest waits, measured before), the limit scales from the
+        longer of its own wait and the baseline's."""
         lim = self.limits
+        waits = own_waits or {}
+        # A re-timing's "timing" stage does what the first measurement's warm-up and timing stages did.
+        own = max((waits[s] for s in ((stage, "warmup") if stage == "timing" else (stage,)) if s in waits), default=None)
+        if own is not None and stage not in ("start", "build"):
+            base = self.wait_limit(task, workload_set, stage, compiles=compiles)
+            scaled = max(lim.hang_floor, lim.hang_factor * own)
+            if scaled <= base.seconds:
+                return base
+            ceiling = lim.idle
+            return WaitLimit(min(scaled, ceiling), f" (the limit: {lim.hang_factor:g} x this candidate's own {own:.2g} s "
+                                                   f"in its first measurement, at least {lim.hang_floor:g} s)")
         ceiling = (lim.build_cuda if compiles else lim.build_python) if stage == "build" else lim.idle
         if stage == "start":
             return WaitLimit(lim.setup)
@@ -327,9 +347,9 @@ class Evaluator:
         except TaskError:
             return False
 
-    def _limit(self, run: RunSpec, workload_set: str, stage: str) -> WaitLimit:
+    def _limit(self, run: RunSpec, workload_set: str, stage: str, own_waits: dict[str, float] | None = None) -> WaitLimit:
         compiles = run.solution.language == "cuda" and run.prebuilt is None
-        return self.wait_limit(run.task, workload_set, stage, compiles=compiles)
+        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, own_waits=own_waits)
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"

@@ -798,10 +798,16 @@ class Search:
         first time, so the run knows its measurement noise from the start."""
         solution = self.task.baseline()
         self.store.save_solution(solution)
-        repeats = self.config.search.noise_repeats if self.view.session == 0 else 1
-        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s)" + (f", {repeats}x each" if repeats > 1 else ""))
+        # Every session, a resumed one too: `noise_repeats` measurements, after one warm-up that is not
+        # recorded (a fresh sandbox's first measurement ran 2-11x slow on CPUs: imports, caches, clocks).
+        repeats = self.config.search.noise_repeats
+        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s), after a warm-up"
+                       + (f", {repeats}x each" if repeats > 1 else ""))
 
         async def on(index: int) -> None:
+            if self.config.search.warmup:
+                warm = await self.pool.evaluate_on(index, solution, self.workload_set)
+                log.info("evaluator %d warmed up on the baseline: %s, score %s", index, warm.status.value, warm.score)
             for _ in range(repeats):
                 result = await self.pool.evaluate_on(index, solution, self.workload_set)
                 if not result.passed:

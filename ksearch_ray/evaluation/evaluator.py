@@ -31,6 +31,7 @@ from ksearch_ray.evaluation.judge import Judge, reference_precision
 from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.retime import RetimeResult, retime
+from ksearch_ray.evaluation.sandbox import leftovers
 from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, default_work_root
 from ksearch_ray.evaluation.sandbox.handover import describe
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
@@ -141,6 +142,7 @@ class Evaluator:
         self.sandbox.close()
         if self._owns_work_root:
             shutil.rmtree(self.work_root, ignore_errors=True)
+            leftovers.release(self.work_root)
 
     def __enter__(self) -> Evaluator:
         return self

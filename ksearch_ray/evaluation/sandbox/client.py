@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ksearch_ray.evaluation.sandbox import leftovers
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.isolation import PROTECTIONS, Isolation
 
@@ -65,7 +66,10 @@ def default_work_root() -> Path:
     # /tmp is shared: a folder of that name made by someone else (or a link) must not be used.
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise SandboxError(f"{base} is not a private folder of this user; remove it or set XDG_RUNTIME_DIR")
-    return Path(tempfile.mkdtemp(prefix="sandbox-", dir=base))
+    leftovers.sweep(base)  # folders of sandboxes whose process died (a driver killed with SIGKILL)
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-", dir=base))
+    leftovers.claim(folder)
+    return folder
 
 
 class SandboxError(Exception):

@@ -103,3 +103,26 @@ def test_a_re_timing_waits_by_the_candidates_own_clock_not_only_the_baselines(tm
 def _waits(task: Task, waits: dict[str, float]) -> EvalResult:
     out = result(task.baseline(), 1.0)
     return out.model_copy(update={"stage_waits": waits})
+
+
+def test_a_candidate_in_another_language_than_the_baseline_is_limited_by_its_languages_clock(tmp_path):
+    """The TriMul seed (Triton, in the CPU interpreter) timed out in its first correctness check: 'no progress
+    for 20 s (the limit: 10 x the baseline's 0.8 s, at least 20 s)', the baseline being PyTorch. The first
+    measurement of a language has nothing to scale from (the ceiling); later ones scale from its own."""
+    toy = Task.load(DATA / "toy")
+    seed = toy.solution(SEED)
+    ev = Evaluator("cpu", tmp_path / "sb", limits=Limits(setup=120, build_python=60, idle=180, hang_floor=20, hang_factor=10))
+    try:
+        assert ev.evaluate(toy, toy.baseline()).passed  # learns the baseline's (Python's) clock
+        assert ev.wait_limit(toy, "benchmarks", "correctness").seconds == 20
+        first = ev._language_waits(toy, seed)
+        assert first == {} and ev._language_waits(toy, toy.baseline()) is None
+        assert ev.wait_limit(toy, "benchmarks", "correctness", language_waits=first).seconds == 180
+        assert ev.evaluate(toy, seed).passed
+        learned = ev._language_waits(toy, seed)
+        assert learned and "correctness" in learned
+        slow = {"correctness": 6.0}
+        assert ev.wait_limit(toy, "benchmarks", "correctness", language_waits=slow).seconds == 60
+        assert ev.wait_limit(toy, "benchmarks", "correctness", language_waits={"correctness": 0.1}).seconds == 20
+    finally:
+        ev.close()

@@ -133,6 +133,7 @@ class Evaluator:
         self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation))
         self.judge = Judge(device, self.limits.reference_cache_mb * 2**20)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
+        self._lang_waits: dict[tuple[str, str], dict[str, float]] = {}  # (task, language) -> longest passing waits
         self._progress: Callable[[str], None] = lambda _message: None
         if start:
             self.sandbox.ensure_started()
@@ -189,6 +190,7 @@ class Evaluator:
             prepare=trusted_prepare(task, solution),
         )
         set_name = task.workload_set_name(workload_set, self.device)
+        language = self._language_waits(task, solution)
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
             workload_set=set_name, mode=mode, device=self.device,
@@ -199,7 +201,7 @@ class Evaluator:
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
         worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"))
-        session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s, own_waits),
+        session = Session(self.sandbox, worker, run, self.judge, workdir, lambda s: self._limit(run, set_name, s, own_waits, language),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
@@ -230,6 +232,12 @@ class Evaluator:
             result.score_kind = "geomean of mean latency (ms)"
         if result.status is Status.PASSED and stage is None and self._is_baseline(task, solution):
             self.learn_stage_times(task, result)
+        elif result.status is Status.PASSED and stage is None and language is not None:
+            # This language's clock, for the next candidates in it (a Triton kernel in the CPU interpreter is
+            # far slower than a PyTorch baseline: the baseline's clock alone timed out the TriMul seed).
+            learned = self._lang_waits.setdefault((task.name, solution.language), {})
+            for name, wait in result.stage_waits.items():
+                learned[name] = max(learned.get(name, 0.0), wait)
         return result
 
     def retime(
@@ -308,22 +316,34 @@ class Evaluator:
             self._stage_waits[(task.name, baseline.workload_set)] = dict(baseline.stage_waits)
 
     def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False,
-                   own_waits: dict[str, float] | None = None) -> WaitLimit:
-        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`;
-        with `own_waits` (the solution's own longest waits, measured before), the limit scales from the
-        longer of its own wait and the baseline's."""
+                   own_waits: dict[str, float] | None = None,
+                   language_waits: dict[str, float] | None = None) -> WaitLimit:
+        """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`.
+        The baseline's clock scales it; a solution's own clock may lengthen it: `own_waits`, its own longest
+        waits measured before (its first measurement, when re-timing it), and `language_waits`, those of
+        this task's passing evaluations in its language when that is not the baseline's ({}: none passed
+        yet, so nothing to scale from: the ceiling)."""
         lim = self.limits
-        waits = own_waits or {}
-        # A re-timing's "timing" stage does what the first measurement's warm-up and timing stages did.
-        own = max((waits[s] for s in ((stage, "warmup") if stage == "timing" else (stage,)) if s in waits), default=None)
-        if own is not None and stage not in ("start", "build"):
-            base = self.wait_limit(task, workload_set, stage, compiles=compiles)
-            scaled = max(lim.hang_floor, lim.hang_factor * own)
-            if scaled <= base.seconds:
-                return base
-            ceiling = lim.idle
-            return WaitLimit(min(scaled, ceiling), f" (the limit: {lim.hang_factor:g} x this candidate's own {own:.2g} s "
-                                                   f"in its first measurement, at least {lim.hang_floor:g} s)")
+        base = self._baseline_limit(task, workload_set, stage, compiles)
+        if stage in ("start", "build"):
+            return base
+        for clock, whose in ((own_waits, "this candidate's own"), (language_waits, "its language's")):
+            if clock is None:
+                continue
+            # A re-timing's "timing" stage does what a first measurement's warm-up and timing stages did.
+            known = [clock[s] for s in ((stage, "warmup") if stage == "timing" else (stage,)) if s in clock]
+            if not known:
+                if whose == "its language's":
+                    return WaitLimit(lim.idle, " (the first measurement of its language here: nothing to scale from)")
+                continue
+            scaled = min(max(lim.hang_floor, lim.hang_factor * max(known)), lim.idle)
+            if scaled > base.seconds:
+                base = WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x {whose} {max(known):.2g} s, "
+                                         f"at least {lim.hang_floor:g} s)")
+        return base
+
+    def _baseline_limit(self, task: Task, workload_set: str, stage: str, compiles: bool) -> WaitLimit:
+        lim = self.limits
         ceiling = (lim.build_cuda if compiles else lim.build_python) if stage == "build" else lim.idle
         if stage == "start":
             return WaitLimit(lim.setup)
@@ -341,6 +361,17 @@ class Evaluator:
         return WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x the baseline's {known[stage]:.2g} s, "
                                  f"at least {lim.hang_floor:g} s)")
 
+    def _language_waits(self, task: Task, solution: Solution) -> dict[str, float] | None:
+        """The longest waits per stage of this task's passing evaluations in `solution`'s language, when that is
+        not the baseline's (None: it is, and the baseline's clock is its clock); {} when none passed yet."""
+        try:
+            baseline_language = task.baseline().language
+        except TaskError:
+            return None
+        if solution.language == baseline_language:
+            return None
+        return self._lang_waits.get((task.name, solution.language), {})
+
     # --- internals ----------------------------------------------------------------------------
 
     def _is_baseline(self, task: Task, solution: Solution) -> bool:
@@ -349,9 +380,11 @@ class Evaluator:
         except TaskError:
             return False
 
-    def _limit(self, run: RunSpec, workload_set: str, stage: str, own_waits: dict[str, float] | None = None) -> WaitLimit:
+    def _limit(self, run: RunSpec, workload_set: str, stage: str, own_waits: dict[str, float] | None = None,
+               language_waits: dict[str, float] | None = None) -> WaitLimit:
         compiles = run.solution.language == "cuda" and run.prebuilt is None
-        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, own_waits=own_waits)
+        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, own_waits=own_waits,
+                               language_waits=language_waits)
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"

@@ -365,6 +365,8 @@ def show(
         from ksearch_ray.report.tables import Run
 
         run = Run.load(run_dir)
+        if run.torn:
+            err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
         if as_json:
             from ksearch_ray.report.summary import summarize
 
@@ -403,7 +405,10 @@ def report(
     if target.is_dir():
         fail(f"--out {target} is a directory; name the HTML file to write")
     try:
-        write_report(Run.load(run_dir), target)
+        run = Run.load(run_dir)
+        if run.torn:
+            err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
+        write_report(run, target)
     except RunDirError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -607,7 +612,7 @@ def _run_search(go) -> None:  # type: ignore[no-untyped-def]
         err.print(f"the run stopped and can be resumed: ksearch resume {exc.run_dir}", highlight=False, markup=False)
         raise typer.Exit(3) from None
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
-        fail(str(exc))
+        fail(str(getattr(exc, "cause", None) or exc))  # a Ray actor's error (a snapshot on a full disk): its own line
     # Plain lines: paths and ids are never wrapped or cut.
     print("\n".join(outcome_lines(search.view, search.store.root, search.policy_name)))
     if nothing_evaluated(search.view) is not None:

@@ -115,7 +115,11 @@ class SearchConfig(_Section):
         default=0, ge=0, description="Evaluations the tuner may spend on each passed candidate's tunables (0: none)."
     )
     noise_repeats: int = Field(
-        default=2, ge=1, description="Measurements of the baseline (per evaluator) and of the seed at the start: the noise."
+        default=2, ge=1, description="Measurements of the baseline (per evaluator, every session) and of the seed at the "
+        "start: the noise."
+    )
+    warmup: bool = Field(
+        default=True, description="Measure the baseline once, unrecorded, before the first measurement of each session."
     )
     confirm_repeats: int = Field(
         default=3, ge=0, description="Interleaved re-timings of the best against the baseline and the seed at the end (0: none)."

@@ -202,6 +202,19 @@ class NoStream(_Event):
     reason: str = Field(description="What the first streamed reply without an answer looked like.")
 
 
+class PolicyFault(_Event):
+    """A planner or coder that broke its contract: it raised, or replied with something that is not its
+    reply type. Not a round (the call is asked again); a bug report is written to `report`."""
+
+    kind: Literal["policy_fault"] = "policy_fault"
+    role: str
+    call_kind: str
+    cycle: str | None = None
+    error: str = Field(description="One line: the exception's type and message, or what was wrong with the reply.")
+    report: str = Field(default="", description="The bug report's path, relative to the run directory.")
+    in_a_row: int = Field(default=1, description="Faults of this role in a row, this one included.")
+
+
 # --- cycles, candidates, evaluations ------------------------------------------------------------------
 
 
@@ -360,7 +373,7 @@ class Confirm(_Event):
 
 Event = Annotated[
     WmInit | WmCall | Resume | IsolationWarning | Baseline | Seed | SeedFailed | Remeasure | Stopped | RunEnd
-    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | NoStream | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
+    | LlmCallEvent | PlanFailed | PlanEmpty | Outage | NoStream | PolicyFault | CycleStart | CycleStop | CycleStep | CycleEnd | Candidate | Evaluation
     | Tune | Tuned | Retime | Best | EvaluatorLost | EvolveMigrate | Confirm | ProfilerNote | Profile,
     Field(discriminator="kind"),
 ]
@@ -466,7 +479,8 @@ class RunView:
     baseline: EvalResult | None = None
     """The run's first baseline measurement."""
     session_baselines: dict[int, EvalResult] = field(default_factory=dict)
-    """Evaluator -> its baseline measured in the current session."""
+    """Evaluator -> its baseline measured in the current session (the median measurement; of two, the faster)."""
+    _session_baseline_runs: dict[int, list[EvalResult]] = field(default_factory=dict)
     gpu_of: dict[int, str] = field(default_factory=dict)
     seed: Seed | None = None
     start: Literal["seed", "spec"] | None = None
@@ -503,6 +517,7 @@ class RunView:
     outages: list[Outage] = field(default_factory=list)
     no_stream: str | None = None
     """Why the endpoint is not streamed to (a `no_stream` event), for the rest of the run and every resume."""
+    policy_faults: list[PolicyFault] = field(default_factory=list)
     plan_rejections: list[tuple[int, str]] = field(default_factory=list)
     """(seq, line) for every planner op not applied (or only in part), as its batch's report said: what the
     planner is told in its next call."""
@@ -626,10 +641,16 @@ class RunView:
             self.session += 1
             self.stopped = self.finished = None
             self.session_baselines = {}
+            self._session_baseline_runs = {}
             self.budget.update(e.budget)
         elif isinstance(e, Baseline):
             self.baseline = self.baseline or e.result
-            self.session_baselines[e.evaluator] = e.result
+            # Of this session's measurements on the evaluator, the median (the faster of two): one slow
+            # measurement does not inflate every speedup of the session.
+            runs = self._session_baseline_runs.setdefault(e.evaluator, [])
+            runs.append(e.result)
+            ranked = sorted(runs, key=lambda r: r.score if r.score is not None else math.inf)
+            self.session_baselines[e.evaluator] = ranked[(len(ranked) - 1) // 2]
             self.gpu_of[e.evaluator] = e.gpu
             self._score(e.gpu, e.solution_id, e.result)
             self._row(e, "baseline", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu)
@@ -724,6 +745,8 @@ class RunView:
             self.outages.append(e)
         elif isinstance(e, NoStream):
             self.no_stream = self.no_stream or e.reason
+        elif isinstance(e, PolicyFault):
+            self.policy_faults.append(e)
 
     def attempt(self, e: _Where) -> Attempt | None:
         """The attempt an event speaks of."""

@@ -31,6 +31,8 @@ from ksearch_ray.worldmodel.render import format_speedup
 
 MAD_TO_SIGMA = 1.4826
 """A normal distribution's standard deviation per median absolute deviation."""
+OUTLIER_SIGMAS = 3.0
+"""A measurement further than this many robust standard deviations from its kernel's median is an outlier."""
 PAIR_90 = 1.645 * math.sqrt(2.0)
 """Two measurements differ by less than this many standard deviations (of one) nine times in ten."""
 
@@ -51,16 +53,30 @@ class Noise(BaseModel):
 def noise_of(scores_by_solution: dict[str, list[float]]) -> Noise | None:
     """The noise (above) of these measurements, kernel by kernel; None without a kernel measured twice."""
     residuals: list[float] = []
+    counted = 0  # the outliers left out included: what was measured
     for scores in scores_by_solution.values():
         values = [math.log(s) for s in scores if s and s > 0 and math.isfinite(s)]
         if len(values) < 2:
             continue
         centre = statistics.median(values)
-        residuals += [abs(v - centre) for v in values]
+        counted += len(values)
+        residuals += [abs(v - centre) for v in without_outliers(values, centre)]
     if not residuals:
         return None
     sigma = MAD_TO_SIGMA * statistics.median(residuals)
-    return Noise(value=math.exp(PAIR_90 * sigma) - 1.0, measurements=len(residuals))
+    return Noise(value=math.exp(PAIR_90 * sigma) - 1.0, measurements=counted)
+
+
+def without_outliers(values: list[float], centre: float) -> list[float]:
+    """One kernel's log-measurements less those further than OUTLIER_SIGMAS robust standard deviations from
+    its median (a Hampel filter; a warm-up measurement ten times slow is one). Only with three or more: in a
+    pair neither is the outlier."""
+    if len(values) < 3:
+        return values
+    mad = statistics.median(abs(v - centre) for v in values)
+    if mad <= 0:
+        return [v for v in values if v == centre] or values
+    return [v for v in values if abs(v - centre) <= OUTLIER_SIGMAS * MAD_TO_SIGMA * mad]
 
 
 def pair_differences(scores: list[float]) -> list[float]:

@@ -312,6 +312,8 @@ def resume(run_dir: Path, *, progress: bool = True, budget: dict[str, Any] | Non
         raise ConfigError(f"resume can change only the budget ({', '.join(BUDGET_KEYS)}), not {', '.join(sorted(unknown))}")
     store = RunStore.open(Path(run_dir).resolve())
     reporter = make_reporter(progress)
+    if store.repaired:
+        reporter.line(store.repaired)
     try:
         from ksearch_ray.events import RunView
 

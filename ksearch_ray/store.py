@@ -11,8 +11,9 @@
       lock                 held by the one process that writes the run (pid, host, since)
 
 Events (`ksearch_ray.events`: typed, one schema) are written by one process (the driver), one JSON
-line each, flushed and fsynced; a line cut short by SIGKILL is dropped when the log is reopened. Resume folds the events. One
-writer at a time: opening a run for writing takes an exclusive lock on `lock` (flock, released
+line each, flushed and fsynced; a last line cut short (SIGKILL, a full disk) is moved aside to
+events.torn-<line>.jsonl when the writer reopens the log, and left out in memory by readers
+(`read_events`). Resume folds the events. One writer at a time: opening a run for writing takes an exclusive lock on `lock` (flock, released
 by the kernel when the process dies, so a killed run never stays locked), and a second writer is
 told who holds it. Readers (`show`, `report`) take no lock.
 """
@@ -20,6 +21,7 @@ told who holds it. Readers (`show`, `report`) take no lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -27,6 +29,7 @@ import platform
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +42,30 @@ class RunDirError(Exception):
     """A run directory that cannot be used; the message is one line."""
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A write to the run directory that the file system refuses (read-only, full, no permission) becomes a
+    RunDirError in one line that says what to do; the run stays as it was written up to there."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, BlockingIOError):
+            raise
+        why = {errno.EROFS: "the file system is read-only: copy the run directory somewhere writable (cp -r) and "
+                            "resume the copy, or read it with `ksearch show`",
+               errno.ENOSPC: "the disk is full: free space, then `ksearch resume` the run",
+               errno.EDQUOT: "the disk quota is spent: free space, then `ksearch resume` the run",
+               errno.EACCES: "no permission to write there: resume it as its owner, or resume a copy (cp -r)",
+               errno.EPERM: "no permission to write there: resume it as its owner, or resume a copy (cp -r)"}
+        hint = why.get(exc.errno or 0, "the run directory must be writable to run or resume")
+        raise RunDirError(f"cannot write {exc.filename or path}: {exc.strerror or exc}; {hint}") from None
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with writing(path):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def versions() -> dict[str, str]:
@@ -88,6 +111,10 @@ class RunStore:
         self._lock_fh: Any = None
         self.redact = Redactor.from_environment()
         """The event log's guard: no secret value of this process is written (the run adds its API key's name)."""
+        self.torn: str | None = None
+        """One line on the torn tail the last `read_events` left out (and, repairing, moved aside); None: none."""
+        self.repaired: str | None = None
+        """What opening the log for writing repaired (a torn tail moved aside), in one line; None: nothing."""
 
     # --- creation / opening -----------------------------------------------------------------
 
@@ -99,8 +126,9 @@ class RunStore:
         if (root / "manifest.json").exists():
             raise RunDirError(f"{root} already holds a run; use `ksearch resume {root}`")
         manifest = {"schema": SCHEMA, **manifest}
-        for sub in ("solutions", "world_model", "llm_cache"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+        with writing(root):
+            for sub in ("solutions", "world_model", "llm_cache"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
         store = cls(root)
         store._lock()
         _atomic_write(root / "manifest.json", json.dumps(manifest, indent=2, default=str))
@@ -127,7 +155,8 @@ class RunStore:
 
     def _lock(self) -> None:
         """Become the run's only writer, or say who is."""
-        fh = open(self.root / "lock", "a+", encoding="utf-8")  # noqa: SIM115  (held for the run)
+        with writing(self.root / "lock"):
+            fh = open(self.root / "lock", "a+", encoding="utf-8")  # noqa: SIM115  (held for the run)
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -141,23 +170,31 @@ class RunStore:
             except (ValueError, KeyError, TypeError):
                 who = "another process"
             raise RunDirError(f"{self.root} is in use by {who}; wait for it to end or stop it first") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
-        fh.flush()
+        try:
+            with writing(self.root / "lock"):
+                fh.seek(0)
+                fh.truncate()
+                fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+                fh.flush()
+        except RunDirError:
+            fh.close()
+            raise
         self._lock_fh = fh
 
     def manifest(self) -> dict[str, Any]:
         return read_manifest(self.root)
 
     def _open(self) -> None:
-        events = self.read_events(repair=True)
+        with writing(self.events_path):
+            events = self.read_events(repair=True)
+            self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115  (held for the run)
+        self.repaired = self.torn
         self._seq = events[-1].seq if events else 0
-        self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115  (held for the run)
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            with contextlib.suppress(OSError):  # a full disk already said so, at the write that failed
+                self._fh.close()
             self._fh = None
         if self._lock_fh is not None:
             with contextlib.suppress(OSError):
@@ -171,30 +208,62 @@ class RunStore:
         """Number, stamp and write one event; it is on disk (fsynced) when this returns."""
         self._seq += 1
         event.seq, event.t = self._seq, time.time()
-        self._fh.write(self.redact.json_safe(dump_event(event)) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with writing(self.events_path):
+            self._fh.write(self.redact.json_safe(dump_event(event)) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
         return event
 
     def read_events(self, *, repair: bool = False) -> list[Event]:
-        """Every whole event of the log; with `repair`, a last line cut short by a kill is cut off."""
+        """Every whole event of the log. A torn tail (a last line that is not an event: a write cut short by a
+        kill or a full disk) is left out and `torn` says so in one line; with `repair` (the writer, on open)
+        its bytes are also moved aside to events.torn-<line>.jsonl and the log cut before it, while readers
+        (`show`, `report`) repair only in memory: they never write, and may be reading a live run. A last line
+        that lacks only its newline is a whole event: kept (and, with `repair`, completed). A line that is not
+        an event anywhere else is refused in one line that names it and the way out."""
+        self.torn = None
         if not self.events_path.exists():
             return []
         raw = self.events_path.read_bytes()
+        lines = raw.splitlines(keepends=True)
         events: list[Event] = []
         good_bytes = 0
-        for number, line in enumerate(raw.splitlines(keepends=True), start=1):
-            if not line.endswith(b"\n"):  # only the last line can be: a kill mid-write
-                break
+        for number, line in enumerate(lines, start=1):
             try:
                 events.append(parse_event(line))
             except (EventError, ValueError) as exc:
-                raise RunDirError(f"{self.events_path}: line {number} is not an event of this version ({exc})") from None
+                if number == len(lines):
+                    self._torn_tail(number, line, good_bytes, repair)
+                    break
+                raise RunDirError(
+                    f"{self.events_path}: line {number} of {len(lines)} is not an event of this version ({exc}) and is "
+                    f"not the last one, so it is no torn write: repair or remove that line by hand, or keep the run up to "
+                    f"it with `head -n {number - 1} {self.events_path} > events.cut && mv events.cut {self.events_path}` "
+                    "(keep a copy first)") from None
             good_bytes += len(line)
-        if repair and good_bytes < len(raw):
-            with open(self.events_path, "r+b") as f:
-                f.truncate(good_bytes)
+        if repair and raw and not raw.endswith(b"\n") and self.torn is None:
+            with open(self.events_path, "ab") as f:  # a whole last event that only lost its newline
+                f.write(b"\n")
         return events
+
+    def _torn_tail(self, number: int, line: bytes, good_bytes: int, repair: bool) -> None:
+        cut = "without its newline" if not line.endswith(b"\n") else "ending in a newline"
+        if not repair:
+            self.torn = (f"{self.events_path}: line {number} (the last, {len(line)} bytes, {cut}) is not a whole event "
+                         "(a write cut short, or one in progress): read without it; `ksearch resume` moves it aside")
+            return
+        aside = self.root / f"events.torn-{number}.jsonl"
+        again = 1
+        while aside.exists():  # torn at the same line before: keep both
+            again += 1
+            aside = self.root / f"events.torn-{number}-{again}.jsonl"
+        aside.write_bytes(line)
+        with open(self.events_path, "r+b") as f:
+            f.truncate(good_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        self.torn = (f"{self.events_path}: line {number} (the last, {len(line)} bytes, {cut}) was not a whole event "
+                     f"(a write cut short): the log now ends before it; its bytes are in {aside}")
 
     # --- the run's input secret ----------------------------------------------------------------
 
@@ -239,10 +308,11 @@ class RunStore:
     def write_best(self, payload: dict[str, Any], solution: Solution) -> None:
         """best.json (the record), and the solution's sources as plain files in best/."""
         best = self.root / "best"
-        best.mkdir(exist_ok=True)
-        for old in best.iterdir():
-            if old.name not in solution.sources:
-                old.unlink()
+        with writing(best):
+            best.mkdir(exist_ok=True)
+            for old in best.iterdir():
+                if old.name not in solution.sources:
+                    old.unlink()
         for name, text in solution.sources.items():
             _atomic_write(best / name, text)
         _atomic_write(self.root / "best.json", json.dumps(payload, indent=2, default=str))

@@ -116,7 +116,7 @@ def test_wait_limits_stay_within_the_margin_beyond_the_expected_wait(toy, tmp_pa
         ev.learn_stage_times(toy, base)
         assert ev.wait_limit(toy, "benchmarks", "correctness").seconds == 20  # 10 x 2 s
         assert ev.wait_limit(toy, "benchmarks", "warmup").seconds == 130  # 100 s + 30, not 10 x 100
-        assert ev.wait_limit(toy, "benchmarks", "timing", own={"correctness": 1.0}).seconds == 20  # 2 calls + 30 > floor
+        assert ev.wait_limit(toy, "benchmarks", "timing", session_waits={"correctness": 1.0}).seconds == 20  # 2 calls + 30 > floor
         assert ev.wait_limit(toy, "benchmarks", "timing").seconds == 500  # nothing known: the ceiling
     finally:
         ev.close()

@@ -10,6 +10,7 @@ from typing import Any
 import ray
 
 from ksearch_ray.config import RunConfig
+from ksearch_ray.distributed.leftovers import sweep_agents
 from ksearch_ray.run.errors import SearchError
 
 
@@ -30,6 +31,7 @@ def init_ray(config: RunConfig) -> None:
         # An embedded single-machine cluster: nothing to authenticate against (Ray 2.60 turns token
         # auth on by default; set RAY_AUTH_MODE yourself to keep it).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        sweep_agents()  # agents an earlier cluster left behind (its driver killed with SIGKILL)
         package_parent = str(Path(__file__).resolve().parents[2])
         pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
         # address="local": always a new cluster of our own. Without it ray.init() attaches to whatever

@@ -12,6 +12,7 @@ in the worker, nowhere else.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import time
@@ -31,6 +32,7 @@ from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, sou
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.reference import SandboxedReference
 from ksearch_ray.evaluation.retime import RetimeResult, retime
+from ksearch_ray.evaluation.sandbox import leftovers
 from ksearch_ray.evaluation.sandbox.client import (
     Sandbox,
     SandboxError,
@@ -144,6 +146,7 @@ class Evaluator:
         self.redact = Redactor.from_environment(secret_names)
         self.judge = Judge(device, self.limits.reference_cache_mb * 2**20, sandboxed=self._sandboxed_reference)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
+        self._lang_waits: dict[tuple[str, str], dict[str, float]] = {}  # (task, language) -> longest passing waits
         self._progress: Callable[[str], None] = lambda _message: None
         if start:
             self.sandbox.ensure_started()
@@ -153,6 +156,7 @@ class Evaluator:
         self.sandbox.close()
         if self._owns_work_root:
             shutil.rmtree(self.work_root, ignore_errors=True)
+            leftovers.release(self.work_root)
 
     def __enter__(self) -> Evaluator:
         return self
@@ -174,11 +178,13 @@ class Evaluator:
         progress: Callable[[str], None] | None = None,
         prebuilt: tuple[BuildRecord, bytes] | None = None,
         stage: Stage | None = None,
+        own_waits: dict[str, float] | None = None,
     ) -> EvalResult:
         """The verdict on `solution`. `progress` hears one short line per stage and workload.
         `prebuilt`: the library of this solution built ahead of time (a CUDA/C++ candidate); loaded, not built.
         `stage` replaces the timing stage (Evaluator.retime uses it); its seeds are drawn apart
-        from the timing ones.
+        from the timing ones. `own_waits`: this solution's longest waits per stage, measured before (its
+        primary evaluation, when re-timing it): its wait limits then follow its own clock, not the baseline's.
 
         Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
         the candidate (none of its code has run), and a search must stop rather than count it.
@@ -199,6 +205,7 @@ class Evaluator:
             flush_l2=self.timing.flush_l2 and task.definition.objective.flush_l2,
         )
         set_name = task.workload_set_name(workload_set, self.device)
+        language = self._language_waits(task, solution)
         result = EvalResult(
             solution_id=solution.id, solution_name=solution.name, task=task.name, status=Status.PASSED,
             workload_set=set_name, mode=mode, device=self.device,
@@ -211,9 +218,10 @@ class Evaluator:
                                 gpumode=task.definition.interface == "gpumode")
         worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
                                     declared_environment(task.definition.environment, self.sandbox.refused))
-        # The limits may also learn from this candidate's own correctness waits (session.waits).
+        # The limits learn from the baseline's clock, and may from this candidate's own correctness waits in
+        # this evaluation (session.waits), its earlier measurement (own_waits) and its language's clock.
         session = Session(self.sandbox, worker, run, self.judge, workdir,
-                          lambda s: self._limit(run, set_name, s, session.waits),
+                          lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
                           t0 + self.limits.total, self.limits.total, say=self._progress)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
@@ -244,6 +252,12 @@ class Evaluator:
             result.score_kind = "geomean of mean latency (ms)"
         if result.status is Status.PASSED and stage is None and self._is_baseline(task, solution):
             self.learn_stage_times(task, result)
+        elif result.status is Status.PASSED and stage is None and language is not None:
+            # This language's clock, for the next candidates in it (a Triton kernel in the CPU interpreter is
+            # far slower than a PyTorch baseline: the baseline's clock alone timed out the TriMul seed).
+            learned = self._lang_waits.setdefault((task.name, solution.language), {})
+            for name, wait in result.stage_waits.items():
+                learned[name] = max(learned.get(name, 0.0), wait)
         return self._redacted(result)
 
     def retime(
@@ -256,7 +270,10 @@ class Evaluator:
     ) -> RetimeResult:
         """Time `solution` again by a second, independent method, in a fresh worker, and say whether
         `primary` (its evaluation) agrees. See evaluation/retime.py for the method and tolerance."""
-        return retime(self.evaluate, self.device, task, solution, primary, frozenset(options))
+        # The re-timing's waits are limited by the candidate's own measured waits (with the floor), not only
+        # the baseline's: a PyTorch baseline's 0.16 s says nothing of a candidate in Triton's interpreter.
+        evaluate = functools.partial(self.evaluate, own_waits=dict(primary.stage_waits) or None)
+        return retime(evaluate, self.device, task, solution, primary, frozenset(options))
 
     def objective_for(self, task: Task) -> Objective:
         """The figure `timing` and the score are: the timing policy's `objective`, else the task's."""
@@ -323,9 +340,35 @@ class Evaluator:
             self._stage_waits[(task.name, baseline.workload_set)] = dict(baseline.stage_waits)
 
     def wait_limit(self, task: Task, workload_set: str, stage: str, *, compiles: bool = False,
-                   own: dict[str, float] | None = None) -> WaitLimit:
+                   session_waits: dict[str, float] | None = None, own_waits: dict[str, float] | None = None,
+                   language_waits: dict[str, float] | None = None) -> WaitLimit:
         """Seconds a wait for the worker may last in `stage` of an evaluation of `task` on `workload_set`.
-        `own`: the candidate's own longest waits so far in this evaluation, by stage."""
+        The baseline's clock scales it (else the task's declared waits, else, for warm-up and timing, this
+        candidate's own correctness waits in this evaluation: `session_waits`); a solution's own clock may
+        lengthen it: `own_waits`, its own longest waits measured before (its first measurement, when
+        re-timing it), and `language_waits`, those of this task's passing evaluations in its language when
+        that is not the baseline's ({}: none passed yet, so nothing to scale from: the ceiling)."""
+        lim = self.limits
+        base = self._baseline_limit(task, workload_set, stage, compiles, session_waits)
+        if stage in ("start", "build"):
+            return base
+        for clock, whose in ((own_waits, "this candidate's own"), (language_waits, "its language's")):
+            if clock is None:
+                continue
+            # A re-timing's "timing" stage does what a first measurement's warm-up and timing stages did.
+            known = [clock[s] for s in ((stage, "warmup") if stage == "timing" else (stage,)) if s in clock]
+            if not known:
+                if whose == "its language's":
+                    return WaitLimit(lim.idle, " (the first measurement of its language here: nothing to scale from)")
+                continue
+            scaled = min(max(lim.hang_floor, lim.hang_factor * max(known)), lim.idle)
+            if scaled > base.seconds:
+                base = WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x {whose} {max(known):.2g} s, "
+                                         f"at least {lim.hang_floor:g} s)")
+        return base
+
+    def _baseline_limit(self, task: Task, workload_set: str, stage: str, compiles: bool,
+                        own: dict[str, float] | None) -> WaitLimit:
         lim = self.limits
         ceiling = (lim.build_cuda if compiles else lim.build_python) if stage == "build" else lim.idle
         if stage == "start":
@@ -353,6 +396,17 @@ class Evaluator:
         return WaitLimit(scaled, f" (the limit: {lim.hang_factor:g} x {whose} {expected:.2g} s, at most "
                                  f"{lim.hang_margin:g} s more, at least {lim.hang_floor:g} s)")
 
+    def _language_waits(self, task: Task, solution: Solution) -> dict[str, float] | None:
+        """The longest waits per stage of this task's passing evaluations in `solution`'s language, when that is
+        not the baseline's (None: it is, and the baseline's clock is its clock); {} when none passed yet."""
+        try:
+            baseline_language = task.baseline().language
+        except TaskError:
+            return None
+        if solution.language == baseline_language:
+            return None
+        return self._lang_waits.get((task.name, solution.language), {})
+
     # --- internals ----------------------------------------------------------------------------
 
     def _sandboxed_reference(self, task: Task) -> SandboxedReference:
@@ -374,9 +428,11 @@ class Evaluator:
         except TaskError:
             return False
 
-    def _limit(self, run: RunSpec, workload_set: str, stage: str, own: dict[str, float]) -> WaitLimit:
+    def _limit(self, run: RunSpec, workload_set: str, stage: str, session_waits: dict[str, float] | None = None,
+               own_waits: dict[str, float] | None = None, language_waits: dict[str, float] | None = None) -> WaitLimit:
         compiles = run.solution.language == "cuda" and run.prebuilt is None
-        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, own=own)
+        return self.wait_limit(run.task, workload_set, stage, compiles=compiles, session_waits=session_waits,
+                               own_waits=own_waits, language_waits=language_waits)
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"

@@ -18,7 +18,9 @@ The candidate's output after the timed repetitions is checked against the refere
 the repeated work is the real work. The primary figure may not be lower than the independent one
 by more than the tolerance (per method below); it may be higher (launch gaps, host planning and
 cold caches count in the primary timing, so an honest kernel often is). A disagreement means the
-primary number cannot be trusted: the caller must not record it as a best.
+primary number cannot be trusted: the caller must not record it as a best. A re-timing whose worker
+died (CRASHED: a signal or an exit, perhaps from outside, as the OOM killer's) is run once more on a
+fresh worker: a best is not lost to an infrastructure fault, and only a second failure decides.
 
 Call, once a candidate's evaluation `primary` beats the current best:
 
@@ -29,6 +31,7 @@ Call, once a candidate's evaluation `primary` beats the current best:
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -53,6 +56,8 @@ from ksearch_ray.evaluation.seeds import call_seed
 from ksearch_ray.evaluation.session import Session
 from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.taskspec.task import Task
+
+log = logging.getLogger(__name__)
 
 
 class RetimeMethod(StrEnum):
@@ -96,9 +101,19 @@ def retime(evaluate: Callable[..., EvalResult], device: str, task: Task, solutio
     stage = RetimeStage(device, primary_ms)
     fresh = evaluate(task, solution, workload_set=primary.workload_set, mode=primary.mode, timed=True,
                      options=options, stage=stage)
+    first = ""
+    if fresh.status is Status.CRASHED:
+        # The worker died (a signal, an exit) though the candidate passed its first measurement: perhaps killed
+        # from outside (the OOM killer, an operator), which is not the candidate's doing. Once more, on a fresh
+        # worker; only a second failure decides.
+        first = f" (and before it, on another worker: {fresh.message})"
+        log.warning("re-timing %s: the worker died (%s); once more on a fresh worker", solution.id, fresh.message)
+        stage = RetimeStage(device, primary_ms)
+        fresh = evaluate(task, solution, workload_set=primary.workload_set, mode=primary.mode, timed=True,
+                         options=options, stage=stage)
     if fresh.status is not Status.PASSED:
-        return RetimeResult(agreed=False, status=fresh.status, message=f"the re-timing run failed: {fresh.message}",
-                            workloads=stage.results)
+        return RetimeResult(agreed=False, status=fresh.status,
+                            message=f"the re-timing run failed: {fresh.message}{first}", workloads=stage.results)
     bad = [r for r in stage.results if not r.agreed]
     message = "; ".join(
         f"{r.workload}: primary {r.primary_ms:.4g} ms is below the re-timed {r.retimed_ms:.4g} ms "

@@ -47,6 +47,8 @@ class Run:
     root: Path
     manifest: dict[str, Any]
     view: RunView = field(default_factory=RunView)
+    torn: str | None = None
+    """The torn last line of the log that was read without (store.RunStore.read_events), in one line."""
 
     @classmethod
     def load(cls, root: Path) -> Run:
@@ -54,7 +56,9 @@ class Run:
         manifest = read_manifest(root)
         store = RunStore(root)
         store.check_schema()
-        return cls(root, manifest, RunView.of(store.read_events(), store.has_solution))  # read only: never repairs
+        run = cls(root, manifest, RunView.of(store.read_events(), store.has_solution))  # read only: repairs in memory
+        run.torn = store.torn
+        return run
 
     def extend(self, events: Iterable[Event]) -> Run:
         """The same run with more events applied (`show --follow`); tables are derived again."""

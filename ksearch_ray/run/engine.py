@@ -53,6 +53,7 @@ from ksearch_ray.events import (
     Outage,
     PlanEmpty,
     PlanFailed,
+    PolicyFault,
     Profile,
     ProfilerNote,
     Remeasure,
@@ -84,6 +85,7 @@ from ksearch_ray.policies.contract import (
 from ksearch_ray.policies.llm.types import LLMCall, error_class
 from ksearch_ray.run.backends import BUILDER, Backends
 from ksearch_ray.run.errors import SearchError
+from ksearch_ray.run.faults import BUGS_DIR, FAULT_LIMIT, one_line, reply_problem, write_bug_report
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task, TaskError, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
@@ -149,6 +151,7 @@ class Search:
         self._outage_failures = 0
         self._outage_error = ""
         self._rejected_in_a_row = 0
+        self._faults_in_a_row: dict[str, int] = {}  # role -> policy faults in a row (run.faults)
         self._profiling: dict[str, asyncio.Task[None]] = {}  # solution id -> its profile in flight (between measurements)
 
     # --- the log ---------------------------------------------------------------------------------
@@ -249,7 +252,17 @@ class Search:
         bad request) is one failed call, returned like any reply without a result."""
         refusals = 0
         while True:
-            reply = await self._ask_backend(role, kind, request)
+            try:
+                reply = await self._ask_backend(role, kind, request)
+                problem, exc = reply_problem(role, reply), None
+            except SearchError:
+                raise
+            except Exception as raised:  # noqa: BLE001  (any exception a policy's own code raises is its bug: recorded below)
+                problem, exc = one_line(raised), raised
+            if problem is not None:
+                self._policy_fault(role, kind, request, cycle, problem, exc)
+                continue  # asked again: a fault spends no round
+            self._faults_in_a_row[role] = 0
             for call in reply.calls:
                 self.record(LlmCallEvent(role=role, cycle=cycle, call=call))
                 if call.stream_fallback and call.error is None and self.view.no_stream is None:
@@ -292,6 +305,22 @@ class Search:
             if self._spend_left() is not None:
                 return reply  # the budget ran out while the provider was failing: the caller gives its round back
             await self._visible_sleep(role, kind, wait)
+
+    def _policy_fault(self, role: str, kind: str, request: Any, cycle: str | None, error: str,
+                      exc: BaseException | None) -> None:
+        """A policy that raised or replied out of contract: an event and a bug report; SearchError (the run
+        stops, resumable) once this role has faulted FAULT_LIMIT times in a row."""
+        in_a_row = self._faults_in_a_row.get(role, 0) + 1
+        self._faults_in_a_row[role] = in_a_row
+        report = write_bug_report(self.store.root, len(self.view.policy_faults) + 1, role=role, kind=kind, cycle=cycle,
+                                  policy=self.policy_name, error=error, exc=exc, request=request)
+        log.warning("the %s's %s call failed with its own bug (%s); report: %s", role, kind, error, report)
+        self.record(PolicyFault(role=role, call_kind=kind, cycle=cycle, error=error, report=report, in_a_row=in_a_row))
+        self.on_line(f"the {role}'s {kind} call broke the policy contract ({clip(error, 160)}); bug report: "
+                     f"{self.store.root / report}; asking again (no round is spent on it)")
+        if in_a_row >= FAULT_LIMIT:
+            raise SearchError(f"the {role} broke the policy contract {in_a_row} times in a row (last: {error}); "
+                              f"bug reports in {self.store.root / BUGS_DIR}")
 
     async def _ask_backend(self, role: str, kind: str, request: Any) -> Any:
         backend = self.backends.planner if role == "planner" else self.backends.coder
@@ -799,10 +828,16 @@ class Search:
         first time, so the run knows its measurement noise from the start."""
         solution = self.task.baseline()
         self.store.save_solution(solution)
-        repeats = self.config.search.noise_repeats if self.view.session == 0 else 1
-        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s)" + (f", {repeats}x each" if repeats > 1 else ""))
+        # Every session, a resumed one too: `noise_repeats` measurements, after one warm-up that is not
+        # recorded (a fresh sandbox's first measurement ran 2-11x slow on CPUs: imports, caches, clocks).
+        repeats = self.config.search.noise_repeats
+        self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s), after a warm-up"
+                       + (f", {repeats}x each" if repeats > 1 else ""))
 
         async def on(index: int) -> None:
+            if self.config.search.warmup:
+                warm = await self.pool.evaluate_on(index, solution, self.workload_set)
+                log.info("evaluator %d warmed up on the baseline: %s, score %s", index, warm.status.value, warm.score)
             for _ in range(repeats):
                 result = await self.pool.evaluate_on(index, solution, self.workload_set)
                 if not result.passed:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ksearch_ray.evaluation.sandbox import leftovers
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.isolation import PROTECTIONS, Isolation
 from ksearch_ray.evaluation.sandbox.resources import Resources, read_tail
@@ -92,7 +93,10 @@ def default_work_root() -> Path:
         private_dir(base)
     except PrivateDirError as exc:
         raise SandboxError(f"sandbox root refused: {exc} (or set XDG_RUNTIME_DIR)") from None
-    return Path(tempfile.mkdtemp(prefix="sandbox-", dir=base))
+    leftovers.sweep(base)  # folders of sandboxes whose process died (a driver killed with SIGKILL)
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-", dir=base))
+    leftovers.claim(folder)
+    return folder
 
 
 class SandboxError(Exception):

@@ -107,7 +107,9 @@ def _generate(space: _Space, request: CodeRequest) -> CodeReply:
 
 def _debug(space: _Space, request: CodeRequest) -> CodeReply:
     if request.current is None:
-        raise ValueError("debug needs the failing solution as request.current")
+        # A valid request (contract.Debug): the failed attempt held no code (the action asked for nothing this
+        # policy can write), so there is no configuration to step back from.
+        return CodeReply(error="the failed attempt held no code, and the offline policy only changes the tunables of code")
     failing = space.solution_config(request.current)
     if failing is None or failing.seed is None:
         return CodeReply(error="the failing solution declares no tunables the offline policy knows")

@@ -74,7 +74,7 @@ def line(result: EvalResult) -> str:
 def compare(evaluator: Evaluator, task: Task, seed: Solution, other: Solution, out: Path) -> None:
     results = []
     for solution in (other, seed):
-        result = evaluator.evaluate(task, solution, mode="fresh")
+        result = evaluator.evaluate(task, solution, workload_set=task.definition.default_workloads, mode="fresh")
         (out / f"{task.name}_{solution.name}.json").write_text(result.model_dump_json(indent=1))
         print(line(result), flush=True)
         results.append(result)
@@ -128,6 +128,7 @@ def main() -> None:
     ap.add_argument("--ksearch-best", type=Path, default=Path(".external/ksearch_best.py"),
                     help="K-Search's published TriMul kernel (not in the repository); skipped when absent.")
     ap.add_argument("--skip-prefill-all", action="store_true")
+    ap.add_argument("--skip-trimul", action="store_true", help="Only the attention tasks (and the prefill command).")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -141,11 +142,14 @@ def main() -> None:
         seed = trimul.solution(trimul.definition.default_seed or "triton_fused")
         print(f"objectives: trimul {trimul.definition.objective.timed}, "
               + ", ".join(f"{k} {find_task(v).definition.objective.timed}" for k, v in ATTENTION.items()), flush=True)
-        if args.ksearch_best.is_file():
+        if args.skip_trimul:
+            pass
+        elif args.ksearch_best.is_file():
             compare(evaluator, trimul, seed, solution_from_file(args.ksearch_best, trimul, name="ksearch_best"), args.out)
         else:
             print(f"no {args.ksearch_best}: TriMul against K-Search's published kernel skipped", flush=True)
-        compare(evaluator, trimul, seed, trimul.baseline(), args.out)
+        if not args.skip_trimul:
+            compare(evaluator, trimul, seed, trimul.baseline(), args.out)
         for name in ATTENTION.values():
             task = find_task(name)
             compare(evaluator, task, task.solution(task.definition.default_seed or ""), task.solution("flashinfer_kernel"),

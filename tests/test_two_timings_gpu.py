@@ -149,7 +149,11 @@ def test_gpu_side_streams_and_memorized_answers_are_caught_under_both_objectives
         thread = ev.evaluate(toy, solution_from_file(DATA / "candidates" / "leave_thread.py", toy))
     finally:
         ev.close()
-    assert side.status is Status.INTEGRITY_VIOLATION and "escapes the timing stream" in side.message, side.message
+    # Work left on a side stream is seen by the device-busy check after a timed call (INTEGRITY_VIOLATION), or,
+    # when the call's own re-check comes first, its late write fails the output (INCORRECT_NUMERICAL, seen on the
+    # H200 under the call objective): either way it does not pass.
+    assert side.status in (Status.INTEGRITY_VIOLATION, Status.INCORRECT_NUMERICAL), side.message
+    assert side.status is not Status.INTEGRITY_VIOLATION or "escapes the timing stream" in side.message, side.message
     assert memo.status is Status.INCORRECT_NUMERICAL and "during timing" in memo.message, memo.message
     assert thread.status is Status.INTEGRITY_VIOLATION, thread.message
 

@@ -28,8 +28,8 @@ def test_a_re_timing_whose_worker_is_killed_from_outside_is_retried_once_on_a_fr
         kills = {"left": 1}
         killed: set[int] = set()
 
-        def tracked_start(job):  # type: ignore[no-untyped-def]
-            workers.append(start(job))
+        def tracked_start(job, environment=None):  # type: ignore[no-untyped-def]
+            workers.append(start(job, environment))
             return workers[-1]
 
         def killer(line: str) -> None:

@@ -154,7 +154,9 @@ def test_gpu_side_streams_and_memorized_answers_are_caught_under_both_objectives
     # H200 under the call objective): either way it does not pass.
     assert side.status in (Status.INTEGRITY_VIOLATION, Status.INCORRECT_NUMERICAL), side.message
     assert side.status is not Status.INTEGRITY_VIOLATION or "escapes the timing stream" in side.message, side.message
-    assert memo.status is Status.INCORRECT_NUMERICAL and "during timing" in memo.message, memo.message
+    # Caught as wrong either way; at which check first (a correctness call or a timed call's re-check) varied
+    # between two H200 runs.
+    assert memo.status is Status.INCORRECT_NUMERICAL, memo.message
     assert thread.status is Status.INTEGRITY_VIOLATION, thread.message
 
 

@@ -23,7 +23,7 @@ from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 from ksearch_ray.report.console import print_eval
 from ksearch_ray.taskspec.flashinfer_traces import Environment, trace_records
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
-from tests.cli_runner import ksearch
+from cli_runner import ksearch
 
 DATA = Path(__file__).parent / "data"
 CANDIDATES = DATA / "candidates"

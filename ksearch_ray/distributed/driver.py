@@ -1,4 +1,4 @@
-"""The Ray plumbing of a search: actor-backed backends for `search.engine.Search`.
+"""The Ray plumbing of a search: actor-backed backends for `run.engine.Search`.
 
 The driver-side actors (world model, planner, coder) are pinned to the driver's node, because they
 read and write the run directory; evaluators go wherever Ray has a GPU (`distributed/pool.py`).

@@ -248,7 +248,7 @@ class Lease(BaseModel):
 
 
 class Tree(BaseModel):
-    """The whole world model of one run. Edit it only through `wm_ops` and `wm_select`."""
+    """The whole world model of one run. Edit it only through `worldmodel.ops` and `worldmodel.select`."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -20,7 +20,7 @@ import pytest
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
 from ksearch_ray.evaluation.sandbox.client import IsolationReport
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
-from ksearch_ray.evaluation.sandbox.pids import members
+from ksearch_ray.evaluation.sandbox.pids import locate, members
 from ksearch_ray.evaluation.sandbox.resources import Resources, host_root, read_tail, watch
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file
@@ -99,6 +99,24 @@ def test_a_host_root_sandbox_without_a_pids_cgroup_says_the_process_limit_is_los
         assert IsolationReport.of(holds, processes=1024).refusal(Isolation.REQUIRE) is None
         assert not IsolationReport.of(holds, processes=1024).warnings(Isolation.BEST_EFFORT)
     assert IsolationReport.of(hello, processes=0).refusal(Isolation.REQUIRE) is None
+
+
+_MOUNTS = """\
+30 25 0:26 / /sys/fs/cgroup/pids rw,relatime shared:9 - cgroup cgroup rw,pids
+31 25 0:27 / /sys/fs/cgroup/memory rw,relatime shared:10 - cgroup cgroup rw,memory
+32 25 0:28 / /sys/fs/cgroup/unified rw,relatime shared:11 - cgroup2 cgroup2 rw
+"""
+
+
+def test_the_pids_cgroup_is_found_in_cgroup_v1_or_v2_where_mounted():
+    from pathlib import Path
+
+    v1 = "9:pids:/user.slice/ray\n4:memory:/x\n0::/user.slice/ray\n"
+    assert locate(_MOUNTS, v1) == (Path("/sys/fs/cgroup/pids/user.slice/ray"), 1)
+    v2_only = "32 25 0:28 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n"  # a container's view
+    assert locate(v2_only, "0::/kubepods/pod1/c1\n") == (Path("/sys/fs/cgroup/c1"), 2)
+    assert "not mounted" in str(locate(_MOUNTS.splitlines()[1], v1))
+    assert "no pids cgroup controller" in str(locate(_MOUNTS, "4:memory:/x\n"))
 
 
 def test_a_memory_hog_is_stopped_with_a_clear_status(bounded, toy):

@@ -156,10 +156,14 @@ class PidsCgroups:
                 _enable(own / PARENT)
             cgroups = cls(own / PARENT, version)
             cgroups.home.mkdir()
+        except OSError as exc:
+            return None, f"no pids cgroup under {own}: {exc.strerror} ({exc.filename}, cgroup v{version})"
+        try:
             if version == 2:
                 _enable(cgroups.home)
             cgroups._try()
         except OSError as exc:
+            remove(cgroups.home)
             return None, f"no pids cgroup under {own}: {exc.strerror} ({exc.filename}, cgroup v{version})"
         return cgroups, None
 

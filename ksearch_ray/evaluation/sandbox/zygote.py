@@ -9,8 +9,8 @@ and, when isolation is on, creates the namespaces (this process writes A's uid/g
 process outside the new user namespace may map the host's `nobody`); A forks B, PID 1 of the new
 PID namespace, which builds the candidate's root and reaps; B forks C, which drops privileges and
 runs the harness (worker.serve). Before A goes on, this process moves it into a pids cgroup of its
-own where the host has one (pids.py): the process limit holds even where C stays the host's root. Without isolation A is a subreaper that forks C directly and
-kills whatever C left behind. The evaluator kills A's process group; B dies with A, and every
+own where the host has one (pids.py): the process limit holds even where C stays the host's root.
+Without isolation A is a subreaper that forks C directly and kills whatever C left behind. The evaluator kills A's process group; B dies with A, and every
 process in the namespace dies with B.
 
 Control messages (one JSON object per SOCK_SEQPACKET datagram, trusted side only):

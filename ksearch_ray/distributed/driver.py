@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.cluster import pinned
-from ksearch_ray.distributed.pool import EvaluatorPool
+from ksearch_ray.distributed.pool import RayEvaluatorPool
 from ksearch_ray.events import EvaluatorLost, RunView
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
@@ -105,7 +105,7 @@ def ray_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -
         assert search is not None
         search.record(EvaluatorLost(evaluator=index, solution_id=solution_id))
 
-    pool = EvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
+    pool = RayEvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
     backends = Backends(
         world_model=lambda tree: RayWorldModel(store, tree),
         planner=RayPolicy("planner", config, store),

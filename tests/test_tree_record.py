@@ -209,3 +209,19 @@ def test_set_best_leaves_the_tree_it_was_given_as_it_was():
                                     "baseline_ms": {"w": 1.5}}], solution_exists=lambda _id: True)
     assert not report.rejected and out.root.summary.solution_id == "s1"
     assert tree.model_dump_json() == before and out.root is not tree.root
+
+
+def test_a_batch_checks_what_it_touched_not_every_lease(monkeypatch):
+    """At width 1,024 every batch checked the invariants of every leased node (half a batch's time); it checks
+    the items it touched and the leases it changed, as it always did for the rest of the tree."""
+    from ksearch_ray.worldmodel import ops
+
+    tree = grown(new_tree("toy"), 40)
+    tree, leased = select_and_lease(tree, 30, "c1", now=1.0, ttl=60.0, max_difficulty=5)
+    checked: list[set[str] | None] = []
+    real = ops.check_invariants
+    monkeypatch.setattr(ops, "check_invariants", lambda t, exists, only=None: (checked.append(only), real(t, exists, only)))
+    tree, report = apply_ops(tree, [{"op": "update", "node": leased[0], "note": "as predicted"},
+                                    {"op": "insert", "parent": "root", "title": "one more"}], solution_exists=lambda _id: True)
+    assert not report.rejected
+    assert len(leased) == 30 and checked == [{leased[0], "n41", "root"}]  # the root: the new action's parent

@@ -225,3 +225,36 @@ def test_a_batch_checks_what_it_touched_not_every_lease(monkeypatch):
                                     {"op": "insert", "parent": "root", "title": "one more"}], solution_exists=lambda _id: True)
     assert not report.rejected
     assert len(leased) == 30 and checked == [{leased[0], "n41", "root"}]  # the root: the new action's parent
+
+
+def test_the_world_model_actor_records_every_version_and_checkpoints_when_released(ray_session, tmp_path):
+    """On Ray: the actor writes the record, and the driver's release has it write its last checkpoint."""
+    import asyncio
+
+    from ksearch_ray.distributed.driver import RayWorldModel
+    from ksearch_ray.worldmodel.state import WorldModelState
+
+    store = RunStore.create(tmp_path / "run", {"run_id": "run"})
+    try:
+        start = grown(new_tree("toy"), 2)
+        replica = WorldModelState(start, lambda _id: True)
+        remote = RayWorldModel(store, start)
+        calls = [("apply", {"ops": [{"op": "insert", "parent": "root", "title": f"idea {i}"}]}) for i in range(5)]
+        calls += [("select_and_lease", {"k": 2, "holder": "c1", "now": 1.0, "ttl": 60.0, "max_difficulty": 5,
+                                        "relax_at": None})]
+        trees = {start.version: start}
+
+        async def drive() -> None:
+            for name, args in calls:
+                assert await remote.call(name, args) == replica.call(name, args)
+                trees[replica.tree.version] = replica.tree
+
+        asyncio.run(drive())
+        remote.release()
+    finally:
+        store.close()
+    recorded = RecordedTrees(tmp_path / "run")
+    assert recorded.versions() == sorted(trees)
+    assert all(recorded.tree(v).model_dump_json(indent=1) == t.model_dump_json(indent=1) for v, t in trees.items())
+    last = max(trees)
+    assert (tmp_path / "run" / "world_model" / f"v{last:05d}.json").exists()  # the checkpoint at release

@@ -9,7 +9,7 @@ are the ones that are not the same object as before: finding them costs a pass o
 a serialisation of the tree.
 
 Patching works on the tree's JSON data (`Tree.model_dump(mode="json")`), so a reader needs no
-world-model logic to rebuild a version: the same delta gives the same tree under any later code.
+world-model logic to rebuild a version, only the tree's schema.
 The order of a table's keys is part of the tree (its JSON lists items in that order), so a delta
 whose table was reordered carries the new order too.
 """

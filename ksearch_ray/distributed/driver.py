@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.cluster import pinned
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ACTOR_RETRIES = 3
+CLOSE_TIMEOUT_S = 60.0
 
 
 async def _with_retry(make: Callable[[], Awaitable[T]], what: str, replace: Callable[[], None]) -> T:
@@ -64,6 +65,14 @@ class RayWorldModel:
         return await _with_retry(lambda: self.actor.call.remote(name, args), "world-model", self._rebuild)
 
     def release(self) -> None:
+        # The record's last checkpoint, then the actor goes. Without it the record still holds every version (as
+        # deltas): a dead actor or a checkpoint that could not be written is logged, not raised, as this runs
+        # however the session ended.
+        try:
+            ray.get(self.actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError, RayTaskError) as exc:
+            log.warning("the world model's last checkpoint was not written (%s); its deltas hold every version",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         ray.kill(self.actor)
 
 

@@ -224,7 +224,7 @@ class Evaluator:
         # this evaluation (session.waits), its earlier measurement (own_waits) and its language's clock.
         session = Session(self.sandbox, worker, run, self.judge, workdir,
                           lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
-                          t0 + self.limits.total, self.limits.total, say=self._progress)
+                          t0 + self.limits.total, self.limits.total, say=self._progress, started=t0)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
         try:

@@ -27,6 +27,7 @@ row-major [rows x channels] tiles, and LayerNorm computed inside the projection 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 # 1. LayerNorm over D: whole rows per program.
@@ -59,8 +60,44 @@ OUT_WARPS = 4  # tunable: [4, 8]
 # True: O, the output gate and y move through TMA descriptors, where the shapes allow it (a row
 # block within one batch element, rows of 16-byte multiples); False: pointer loads and stores.
 OUT_TMA = True  # tunable: [False, True]
+# Host work. True: after a kernel's first launch with a given key (the arguments' dtypes and 16-byte
+# alignment, every integer and descriptor shape: more than Triton specializes on), later launches
+# with the same key call the compiled kernel directly, skipping Triton's per-launch argument
+# binding and cache lookup. False: every launch goes through Triton's JIT entry point.
+DIRECT_LAUNCH = True  # tunable: [False, True]
 
 EPS = 1e-5
+_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel
+
+
+def _spec(a):
+    """What of one launch argument decides which compiled kernel serves it (never its contents)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.get_device(), a.data_ptr() % 16 == 0)
+    if isinstance(a, TensorDescriptor):
+        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape))
+    return (type(a), a)
+
+
+def _launch(fn, grid, args, **meta):
+    """fn[grid](*args, **meta). `args` are every parameter of fn in order, constexprs included (the
+    compiled kernel takes the bound arguments in signature order); `meta` holds only launch options
+    (num_warps, num_stages). Through Triton's own entry point the first time a key is seen, when
+    DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers) see both paths."""
+    if not DIRECT_LAUNCH or not isinstance(fn, JITFunction):
+        fn[grid](*args, **meta)
+        return
+    key = (fn, *map(_spec, args), *sorted(meta.items()))
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        _COMPILED[key] = fn[grid](*args, **meta)
+        return
+    g = (*grid, 1, 1)
+    driver = triton.runtime.driver.active
+    stream = driver.get_current_stream(driver.get_current_device())
+    hooks = triton.knobs.runtime
+    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata(grid, stream, *args), hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
 
 
 @triton.jit
@@ -74,20 +111,45 @@ def _mma(a, b, acc, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """LayerNorm over D of BLOCK_M whole rows (BLOCK_D >= D), statistics in fp32, written in fp16."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    ds = tl.arange(0, BLOCK_D)
-    d_ok = ds < D
-    ok = (rows < M)[:, None] & d_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * D + ds[None, :], mask=ok, other=0.0)
-    mean = tl.sum(x, axis=1) / D
-    centered = tl.where(ok, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / D + eps)
-    g = tl.load(w_ptr + ds, mask=d_ok, other=0.0)
-    b = tl.load(b_ptr + ds, mask=d_ok, other=0.0)
-    xn = centered * rstd[:, None] * g[None, :] + b[None, :]
-    tl.store(xn_ptr + rows[:, None] * D + ds[None, :], xn.to(tl.float16), mask=ok)
+def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, LN_PROGRAMS,
+                      w0, w1, w2, w3, w4, w5, pack_ptr, HD,
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PACK_BLOCK: tl.constexpr):
+    """Programs [0, LN_PROGRAMS): LayerNorm over D of BLOCK_M whole rows (BLOCK_D >= D), statistics
+    in fp32, written in fp16. The others copy the six weight matrices (HD elements each: the five
+    input projections [H, D], then the output projection [D, H]) into one fp16 buffer, in that
+    order: one launch instead of a concatenation and two casts."""
+    pid = tl.program_id(0)
+    if pid < LN_PROGRAMS:
+        rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        ds = tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        ok = (rows < M)[:, None] & d_ok[None, :]
+        x = tl.load(x_ptr + rows[:, None] * D + ds[None, :], mask=ok, other=0.0)
+        mean = tl.sum(x, axis=1) / D
+        centered = tl.where(ok, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / D + eps)
+        g = tl.load(w_ptr + ds, mask=d_ok, other=0.0)
+        b = tl.load(b_ptr + ds, mask=d_ok, other=0.0)
+        xn = centered * rstd[:, None] * g[None, :] + b[None, :]
+        tl.store(xn_ptr + rows[:, None] * D + ds[None, :], xn.to(tl.float16), mask=ok)
+    else:
+        per = tl.cdiv(HD, PACK_BLOCK)
+        which = (pid - LN_PROGRAMS) // per
+        offs = ((pid - LN_PROGRAMS) % per) * PACK_BLOCK + tl.arange(0, PACK_BLOCK)
+        ok = offs < HD
+        src = w0
+        if which == 1:
+            src = w1
+        if which == 2:
+            src = w2
+        if which == 3:
+            src = w3
+        if which == 4:
+            src = w4
+        if which == 5:
+            src = w5
+        v = tl.load(src + offs, mask=ok, other=0.0)
+        tl.store(pack_ptr + which.to(tl.int64) * HD + offs, v.to(tl.float16), mask=ok)
 
 
 @triton.jit
@@ -255,6 +317,11 @@ def _output_kernel(
             tl.store(y_ptr + rows[:, None] * D + ds[None, :], y, mask=ok & d_ok[None, :])
 
 
+PACK_BLOCK = 1024
+_PACKED = ("left_proj.weight", "right_proj.weight", "left_gate.weight", "right_gate.weight", "out_gate.weight",
+           "to_out.weight")
+
+
 @torch.no_grad()
 def custom_kernel(data):
     x, mask, w, config = data
@@ -262,22 +329,24 @@ def custom_kernel(data):
     h = config["hidden_dim"]
     m_rows = bsz * n * n
     nn = n * n
+    hd = h * d
     emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
     x = x.contiguous()
 
     def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
         return TensorDescriptor.from_tensor(t, shape)
 
-    w_in = torch.cat(
-        [w["left_proj.weight"], w["right_proj.weight"], w["left_gate.weight"],
-         w["right_gate.weight"], w["out_gate.weight"]], dim=0,
-    ).to(torch.float16).contiguous()  # [5H, D]
+    # The five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
+    pack = torch.empty(6 * hd, device=x.device, dtype=torch.float16)
+    w_in = pack[: 5 * hd].view(5 * h, d)
+    w_out = pack[5 * hd:].view(d, h)
     mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
     xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
-    _layernorm_kernel[(triton.cdiv(m_rows, LN_BLOCK_M),)](
-        x, w["norm.weight"], w["norm.bias"], xn, m_rows, d, EPS,
-        BLOCK_M=LN_BLOCK_M, BLOCK_D=triton.next_power_of_2(d), num_warps=LN_WARPS,
-    )
+    ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
+    _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
+            (x, w["norm.weight"], w["norm.bias"], xn, m_rows, d, EPS, ln_programs,
+             *(w[name].contiguous() for name in _PACKED), pack, hd,
+             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), num_warps=LN_WARPS)
 
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
@@ -289,11 +358,10 @@ def custom_kernel(data):
     descs = (box(xn, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None)
     descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
                    for t in (left, right, gate))
-    _project_kernel[(triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,)](
-        xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
-        H=h, BLOCK_M=PROJ_BLOCK_M, BLOCK_K=PROJ_BLOCK_K, BLOCK_H=block_h, TMA=tma, TMA_STORE=tma_store,
-        EMULATE=emulate, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES,
-    )
+    _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
+            (xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
+             h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
+            num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
     del xn
 
     o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
@@ -301,21 +369,19 @@ def custom_kernel(data):
     if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
         def desc(t, rows, cols):
             return box(t.view(bsz * h, n, n), [1, rows, cols])
-        _contract_tma_kernel[grid](desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K),
-                                   desc(o, BLOCK_M, BLOCK_N), n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                   BLOCK_K=BLOCK_K, EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        _launch(_contract_tma_kernel, grid,
+                (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
+                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
-        _contract_kernel[grid](left, right, o, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                               EMULATE=emulate, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
+                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     del left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
-    w_out = w["to_out.weight"].to(torch.float16).contiguous()  # [D, H]
-    grid = (triton.cdiv(m_rows, OUT_BLOCK_M),)
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
     descs = ((box(o.view(bsz * h, nn), [h, OUT_BLOCK_M]), box(gate.view(bsz * h, nn), [h, OUT_BLOCK_M]),
               box(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
-    _output_kernel[grid](o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS,
-                         *descs, H=h, BLOCK_M=OUT_BLOCK_M, BLOCK_D=OUT_BLOCK_D, TMA=tma, EMULATE=emulate,
-                         num_warps=OUT_WARPS)
+    _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
+            (o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS, *descs,
+             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), num_warps=OUT_WARPS)
     return y

@@ -114,7 +114,11 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         for flag in ("EMULATE", "INTERPRET"):  # the seeds' and the split-KV kernels' interpreter switch
             if flag in self.arg_names:
-                kwargs[flag] = False
+                at = self.arg_names.index(flag)
+                if at < len(args):  # bound by position (a launch that passes every parameter in order)
+                    args = (*args[:at], False, *args[at + 1:])
+                else:
+                    kwargs[flag] = False
         row: dict[str, Any] = {"kernel": self.__name__, "num_warps": kwargs.get("num_warps"),
                                "num_stages": kwargs.get("num_stages")}
         try:

@@ -19,7 +19,7 @@ S=experiments/trimul_kernels.py
 cat "$R/gpu.txt"
 timeout "${HOST_S:-150}" python3 $S host --solutions "$SOLUTIONS" --out "$R/host.json" 2>&1 | tee "$R/host.log"
 if [ "${EVAL:-1}" = 1 ]; then
-  ( time timeout "${EVAL_S:-300}" python3 $S eval --solutions "$EVAL_SOLUTIONS" --sets "$SETS" --out "$R/eval.json" ) 2>&1 \
+  ( time timeout "${EVAL_S:-300}" python3 $S eval --solutions "$EVAL_SOLUTIONS" --sets "$SETS" --isolation "${ISOLATION:-require}" --out "$R/eval.json" ) 2>&1 \
     | tee "$R/eval.log" | grep -v "^ *$"
 fi
 tar czf "$OUT/trimul-host.tgz" -C /tmp trimul-host

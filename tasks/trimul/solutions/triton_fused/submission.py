@@ -136,7 +136,7 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, LN_PROGRAMS,
         per = tl.cdiv(HD, PACK_BLOCK)
         which = (pid - LN_PROGRAMS) // per
         offs = ((pid - LN_PROGRAMS) % per) * PACK_BLOCK + tl.arange(0, PACK_BLOCK)
-        ok = offs < HD
+        in_w = offs < HD  # not `ok`: Triton joins a name bound in both branches, and the shapes differ
         src = w0
         if which == 1:
             src = w1
@@ -148,8 +148,8 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, xn_ptr, M, D, eps, LN_PROGRAMS,
             src = w4
         if which == 5:
             src = w5
-        v = tl.load(src + offs, mask=ok, other=0.0)
-        tl.store(pack_ptr + which.to(tl.int64) * HD + offs, v.to(tl.float16), mask=ok)
+        v = tl.load(src + offs, mask=in_w, other=0.0)
+        tl.store(pack_ptr + which.to(tl.int64) * HD + offs, v.to(tl.float16), mask=in_w)
 
 
 @triton.jit

@@ -1,8 +1,9 @@
 """The resource limits at their defaults on a real GPU (skipped without one): CUDA initialises under
 them and a normal TriMul evaluation passes, while the hostile candidates of test_sandbox_limits.py
 are still stopped, each with Status.RESOURCE_LIMIT, and the GPU evaluator goes on. Where the sandbox
-runs as the host's root and the GPU nodes are not open to all (the H200 machine), the candidate stays
-root, whom RLIMIT_NPROC does not bind: the fork bomb is capped by the worker's pids cgroup.
+runs as the host's root, the candidate runs as `nobody` where the GPU nodes are open to all (the H200
+machine), and RLIMIT_NPROC caps the fork bomb; where they are not, it stays root, whom RLIMIT_NPROC
+does not bind, and only the worker's pids cgroup caps it.
 
 Run on the H200: `python -m pytest -q -m gpu tests/test_sandbox_limits_gpu.py`.
 """
@@ -71,8 +72,24 @@ def test_gpu_a_fork_bomb_is_capped_at_the_default_limit(gpu, toy, tmp_path):
     assert result.status is Status.RESOURCE_LIMIT, (result.message, result.log[-1000:])
     assert f"its limit is {DEFAULTS.processes} (evaluation.limits.processes)" in result.message, result.message
     assert int(result.message.split("forked ")[1].split()[0]) < DEFAULTS.processes
-    assert gpu.sandbox.pids_cgroup is not None or not host_root(), gpu.sandbox.report  # root: only the cgroup caps it
     assert gpu.evaluate(toy, toy.baseline()).passed
+
+
+def test_gpu_a_candidate_runs_as_nobody_where_the_gpu_nodes_are_open_to_all(gpu, toy, tmp_path):
+    """A host-root sandbox hands the GPU to `nobody` where the nodes CUDA opens are open to all, so
+    RLIMIT_NPROC binds the candidate even without a pids cgroup (the H200 machine: its cgroup does not
+    offer the pids controller, and /dev/nvidia-caps/nvidia-cap1 is root's alone, which a whole-GPU
+    candidate never opens)."""
+    nodes = [p for p in Path("/dev").glob("nvidia*") if not p.is_dir()]
+    if not host_root() or not nodes or not all(p.stat().st_mode & 0o006 == 0o006 for p in nodes):
+        pytest.skip("needs a host-root sandbox and GPU nodes open to all")
+    whoami = tmp_path / "whoami.py"
+    whoami.write_text("import os\n\nimport torch\n\n\ndef run(x, a, b):\n"
+                      "    torch.ones(1, device='cuda')\n"
+                      "    raise RuntimeError(f'running as uid {os.getuid()} with the GPU')\n")
+    said = gpu.evaluate(toy, solution_from_file(whoami, toy), workload_set="tests")
+    assert "running as uid 65534 with the GPU" in said.message, said.message
+    assert gpu.sandbox.report.processes_problem is None, gpu.sandbox.report
 
 
 def test_gpu_a_gigabyte_of_output_is_capped_while_written(gpu, toy):

@@ -126,7 +126,7 @@ class IsolationReport:
     def of(cls, hello: dict[str, Any], processes: int) -> IsolationReport:
         """From the zygote's first message, for a sandbox whose candidates may have `processes`."""
         lost = None
-        if processes and hello.get("host_root") and not hello.get("pids_cgroup"):
+        if processes and hello.get("root_candidates") and not hello.get("pids_cgroup"):
             lost = (f"candidates may run as the host's root, whom the kernel exempts from RLIMIT_NPROC, and no pids "
                     f"cgroup can be made ({hello.get('pids_problem')}): the limit of {processes} processes "
                     "(evaluation.limits.processes) does not hold, and a fork bomb can exhaust the host's processes")

@@ -164,6 +164,13 @@ def _loaded_library_dirs() -> list[str]:
     return sorted(dirs)
 
 
+def _gpu_node(path: str) -> bool:
+    """A device node CUDA opens for a whole GPU. Not /dev/nvidia-caps/*: those grant MIG and
+    monitoring capabilities, are root's alone on most hosts (the H200 machine: nvidia-cap1 0400), and
+    a candidate needs none of them to use an entire GPU."""
+    return "nvidia" in path and not path.startswith("/dev/nvidia-caps/")
+
+
 def build_plan(device: str, hidden: Iterable[str] = ()) -> MountPlan:
     """The read-only part of every candidate's view, from this (the zygote's) process."""
     import ksearch_ray
@@ -186,7 +193,7 @@ def build_plan(device: str, hidden: Iterable[str] = ()) -> MountPlan:
     # Nothing at, under or above a hidden path (the sandbox root itself holds other jobs' files).
     ro = [p for p in _minimal(ro) if p != "/" and not any(_overlaps(p, h) for h in hidden_set)]
     uid = None
-    if os.geteuid() == 0 and all(os.stat(d).st_mode & 0o006 == 0o006 for d in devices if "nvidia" in d):
+    if os.geteuid() == 0 and all(os.stat(d).st_mode & 0o006 == 0o006 for d in devices if _gpu_node(d)):
         uid = NOBODY  # GPU nodes open to all (or no GPU): the candidate need not be root
     return MountPlan(read_only=ro, devices=devices, symlinks=symlinks, sandbox_uid=uid)
 

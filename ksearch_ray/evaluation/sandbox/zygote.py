@@ -18,7 +18,7 @@ Control messages (one JSON object per SOCK_SEQPACKET datagram, trusted side only
   evaluator -> {"cmd": "wait", "pid": N}                          ;  zygote -> {"pid": N, "code": C, "signal": S}
   evaluator -> {"cmd": "ping"}                                    ;  zygote -> {"pong": true}
 The first message, unasked: {"ready": true, "pid": N, "isolated": bool, "isolation_problem": str|null,
-"clock_problem": str|null, "host_root": bool, "pids_cgroup": str|null, "pids_problem": str|null}.
+"clock_problem": str|null, "root_candidates": bool, "pids_cgroup": str|null, "pids_problem": str|null}.
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ class Jail:
         self.isolated = isolated
         self.pids = pids  # a cgroup per worker, where the host has one
         self.plan = iso.build_plan(device) if isolated else iso.MountPlan()
+
+    def root_candidates(self) -> bool:
+        """Whether this jail's candidates run as the host's root, whom RLIMIT_NPROC does not bind:
+        a host-root zygote without namespaces, or one whose GPU nodes are not open to `nobody`.
+        (A job whose own files only their owner may read stays root too: isolation.candidate_uid.)"""
+        return resources.host_root() and (not self.isolated or self.plan.sandbox_uid is None)
 
     def spawn(self, prepare: Callable[[], Prepared], processes: int = 0) -> int:
         """Fork A; returns its pid once A is inside its namespaces (if any) and its pids cgroup (if
@@ -302,7 +308,7 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
         if problem is not None:
             jail = Jail(device, isolated=False, pids=pids)
     _reply(ctrl, {"ready": True, "pid": os.getpid(), "isolated": jail.isolated, "isolation_problem": problem,
-                  "clock_problem": clock.problem, "host_root": resources.host_root(),
+                  "clock_problem": clock.problem, "root_candidates": jail.root_candidates(),
                   "pids_cgroup": str(pids.home) if pids is not None else None, "pids_problem": pids_problem})
     live: set[int] = set()  # workers started and not yet waited for (a reference worker outlives candidates)
     while True:

@@ -79,11 +79,11 @@ class Loop:
     nogc: bool = False
 
 
-LOOPS = [
-    Loop("plain"), Loop("same", fresh=False), Loop("keep_old", keep_old=True), Loop("check", check=True),
-    Loop("gpumode", keep_old=True, clone=True, check=True), Loop("gpu_busy", after="gpu_busy"),
-    Loop("cpu_busy", after="cpu_busy"), Loop("idle", after="idle"), Loop("harness", after="harness"),
-    Loop("ksclock", clock="ksclock"), Loop("flush", flush=True), Loop("nogc", nogc=True), Loop("plain2"),
+LOOPS = [  # the likeliest factors first: a run cut short by its budget loses the others
+    Loop("plain"), Loop("gpumode", keep_old=True, clone=True, check=True), Loop("same", fresh=False),
+    Loop("check", check=True), Loop("keep_old", keep_old=True), Loop("harness", after="harness"),
+    Loop("ksclock", clock="ksclock"), Loop("gpu_busy", after="gpu_busy"), Loop("idle", after="idle"),
+    Loop("cpu_busy", after="cpu_busy"), Loop("flush", flush=True), Loop("nogc", nogc=True), Loop("plain2"),
 ]
 
 
@@ -360,8 +360,8 @@ def through_evaluator(task: Task, solution: str, device: str, workload_set: str,
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
 
     base = TimingPolicy.for_device(device).model_copy(update={"max_calls": max_calls})
-    configs = {"recheck": {"recheck": True}, "last_only": {"recheck": False},
-               "last_only_nographs": {"recheck": False, "graphs": False}}
+    configs = {"last_only": {"recheck": False}, "last_only_nographs": {"recheck": False, "graphs": False},
+               "recheck": {"recheck": True}}
     out: dict[str, Any] = {}
     with Evaluator(device, isolation=Isolation(isolation), timing=base) as ev:
         for name, update in configs.items():
@@ -439,7 +439,7 @@ def main() -> None:
     ap.add_argument("--loops", default="", help="comma-separated loop names (default: all)")
     ap.add_argument("--max-calls", type=int, default=100)
     ap.add_argument("--busy-ms", type=float, default=5.0)
-    ap.add_argument("--processes", type=int, default=2, help="runs of tests/gpumode_loop.py in fresh processes (GPU only)")
+    ap.add_argument("--processes", type=int, default=1, help="runs of tests/gpumode_loop.py in fresh processes (GPU only)")
     ap.add_argument("--isolation", default="require", choices=["require", "best-effort", "off"])
     ap.add_argument("--no-evaluator", action="store_true")
     ap.add_argument("--budget-s", type=float, default=240.0, help="what is left after this many seconds is skipped")
@@ -451,13 +451,21 @@ def main() -> None:
     result: dict[str, Any] = {"solution": args.solution, "device": args.device, "workload_set": args.workload_set,
                               "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
                               "argv": sys.argv[1:]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each part: a run cut short keeps what it measured
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        args.out.write_text(json.dumps(result, indent=1))
+
     # Shares of the budget: loops in this process, then fresh processes, then the evaluator.
     print(f"in this process: {args.solution} on {len(workloads)} workloads", flush=True)
-    result["in_process"] = in_process(task, args.solution, args.device, workloads, args, t0 + 0.45 * args.budget_s)
-    if args.device == "cuda":
+    result["in_process"] = in_process(task, args.solution, args.device, workloads, args, t0 + 0.55 * args.budget_s)
+    save()
+    if args.device == "cuda" and args.processes:
         torch.cuda.empty_cache()
         print("in fresh processes (tests/gpumode_loop.py)", flush=True)
-        result["fresh_processes"] = fresh_processes(args.solution, args.processes, t0 + 0.65 * args.budget_s)
+        result["fresh_processes"] = fresh_processes(args.solution, args.processes, t0 + 0.7 * args.budget_s)
+        save()
     if not args.no_evaluator:
         print("through the evaluator", flush=True)
         try:
@@ -466,9 +474,7 @@ def main() -> None:
         except Exception as exc:  # recorded and shown: the loops above still count
             result["evaluator_error"] = traceback.format_exc()[-2000:]
             print(f"  evaluator failed: {type(exc).__name__}: {exc}", flush=True)
-    result["seconds"] = round(time.monotonic() - t0, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+        save()
     text = report(result)
     args.out.with_suffix(".txt").write_text(text + "\n")
     print(text)

@@ -5,7 +5,9 @@ process through a pipe, never through the worker's messages. Here every statisti
 those records and checked: one record per timed call, in sequence; no work left running on the GPU
 after a call's end event (side streams); no more timed time than wall time passed here; no call
 below the task's physical floor. The outputs of each workload's last timed call are judged after
-the worker is done, so the judge never competes with timed calls for the GPU.
+the worker is done, so the judge never competes with timed calls for the GPU; where the task rechecks
+(GPUMode's leaderboard mode), every earlier call's output is judged before the worker makes its next
+call (it waits for Go).
 """
 
 from __future__ import annotations

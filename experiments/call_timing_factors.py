@@ -28,7 +28,8 @@ in fresh processes: tests/gpumode_loop.py (the reproduction test's own GPUMode-s
 
 through the evaluator (sandboxed, `--isolation`, in this process): the call figure with each timed call's
 output checked before the next (`recheck`, TriMul's rule now), with the last call's only (`last_only`, the
-rule before), and `last_only` without the kernel figure timed before it (`last_only_nographs`).
+rule before), `last_only` without the kernel figure timed before it (`last_only_nographs`), and `last_only`
+again in a new worker (`last_only_again`: how far two evaluations of one kernel differ).
 
 Every timed call's host time (call entry to return) is kept beside its event time: where they are close,
 the call is bound by its host launch work. Python's garbage collections that ran inside timed calls are
@@ -361,7 +362,7 @@ def through_evaluator(task: Task, solution: str, device: str, workload_set: str,
 
     base = TimingPolicy.for_device(device).model_copy(update={"max_calls": max_calls})
     configs = {"last_only": {"recheck": False}, "last_only_nographs": {"recheck": False, "graphs": False},
-               "recheck": {"recheck": True}}
+               "recheck": {"recheck": True}, "last_only_again": {"recheck": False}}  # the last: a new worker's spread
     out: dict[str, Any] = {}
     with Evaluator(device, isolation=Isolation(isolation), timing=base) as ev:
         for name, update in configs.items():

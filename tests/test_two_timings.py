@@ -80,6 +80,29 @@ def test_the_cpu_call_is_the_only_figure_and_scores_whatever_the_objective(evalu
     kernel.close()
 
 
+def test_a_recheck_judges_every_timed_call_before_the_next_as_gpumode_leaderboard_does(evaluator, toy, tmp_path):
+    """GPUMode's leaderboard checks each timed call's output; a candidate wrong on one timed call but not
+    on the last passes where only the last is checked, and fails where each is."""
+    wrong_once = solution_from_file(CANDIDATES / "wrong_once_in_timing.py", toy)
+    last_only = evaluator.evaluate(toy, wrong_once)
+    assert last_only.status is Status.PASSED, last_only.message
+    rechecking = Evaluator("cpu", evaluator.work_root / "recheck",
+                           limits=Limits(setup=120, build_python=60, idle=120, hang_floor=2, hang_margin=3, total=240),
+                           timing=TimingPolicy(max_calls=6, max_total_s=0.5, recheck=True))
+    try:
+        caught = rechecking.evaluate(toy, wrong_once)
+        fine = rechecking.evaluate(toy, honest(toy, tmp_path))
+        reused = rechecking.evaluate(toy, wrong_once, mode="reuse")  # GPUMode's benchmark mode checks once
+    finally:
+        rechecking.close()
+    assert caught.status is Status.INCORRECT_NUMERICAL, caught.message
+    assert "n1000 (during timing, call 0)" in caught.message, caught.message
+    assert fine.passed, fine.message
+    assert "each call's output checked against the reference before the next call" in fine.timing_rule
+    assert all(w.call_timing and w.call_timing.count >= 3 for w in fine.workloads)
+    assert reused.status is Status.PASSED, reused.message
+
+
 def test_a_failure_inside_the_judge_is_a_status_and_one_line(toy, tmp_path):
     task = broken_reference_task(toy, tmp_path, "CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
     judge = Judge("cpu", 1 << 20)
@@ -125,6 +148,7 @@ def test_wait_limits_stay_within_the_margin_beyond_the_expected_wait(toy, tmp_pa
 def test_each_bundled_task_states_its_objective_after_its_source_benchmark(toy):
     trimul = find_task("trimul")
     assert trimul.definition.objective.timed == "call" and not trimul.definition.objective.flush_l2
+    assert trimul.definition.objective.recheck  # eval.py's leaderboard mode checks every timed call's output
     assert "eval.py" in trimul.definition.objective.source
     gqa = find_task("gqa_paged_decode_h32_kv4_d128_ps1")
     assert gqa.definition.objective.timed == "call" and gqa.definition.objective.flush_l2
@@ -133,8 +157,10 @@ def test_each_bundled_task_states_its_objective_after_its_source_benchmark(toy):
     policy = TimingPolicy()
     for task, flush in ((trimul, False), (gqa, True)):
         run = RunSpec(task, task.baseline(), "cuda", frozenset(), "fresh", [], [], [],
-                      flush_l2=policy.flush_l2 and task.definition.objective.flush_l2)
+                      flush_l2=policy.flush_l2 and task.definition.objective.flush_l2,
+                      recheck=task.definition.objective.recheck)
         assert time_command(run, policy).flush_l2 is flush
+        assert time_command(run, policy).recheck is (task is trimul)
 
 
 def timing(ms: float, method: str) -> Timing:

@@ -205,6 +205,8 @@ class Evaluator:
             prepare=trusted_prepare(task, solution),
             objective=self.objective_for(task),
             flush_l2=self.timing.flush_l2 and task.definition.objective.flush_l2,
+            recheck=mode == "fresh" and (task.definition.objective.recheck if self.timing.recheck is None
+                                         else self.timing.recheck),
         )
         set_name = task.workload_set_name(workload_set, self.device)
         language = self._language_waits(task, solution)
@@ -248,7 +250,8 @@ class Evaluator:
         result.transport = describe(session.importer.transports)
         if stage is None and timed:
             result.timed_seconds = timed_stage.timed_seconds
-            result.timing_rule = self.timing.rule(self.device, mode, objective=run.objective, flush_l2=run.flush_l2)
+            result.timing_rule = self.timing.rule(self.device, mode, objective=run.objective, flush_l2=run.flush_l2,
+                                                  recheck=run.recheck)
         if result.status is Status.PASSED and timed:
             result.score = geomean([r.timing.mean_ms for r in run.results if r.timing])
             result.score_kind = "geomean of mean latency (ms)"

@@ -73,6 +73,7 @@ class RunSpec:
     prepare: str | None = None  # the trusted untimed setup function (trusted_prepare), decided once
     objective: Objective = "call"  # which figure is `timing` (the task's, or --objective)
     flush_l2: bool = True  # the task's rule and the timing policy both ask for it
+    recheck: bool = False  # every timed call's output judged before the next call (fresh inputs only)
     results: list[WorkloadResult] = field(default_factory=list)
     build_seconds: float = 0.0
 

@@ -103,6 +103,10 @@ class TimingPolicy(BaseModel):
     objective: Literal["kernel", "call"] | None = Field(default=None, description=(
         "Which figure the score and the search use: kernel (graph replay) or call (the candidate's own call, "
         "host work included); none: the task's (task.json `objective`, after its source benchmark)."))
+    recheck: bool | None = Field(default=None, description=(
+        "Check every timed call's output (fresh inputs) against the reference before the next call, untimed, as "
+        "GPUMode's leaderboard mode does (true), or the last call's only (false); none: the task's (task.json "
+        "`objective.recheck`)."))
     tail_slack_ratio: float = Field(default=0.05, ge=0, description=(
         "Work hidden from the timed stream (side streams) keeps the device busy after the end event: "
         "a device-wide sync right after it may take at most this fraction of the call's median ..."))
@@ -117,11 +121,14 @@ class TimingPolicy(BaseModel):
             return cls(max_calls=20, max_total_s=1.0, max_wall_s=10.0, warmup_calls=1)
         return cls()
 
-    def rule(self, device: str, mode: str, *, objective: str = "call", flush_l2: bool | None = None) -> str:
+    def rule(self, device: str, mode: str, *, objective: str = "call", flush_l2: bool | None = None,
+             recheck: bool = False) -> str:
         """The stop rule and method in one sentence, as the evaluation's output states it."""
         flush_l2 = self.flush_l2 and (True if flush_l2 is None else flush_l2)
         inputs = ("fresh inputs for every call, generated on the device outside the timed region"
                   if mode == "fresh" else "one input set for every call")
+        if recheck and mode == "fresh":
+            inputs += ", each call's output checked against the reference before the next call"
         if device == "cuda":
             how = ("CUDA events around one call after a device sync, host launch work included"
                    + ("; and the kernel: the call replayed as a CUDA graph where it can be captured" if self.graphs else ""))

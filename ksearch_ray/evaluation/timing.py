@@ -5,7 +5,9 @@ process through a pipe, never through the worker's messages. Here every statisti
 those records and checked: one record per timed call, in sequence; no work left running on the GPU
 after a call's end event (side streams); no more timed time than wall time passed here; no call
 below the task's physical floor. The outputs of each workload's last timed call are judged after
-the worker is done, so the judge never competes with timed calls for the GPU.
+the worker is done, so the judge never competes with timed calls for the GPU; where the task rechecks
+(GPUMode's leaderboard mode), every earlier call's output is judged before the worker makes its next
+call (it waits for Go).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import torch
 
 from ksearch_ray.evaluation.floors import DevicePeaks
 from ksearch_ray.evaluation.sandbox.clock import OUT_OF_ORDER, ClockRecord, parse_records
-from ksearch_ray.evaluation.sandbox.protocol import Done, Go, Tick, TimeCmd, Timed, Warmed, WorkItem
+from ksearch_ray.evaluation.sandbox.protocol import (
+    CallOutput,
+    Done,
+    Go,
+    Tick,
+    TimeCmd,
+    Timed,
+    Warmed,
+    WorkItem,
+)
 from ksearch_ray.evaluation.seeds import call_seed
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session
 from ksearch_ray.evaluation.settings import TimingPolicy
@@ -36,7 +47,7 @@ def time_command(run: RunSpec, policy: TimingPolicy) -> TimeCmd:
                    for i, (w, s) in enumerate(zip(run.workloads, run.time_seeds, strict=True))],
         max_calls=policy.max_calls, min_calls=policy.min_calls, target_rel_err=policy.target_rel_err,
         max_total_s=policy.max_total_s, max_wall_s=policy.max_wall_s, warmup_calls=policy.warmup_calls,
-        flush_l2=run.flush_l2, graphs=policy.graphs,
+        flush_l2=run.flush_l2, graphs=policy.graphs, recheck=run.recheck,
     )
 
 
@@ -67,9 +78,13 @@ class TimedStage:
             got: list[Timed] = []
             taken_records: list[list[ClockRecord]] = []
             taken_outputs: list[dict[str, torch.Tensor]] = []
+            rechecked = -1  # the last call whose output was judged during timing
             while not got or got[-1].figure != "call":
-                msg = session.recv("timing", f"timing of {workload.name}", Tick, Timed)
+                msg = session.recv("timing", f"timing of {workload.name}", Tick, Timed, CallOutput)
                 stopwatch.drain()  # keep the pipe empty: the worker must never block on it
+                if isinstance(msg, CallOutput):
+                    rechecked = self.recheck(session, i, msg, rechecked)
+                    continue
                 if not isinstance(msg, Timed):
                     continue
                 if msg.index != i or (msg.figure == "kernel" and (got or run.device != "cuda")):
@@ -117,6 +132,20 @@ class TimedStage:
             session.say(f"timed {run.workloads[i].name} ({i + 1}/{len(run.workloads)}): "
                         f"{figures_text(result.kernel_ms, result.call_ms, run.objective)}")
         return elapsed
+
+    def recheck(self, session: Session, i: int, msg: CallOutput, last: int) -> int:
+        """A timed call's output, judged now against the reference for its inputs (the worker waits for
+        Go, so the judge never runs beside a timed call); returns the call's index."""
+        run = session.run
+        name = run.workloads[i].name
+        if not run.recheck or msg.index != i or not last < msg.seed_index < self.policy.max_calls:
+            raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: a timed call's output arrived out of order")
+        outputs = session.take(msg.handover, name)
+        comparison = session.judge_later(i, call_seed(run.time_seeds[i], msg.seed_index), outputs).result()
+        del outputs
+        session.verdict(i, comparison, f" (during timing, call {msg.seed_index})")
+        session.send(Go())
+        return msg.seed_index
 
     def stats(self, run: RunSpec, workload: Workload, records: list[ClockRecord], method: str) -> Timing:
         name = workload.name

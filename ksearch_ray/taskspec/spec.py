@@ -68,6 +68,9 @@ class TimingObjective(BaseModel):
         default="fresh", description="What the source does between timed calls: new inputs, or one input set. "
         "The evaluation's mode (--mode) decides what is run; fresh is the default and never looser.")
     flush_l2: bool = Field(default=True, description="Whether the L2 cache is flushed before each timed call.")
+    recheck: bool = Field(default=False, description=(
+        "Whether every timed call's output is checked against the reference before the next call is made "
+        "(GPUMode's leaderboard mode; fresh inputs only); false: the last timed call's output alone."))
     source: str = Field(default="", description="Where the rule comes from, in one sentence.")
 
 

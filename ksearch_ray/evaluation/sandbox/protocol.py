@@ -11,6 +11,7 @@ report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
     evaluator -> TimeCmd | RetimeCmd | StopCmd
     time:     worker -> Progress* ... Warmed ; evaluator -> Go
               per workload: worker -> Tick* ... Timed (outputs handed over) ; evaluator -> Taken
+                (recheck: after each timed call but the last, worker -> CallOutput ; evaluator -> Taken? ; Go)
               worker -> Done
     retime:   per workload: evaluator -> PrepareCmd ; worker -> Prepared
               evaluator -> RunCmd ; worker -> Ran                    (timed by the evaluator)
@@ -195,6 +196,16 @@ class Timed(_Message):
     handover: Handover
 
 
+class CallOutput(_Message):
+    """A timed call's output, to be judged before the next call is made (TimeCmd.recheck); the worker waits
+    for Go. The last call's output comes with Timed instead."""
+
+    type: Literal["call_output"] = "call_output"
+    index: int
+    seed_index: int = Field(ge=0, description="Which call's inputs the output belongs to.")
+    handover: Handover
+
+
 class Done(_Message):
     type: Literal["done"] = "done"
 
@@ -223,7 +234,8 @@ class Profiled(_Message):
     code: int
 
 
-ReportMessage = Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | Done | Fail | Prepared | Ran | Profiled
+ReportMessage = (Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | CallOutput | Done | Fail | Prepared
+                 | Ran | Profiled)
 Report = Annotated[ReportMessage, Field(discriminator="type")]
 
 # --- evaluator -> worker -----------------------------------------------------------------------
@@ -247,6 +259,8 @@ class TimeCmd(_Message):
     warmup_calls: int
     flush_l2: bool
     graphs: bool = Field(description="Also time the call replayed as a CUDA graph (the kernel figure), on a GPU.")
+    recheck: bool = Field(default=False, description=(
+        "Hand over every timed call's output (CallOutput) and wait for Go before the next call (fresh mode)."))
 
 
 class Go(_Message):

@@ -11,7 +11,9 @@ rule says its mean is known well enough (sandbox/clock.py; the rule is the evalu
   setup (`prepare`, e.g. FlashInfer's plan) runs before each capture.
 * call (always): the candidate's own call between the stopwatch's events after a flush and a
   device sync, host launch work included, as GPUMode's eval.py and FlashInfer-Bench time it, with
-  the integrity checks after every call. On the CPU path this is the only figure.
+  the integrity checks after every call. Where the task rechecks (GPUMode's leaderboard mode), each
+  call's output is handed over and judged by the evaluator before the next call is made, untimed,
+  as eval.py checks each output before its next call. On the CPU path this is the only figure.
 
 Each figure's last output is handed over and judged against the reference for that call's inputs.
 """
@@ -26,6 +28,7 @@ import torch
 from ksearch_ray.evaluation.sandbox import clock, integrity
 from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, Worker
 from ksearch_ray.evaluation.sandbox.protocol import (
+    CallOutput,
     Done,
     FinishCmd,
     Go,
@@ -236,6 +239,13 @@ def _time_calls(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
         w.send(Tick(n=n))
         if _enough(watch, n, cmd, start):
             break
+        if cmd.recheck and fresh:
+            # Judged by the evaluator before the next call (its reference on the GPU, as eval.py's check).
+            checked = w.check_outputs(result, inputs)
+            w.deliver(lambda h: CallOutput(index=item.index, seed_index=seed_index, handover=h), checked)  # noqa: B023
+            del checked
+            if not isinstance(w.receive(), Go):
+                raise RuntimeError("the evaluator answered a timed call's output with something other than `go`")
     assert inputs is not None
     outputs = w.check_outputs(result, inputs)
     w.deliver(lambda h: Timed(index=item.index, figure="call", count=n, seed_index=seed_index, method="calls",

@@ -89,6 +89,19 @@ def test_a_fork_bomb_is_capped_by_a_pids_cgroup_where_the_candidate_stays_host_r
     assert all(left.values()), left
 
 
+@pytest.mark.parametrize("who", ["nobody", "host root"])
+def test_a_candidate_cannot_raise_or_leave_its_process_cap_through_cgroupfs(who, bounded, toy, private_toy):
+    """It tries to raise its cgroup's pids.max, move into an ancestor cgroup and make one of its own:
+    /sys is read-only in the sandbox, and even a candidate that stays the host's root (private task
+    files) gets every write refused."""
+    if who == "host root" and not host_root():
+        pytest.skip("a candidate that stays the host's root needs a sandbox run as the host's root")
+    task = private_toy if who == "host root" else toy
+    result = bounded.evaluate(task, solution_from_file(CANDIDATES / "cgroup_escape.py", task), workload_set="tests")
+    assert "every cgroup write refused" in result.message and "(0 tries)" not in result.message, result.message
+    assert bounded.evaluate(task, task.baseline(), workload_set="tests").status is Status.PASSED
+
+
 def test_a_host_root_sandbox_without_a_pids_cgroup_says_the_process_limit_is_lost_and_require_refuses():
     hello = {"isolated": True, "root_candidates": True, "pids_cgroup": None, "pids_problem": "no pids controller"}
     report = IsolationReport.of(hello, processes=1024)

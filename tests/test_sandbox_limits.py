@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
 from ksearch_ray.evaluation.sandbox.client import IsolationReport
@@ -27,8 +28,11 @@ from ksearch_ray.taskspec.task import Task, solution_from_file
 
 DATA = Path(__file__).parent / "data"
 CANDIDATES = DATA / "candidates"
-SMALL = Limits(setup=120, build_python=60, idle=30, total=120, memory_mb=1024, processes=64, file_mb=16,
-               disk_mb=64, output_mb=8)
+# A CUDA build of torch maps its libraries' writable data (cuBLAS, cuDNN, ...) even on the CPU path, and
+# RLIMIT_DATA counts it: under 1 GiB the H200 machine's reference worker died with MemoryError at import.
+# The memory hog asks for 6 GiB, past either.
+SMALL = Limits(setup=120, build_python=60, idle=30, total=120, memory_mb=4096 if torch.version.cuda else 1024,
+               processes=64, file_mb=16, disk_mb=64, output_mb=8)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import IO
@@ -71,16 +70,13 @@ def sweep(root: Path, prefix: str = "sandbox-") -> list[Path]:
     return removed
 
 
-_ZYGOTE_CGROUP = re.compile(r"zygote-(\d+)-(\d+)")
-
-
 def sweep_cgroups(parent: Path) -> list[Path]:
     """Remove the zygote folders of pids cgroups under `parent` (pids.PARENT) whose zygote is gone,
     with their workers' cgroups; the ones removed."""
     removed = []
     for home in sorted(parent.glob("zygote-*")):
-        match = _ZYGOTE_CGROUP.fullmatch(home.name)
-        if match is None or pids.start_time(int(match[1])) == int(match[2]):
+        zygote = pids.zygote_of(home.name)
+        if zygote is None or pids.start_time(zygote[0]) == zygote[1]:
             continue  # not ours, or its zygote lives
         workers = sorted(home.glob("worker-*"))
         if all([pids.remove(worker) for worker in workers]) and pids.remove(home):

@@ -129,13 +129,27 @@ def remove(cgroup: Path, patience: float = 2.0) -> bool:
         time.sleep(0.01)
 
 
+_ZYGOTE_FOLDER = re.compile(r"zygote-(\d+)-(\d+)")
+
+
+def zygote_folder(pid: int, start: int | None) -> str:
+    """The name of a zygote's folder of worker cgroups: its pid and start time."""
+    return f"zygote-{pid}-{start}"
+
+
+def zygote_of(name: str) -> tuple[int, int] | None:
+    """(pid, start time) of the zygote whose folder is named `name`; None if it is none of ours."""
+    match = _ZYGOTE_FOLDER.fullmatch(name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
 class PidsCgroups:
     """This zygote's pids cgroups: one per worker, under a folder of its own."""
 
     def __init__(self, parent: Path, version: int):
         self.parent = parent  # .../ksearch-ray
         self.version = version
-        self.home = parent / f"zygote-{os.getpid()}-{start_time(os.getpid())}"
+        self.home = parent / zygote_folder(os.getpid(), start_time(os.getpid()))
 
     @classmethod
     def open(cls) -> tuple[PidsCgroups | None, str | None]:

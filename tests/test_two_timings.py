@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_runner import ksearch
 from rich.console import Console
 
 from ksearch_ray.analysis.records import figures
@@ -23,7 +24,6 @@ from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 from ksearch_ray.report.console import print_eval
 from ksearch_ray.taskspec.flashinfer_traces import Environment, trace_records
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
-from cli_runner import ksearch
 
 DATA = Path(__file__).parent / "data"
 CANDIDATES = DATA / "candidates"

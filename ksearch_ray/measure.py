@@ -10,11 +10,15 @@ baseline (measured `noise_repeats` times at the start of every session, then aga
 through the session, at most `noise_share` of each evaluator's time), the seed's repeats,
 re-measured bests and the final re-timing. Per kernel, in logs, the measurements further than five
 robust standard deviations from the kernel's median are left out (a Hampel filter: a warm-up
-measurement ten times slow); every pair of the rest gives a difference; the median difference of
-all pairs, pooled over kernels, times 1.645/0.6745 is the 90th percentile of a difference (normal
-differences). The median of all pairwise differences is robust (more than a quarter of the
-measurements must be wild to move it far) and, unlike a range, does not grow with more
-measurements. It is never below the measurements' own resolution: two figures whose timed calls
+measurement ten times slow); each of the rest and the next one measured of that kernel give a
+difference; the median difference of those pairs, pooled over kernels, times 1.645/0.6745 is the 90th
+percentile of a difference (normal differences). Pairs of measurements taken one after the other,
+not every pair: a machine whose speed drifts over a session (its load falling from 10 to 3 took
+TriMul's CPU baseline from 82-130 ms to 18-25 ms) made every-pair figures follow the session's load
+trajectory: ±105 %, ±221 % and ±316 % in three runs of one command on a loaded 2-core machine,
+against ±101 %, ±164 % and ±75 % from successive pairs; a drift between a candidate and an earlier best is left to the re-timings, which measure side
+by side. A median moves only when about half the pairs are wild, and unlike a range it does not grow
+with more measurements. It is never below the measurements' own resolution: two figures whose timed calls
 leave each a standard error s differ by 1.645·√2·s nine times in ten, s being the median, over
 every passing measurement of the session, of the score's standard error from its per-workload
 timings. It is shown beside every speedup (`1.23x (±4%)`), and a candidate becomes the new best
@@ -75,8 +79,8 @@ def noise_of(scores_by_solution: dict[str, list[float]], floor: float = 0.0) -> 
         if len(values) < 2:
             continue
         counted += len(values)
-        kept = without_outliers(values, statistics.median(values))
-        differences += [abs(a - b) for a, b in itertools.combinations(kept, 2)]
+        kept = without_outliers(values, statistics.median(values))  # in the order measured
+        differences += [abs(a - b) for a, b in itertools.pairwise(kept)]
     if not differences:
         return None
     value = math.exp(P90_PER_MEDIAN_DIFFERENCE * statistics.median(differences)) - 1.0

@@ -157,9 +157,8 @@ def test_the_noise_is_the_ninetieth_percentile_of_the_difference_of_two_measurem
 
 def test_two_sessions_of_two_dozen_heavy_tailed_measurements_agree_within_a_factor_of_two():
     """Two sessions' figures from the measurements each makes at its start (24 of the baseline, two of the
-    seed), with Student-t (3 degrees) noise, 5 % of it a load spike 3-10x: nine in ten seeded pairs of
-    sessions agree within 2x (a dozen: four in five); from two of each, as sessions measured before, not
-    two in three."""
+    seed), with Student-t (3 degrees) noise, 5 % of it a load spike 3-10x: about nine in ten of
+    200 seeded pairs of sessions agree within 2x; from two of each, as sessions measured before, three in ten."""
     import random
     rng = random.Random(37)
 
@@ -178,8 +177,8 @@ def test_two_sessions_of_two_dozen_heavy_tailed_measurements_agree_within_a_fact
             ok += max(a.value, b.value) < 2 * min(a.value, b.value)
         return ok / 200
 
-    assert agree(24) >= 0.9
-    assert agree(2) < 0.67
+    assert agree(24) >= 0.85
+    assert agree(2) < 0.5
 
 
 def test_the_noise_is_never_below_the_timers_own_resolution():
@@ -266,3 +265,11 @@ def test_the_cpu_sandbox_runs_pytorch_on_one_thread_unless_the_user_says_otherwi
     assert "OMP_NUM_THREADS" not in scrubbed_environment("cuda", "0")  # a GPU's host threads are the user's affair
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert scrubbed_environment("cpu")["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_machine_whose_speed_drifts_through_a_session_is_not_jitter_between_two_measurements():
+    """TriMul's CPU baseline went from 82-130 ms to 18-25 ms in one session as the machine's load fell:
+    measured one after the other, the baseline differs by 5-17 %; every pair of the session, by up to 5x."""
+    drifting = [100.0 * 0.93 ** i * (1.05 if i % 2 else 0.95) for i in range(24)]
+    noise = noise_of({"baseline": drifting})
+    assert noise is not None and noise.value < 0.35, noise

@@ -273,3 +273,18 @@ def test_a_machine_whose_speed_drifts_through_a_session_is_not_jitter_between_tw
     drifting = [100.0 * 0.93 ** i * (1.05 if i % 2 else 0.95) for i in range(24)]
     noise = noise_of({"baseline": drifting})
     assert noise is not None and noise.value < 0.35, noise
+
+
+def test_a_baseline_repeat_that_fails_for_the_evaluators_reasons_loses_no_candidate(tmp_path):
+    from ksearch_ray.run.errors import SearchError
+
+    class LostOnRepeat(Lasting):
+        async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
+            if solution.name == BASELINE and self.seen.get(BASELINE, 0) >= 2:
+                raise SearchError("evaluator 0 was lost")
+            return await super().evaluate_on(index, solution, workload_set)
+
+    evaluators = LostOnRepeat({}, {BASELINE: 1.0, SEED: 3.0, **{f"k{i}": 3.0 for i in range(1, 10)}})
+    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=2, noise_repeats=2, noise_share=0.25)
+    view = asyncio.run(search.run())
+    assert view.evaluations == 2 and view.finished == "rounds"

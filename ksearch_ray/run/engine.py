@@ -572,7 +572,12 @@ class Search:
             return
         self._since_baseline[evaluator] = 0.0
         baseline = self.task.baseline()
-        again = await self.pool.evaluate_on(evaluator, baseline, self.workload_set)
+        try:
+            again = await self.pool.evaluate_on(evaluator, baseline, self.workload_set)
+        except SearchError as exc:  # the evaluator was lost meanwhile: the kernel just measured must not be lost too
+            self.on_line(f"WARNING: the baseline could not be measured again for the noise on evaluator {evaluator} "
+                         f"({clip(str(exc), 160)}); the search goes on")
+            return
         self.record(Remeasure(role="baseline", solution_id=baseline.id, evaluator=evaluator, gpu=self.gpu_of[evaluator],
                               result=again))
         if not again.passed:

@@ -7,6 +7,7 @@ import ray
 from ksearch_ray.config import EvaluationConfig
 from ksearch_ray.evaluation.buildcache import BuildRecord
 from ksearch_ray.evaluation.describe import EvaluatorInfo, describe
+from ksearch_ray.evaluation.gpu_driver import GpuDriverError
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.models import EvalResult, Solution
@@ -24,13 +25,22 @@ class EvaluatorActor:
 
         self.device = device
         self.node = ray.get_runtime_context().get_node_id()
-        self.evaluator = build_evaluator(EvaluationConfig.model_validate_json(settings_json), device,
-                                         secret_names=secret_names or (), secret=secret)
+        self.start_error: GpuDriverError | None = None
+        try:
+            self.evaluator = build_evaluator(EvaluationConfig.model_validate_json(settings_json), device,
+                                             secret_names=secret_names or (), secret=secret)
+        except GpuDriverError as exc:
+            # Raised again by `describe`, the pool's first call: an error in __init__ reaches the driver only
+            # as "the actor died" (and is retried), this one as its own line naming both versions.
+            self.start_error = exc
         self.cache = node_cache(scratch_dir)
         self._tasks: dict[tuple[str, tuple[str, ...]], Task] = {}  # loaded once: reference code included
 
     def describe(self) -> EvaluatorInfo:
-        """Starts the sandbox (a SandboxError here when isolation is required and missing)."""
+        """Starts the sandbox (a SandboxError here when isolation is required and missing, a GpuDriverError
+        when this node's driver is too old for the image's torch)."""
+        if self.start_error is not None:
+            raise self.start_error
         return describe(self.evaluator, node=self.node, gpu_ids=[str(g) for g in ray.get_gpu_ids()])
 
     def _task(self, task_name: str, task_dirs: list[str]) -> Task:

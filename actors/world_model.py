@@ -1,4 +1,4 @@
-"""WorldModelActor: owns a run's tree, applies changes atomically, snapshots every version."""
+"""WorldModelActor: owns a run's tree, applies changes atomically, records every version (`tree_record`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 from ksearch_ray.store import RunStore
+from ksearch_ray.tree_record import TreeRecord
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 
@@ -19,17 +20,16 @@ class WorldModelActor:
     def __init__(self, run_dir: str, tree_json: str):
         self.store = RunStore(Path(run_dir))
         self.state = WorldModelState(Tree.model_validate_json(tree_json), self.store.has_solution)
-        self._snapshot()
-
-    def _snapshot(self) -> None:
-        self.store.write_snapshot(self.state.tree.version, self.state.tree.model_dump_json(indent=1))
+        self.record = TreeRecord(self.store.root, self.state.tree)
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
-        before = self.state.tree.version
         result = self.state.call(name, args)
-        if self.state.tree.version != before:
-            self._snapshot()
+        self.record.changed(self.state.tree, name)
         return result
+
+    def close(self) -> None:
+        """The record's last checkpoint; the driver calls it before it lets the actor go."""
+        self.record.close()
 
     def tree_json(self) -> str:
         return self.state.tree.model_dump_json()

@@ -68,9 +68,19 @@ def fail(message: str) -> NoReturn:
 
 
 def default_device() -> str:
+    """cuda where torch can use a GPU; cpu where there is none. A GPU whose driver this torch cannot use
+    is said in one line (exit 2), not silently replaced by the CPU."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    from ksearch_ray.evaluation.gpu_driver import GpuDriverError, check
+
+    try:
+        check()
+    except GpuDriverError as exc:
+        fail(str(exc))
+    return "cpu"
 
 
 @app.command()

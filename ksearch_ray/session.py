@@ -176,10 +176,16 @@ class _Backend:
             stop_ray()
 
     def device(self, config: RunConfig) -> str:
-        if config.evaluation.device:
-            return config.evaluation.device
+        if config.evaluation.device == "cpu":
+            return "cpu"
         import torch
 
+        if not torch.cuda.is_available():
+            from ksearch_ray.evaluation.gpu_driver import check
+
+            check()  # a driver here that this torch cannot use: one line, before the run directory exists
+        if config.evaluation.device:
+            return config.evaluation.device
         if torch.cuda.is_available():
             return "cuda"
         if self.ray:

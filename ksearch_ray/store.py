@@ -4,7 +4,9 @@
       manifest.json        config, versions, devices, created
       events.jsonl         append-only; every LLM call, candidate, evaluation, world-model call
       solutions/<id>.json  code by content hash (failures included)
-      world_model/         v<version>.json snapshots and latest.json
+      world_model/         the world model's record (`TreeRecord`): deltas.jsonl, one line per tree version,
+                           and v<version>.json full checkpoints now and then; a run written before
+                           the deltas has a full v<version>.json for every version (and latest.json)
       llm_cache/           replayable LLM responses (content-hash keyed)
       best.json            the best passing solution so far, rewritten as it improves
       best/                the same solution's source files, as plain files
@@ -61,7 +63,7 @@ def writing(path: Path) -> Iterator[None]:
         raise RunDirError(f"cannot write {exc.filename or path}: {exc.strerror or exc}; {hint}") from None
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with writing(path):
         tmp.write_text(text)
@@ -131,7 +133,7 @@ class RunStore:
                 (root / sub).mkdir(parents=True, exist_ok=True)
         store = cls(root)
         store._lock()
-        _atomic_write(root / "manifest.json", json.dumps(manifest, indent=2, default=str))
+        atomic_write(root / "manifest.json", json.dumps(manifest, indent=2, default=str))
         store._open()
         return store
 
@@ -287,12 +289,12 @@ class RunStore:
             os.fsync(f.fileno())
         return secret
 
-    # --- solutions, snapshots, best -------------------------------------------------------------
+    # --- solutions, best -------------------------------------------------------------
 
     def save_solution(self, solution: Solution) -> str:
         path = self.solutions_dir / f"{solution.id}.json"
         if not path.exists():
-            _atomic_write(path, solution.model_dump_json(indent=1))
+            atomic_write(path, solution.model_dump_json(indent=1))
         return solution.id
 
     def has_solution(self, solution_id: str) -> bool:
@@ -300,10 +302,6 @@ class RunStore:
 
     def load_solution(self, solution_id: str) -> Solution:
         return Solution.model_validate_json((self.solutions_dir / f"{solution_id}.json").read_text())
-
-    def write_snapshot(self, version: int, tree_json: str) -> None:
-        _atomic_write(self.snapshots_dir / f"v{version:05d}.json", tree_json)
-        _atomic_write(self.snapshots_dir / "latest.json", tree_json)
 
     def write_best(self, payload: dict[str, Any], solution: Solution) -> None:
         """best.json (the record), and the solution's sources as plain files in best/."""
@@ -314,5 +312,5 @@ class RunStore:
                 if old.name not in solution.sources:
                     old.unlink()
         for name, text in solution.sources.items():
-            _atomic_write(best / name, text)
-        _atomic_write(self.root / "best.json", json.dumps(payload, indent=2, default=str))
+            atomic_write(best / name, text)
+        atomic_write(self.root / "best.json", json.dumps(payload, indent=2, default=str))

@@ -22,8 +22,10 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from ksearch_ray.policies.standin.loopback import LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -84,53 +86,19 @@ def always(step: Step) -> Callable[[RecordedRequest], Step]:
     return lambda _request: step
 
 
-class FakeLLMServer:
+class FakeLLMServer(LoopbackServer):
     """Serves POST /v1/chat/completions, /chat/completions and GET /v1/models on 127.0.0.1."""
 
     def __init__(self, script: Script) -> None:
         self._script = script
         self._position = 0
         self._lock = threading.Lock()
-        # Set on shutdown so that slow steps stop sleeping and the server closes promptly.
-        self._closing = threading.Event()
         self.requests: list[RecordedRequest] = []
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        self._httpd.daemon_threads = True
-        # A short poll interval: shutdown() waits up to one interval, and tests stop many servers.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.02},
-            name="fake-llm-server",
-            daemon=True,
-        )
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        self._listen(_make_handler(self), 0, "fake-llm-server", poll_s=0.02)
 
     @property
     def chat_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.path.rstrip("/").endswith("chat/completions")]
-
-    def start(self) -> FakeLLMServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._closing.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _record(self, request: RecordedRequest) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ksearch_ray.evaluation",),
     ("ksearch_ray.config",),
     ("ksearch_ray.policies",),
-    ("ksearch_ray.measure", "ksearch_ray.events", "ksearch_ray.store"),
+    ("ksearch_ray.measure", "ksearch_ray.events", "ksearch_ray.store", "ksearch_ray.tree_record"),
     ("ksearch_ray.methods",),
     ("ksearch_ray.run", "ksearch_ray.report", "ksearch_ray.analysis", "ksearch_ray.tracking"),
     ("ksearch_ray.actors",),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from local_backends import settings
 
-from ksearch_ray.distributed.pool import BUILDER, EvaluatorPool
+from ksearch_ray.distributed.pool import BUILDER, RayEvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.build import build_flags
@@ -95,10 +95,10 @@ def test_cuda_sources_without_a_gpu_target_are_a_compile_error(builder: Builder)
 # --- the pool: builds on CPU tasks, ahead of the evaluators -------------------------------------------
 
 
-def _pool(tmp_path: Path, **overrides: object) -> EvaluatorPool:
+def _pool(tmp_path: Path, **overrides: object) -> RayEvaluatorPool:
     config = settings(task="toy_axpy_cpp", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
                       scratch_dir=str(tmp_path / "scratch"), **overrides)
-    return EvaluatorPool(config, f"t{time.time_ns()}")
+    return RayEvaluatorPool(config, f"t{time.time_ns()}")
 
 
 @pytest.mark.slow

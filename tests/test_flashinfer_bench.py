@@ -388,3 +388,46 @@ def test_one_rule_says_which_runs_export_a_task_that_is_not_a_flashinfer_bench_d
                                     "--out", str(tmp_path / "s.json")])
     assert done.exit_code == 2 and "trimul is not a FlashInfer-Bench definition" in done.output, done.output
     assert not (tmp_path / "s.json").exists()
+
+
+def _blob_inputs(record: dict) -> dict[str, dict]:
+    return {name: spec for name, spec in record["workload"]["inputs"].items() if spec["type"] == "safetensors"}
+
+
+def test_every_blob_an_exported_workload_or_trace_names_is_inside_the_dataset_and_loads(fib, tmp_path):
+    """The bundled workloads name FlashInfer-Bench's recorded blobs, which are not shipped. An export
+    writes its own (the page tables and MoE routing the evaluator draws for the export's seed) inside
+    the dataset, so every workload and trace resolves there, with the definition's shapes and dtypes
+    as the package's loader checks them."""
+    import torch
+    from flashinfer_bench.bench.utils import load_safetensors
+
+    tasks = [_task(n) for n in ALL]
+    gqa = tasks[ALL.index(GQA)]
+    seed = gqa.solution("triton_seed")
+    evaluated = [(gqa, Evaluated("baseline", gqa.solution("reference"), _passed(gqa, gqa.solution("reference"), 1.0), 0.0)),
+                 (gqa, Evaluated("evaluation", seed, _passed(gqa, seed, 0.5), 1.0))]
+    out = tmp_path / "ds"
+    write_dataset(out, tasks, evaluated=evaluated, environment=ENV, target_hardware="H200")
+    trace_set = fib.TraceSet.from_path(str(out))
+    records = [json.loads(line) for f in sorted((out / "workloads").rglob("*.jsonl")) + sorted((out / "traces").rglob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    named = [(r, spec) for r in records for spec in _blob_inputs(r).values()]
+    assert named and {r["definition"] for r, _ in named} == set(ALL)
+    for _record, spec in named:
+        path = (out / spec["path"]).resolve()
+        assert path.is_file() and path.is_relative_to(out.resolve()), spec["path"]
+    for record in records:
+        if _blob_inputs(record):
+            workload = fib.Workload.model_validate(record["workload"])
+            load_safetensors(trace_set.definitions[record["definition"]], workload, out)  # shapes and dtypes
+    # The blob is the evaluator's own draw for that seed: what `synthesize` makes for the same workload.
+    from ksearch_ray.taskspec.flashinfer_inputs import synthesize
+    from ksearch_ray.taskspec.flashinfer_traces import BLOB_SEED
+
+    smallest = min((w for w in gqa.workloads("feedback", "cuda")), key=lambda w: w.axes["num_pages"])
+    record = next(r for r in records if r["workload"]["uuid"] == smallest.name)
+    blob = load_safetensors(trace_set.definitions[GQA], fib.Workload.model_validate(record["workload"]), out)
+    drawn = synthesize(json.loads((TASKS / GQA / "definition.json").read_text()), smallest, BLOB_SEED, "cpu")
+    for name in ("kv_indptr", "kv_indices"):
+        assert torch.equal(blob[name], drawn[name])

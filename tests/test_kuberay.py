@@ -23,6 +23,11 @@ own schemas here, and no copy of them is kept in this repository. What is checke
   GPU group's GPUs, the shared volume's mount and the run directory, token authentication.
 
 Each invariant is also shown to fire on a broken copy, so none passes vacuously.
+
+The kustomize variants (base/, one-gpu/, eight-gpu/, each with its values.yaml) are rendered by
+`kubectl kustomize`, the kustomize that `kubectl apply -k` runs, and the rendered RayJob, claim and
+ConfigMap go through the same checks; a copy of the tree with every value changed shows that each
+value reaches every place that needs it. Without kubectl those tests skip (fail in CI).
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import tomllib
 from collections.abc import Callable, Iterator
@@ -81,19 +88,50 @@ def m() -> Manifests:
 
 
 class Manifests:
-    """The files of deploy/kuberay/, parsed; tests break copies of them."""
+    """The files of deploy/kuberay/, or a variant as kustomize renders it, parsed; tests break copies of them.
 
-    def __init__(self, cluster: Doc, job: Doc, pvc: Doc, config_map: Doc, dockerfile: str) -> None:
+    `gpu_products`: the GPU Feature Discovery products the GPU pods must be held to; None where any
+    required node label will do (the one-GPU variant takes whatever GPU node the user names)."""
+
+    def __init__(self, cluster: Doc | None, job: Doc, pvc: Doc, config_map: Doc, dockerfile: str, *,
+                 texts: dict[str, str], gpu_products: set[str] | None = GPU_PRODUCTS) -> None:
         self.cluster, self.job, self.pvc, self.config_map, self.dockerfile = cluster, job, pvc, config_map, dockerfile
+        self.texts, self.gpu_products = texts, gpu_products
 
     @classmethod
     def load(cls) -> Manifests:
-        return cls(load("raycluster.yaml"), load("rayjob.yaml"), load("pvc.yaml"), load("run-config.yaml"),
-                   (KUBERAY / "Dockerfile").read_text())
+        return cls(load("raycluster.yaml"), load("base/rayjob.yaml"), load("base/pvc.yaml"), load("base/run-config.yaml"),
+                   (KUBERAY / "Dockerfile").read_text(),
+                   texts={name: (KUBERAY / name).read_text() for name in ("raycluster.yaml", "base/rayjob.yaml")})
+
+    @classmethod
+    def rendered(cls, variant: str, root: Path = KUBERAY, gpu_products: set[str] | None = GPU_PRODUCTS) -> Manifests:
+        """A kustomize variant as `kubectl kustomize` renders it (what `kubectl apply -k` would apply)."""
+        text = kustomize(root / variant)
+        docs = {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
+        assert sorted(docs) == ["ConfigMap", "PersistentVolumeClaim", "RayJob"], sorted(docs)
+        return cls(None, docs["RayJob"], docs["PersistentVolumeClaim"], docs["ConfigMap"],
+                   (KUBERAY / "Dockerfile").read_text(), texts={f"{variant} (rendered)": text}, gpu_products=gpu_products)
 
     def specs(self) -> Iterator[tuple[str, Doc]]:
-        yield "RayCluster", self.cluster["spec"]
+        if self.cluster is not None:
+            yield "RayCluster", self.cluster["spec"]
         yield "RayJob", self.job["spec"]["rayClusterSpec"]
+
+    def cluster_spec(self) -> Doc:
+        return self.cluster["spec"] if self.cluster is not None else self.job["spec"]["rayClusterSpec"]
+
+
+def kustomize(directory: Path) -> str:
+    """`kubectl kustomize DIR`: kustomize as `kubectl apply -k` runs it (kubectl's own copy of kustomize).
+    Without kubectl the test is skipped, unless KSEARCH_REQUIRE_KUBECTL is set (CI), where it fails."""
+    if shutil.which("kubectl") is None:
+        if os.environ.get("KSEARCH_REQUIRE_KUBECTL"):
+            pytest.fail("kubectl is not installed, and KSEARCH_REQUIRE_KUBECTL is set")
+        pytest.skip("kubectl is not installed (its kustomize renders deploy/kuberay's variants)")
+    done = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -179,7 +217,8 @@ def _recorded(record: Path) -> list[str]:
     return words
 
 
-def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[str] | str:
+def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                   head_env: dict[str, str] | None = None) -> list[str] | str:
     """The argv `python` gets (or what failed instead) when KubeRay, `ray job submit` and Ray's job supervisor have run the
     RayJob's entrypoint (paths moved under tmp; `ray` and `python` recorders).
 
@@ -196,6 +235,7 @@ def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str], monkeypa
     for old, new in replace.items():
         entrypoint = entrypoint.replace(old, new)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    job_env = {**(head_env or {}), **env}  # the job's shell runs on the head, with the head container's variables
     submitter = f"ray job submit --address http://127.0.0.1:8265 --no-wait -- {entrypoint.strip()} ;"
     done = subprocess.run(["/bin/bash", "-ce", "--", submitter], env=env, capture_output=True, text=True, timeout=10)
     if done.returncode or not ray_record.exists():
@@ -205,7 +245,7 @@ def run_entrypoint(entrypoint: str, tmp: Path, replace: dict[str, str], monkeypa
     result = ClickRunner().invoke(ray_job_cli.submit, words[2:])
     if not isinstance(result.exception, _Submitted):
         return f"`ray job submit` refuses the entrypoint: {result.output.strip()}"
-    done = subprocess.run(result.exception.entrypoint, shell=True, env=env, capture_output=True, text=True, timeout=10)
+    done = subprocess.run(result.exception.entrypoint, shell=True, env=job_env, capture_output=True, text=True, timeout=10)
     if done.returncode or not python_record.exists():
         return f"the job's shell fails on {result.exception.entrypoint!r}: {done.stderr.strip()}"
     return _recorded(python_record)
@@ -246,22 +286,21 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
                 out.append(f"{kind} {name} image {image} is not tagged {tag}")
     if len(images) > 1:
         out.append(f"pods run different images: {sorted(images)}")
-    if m.job["spec"].get("rayClusterSpec") != m.cluster["spec"]:
+    if m.cluster is not None and m.job["spec"].get("rayClusterSpec") != m.cluster["spec"]:
         out.append("rayjob.yaml's rayClusterSpec differs from raycluster.yaml's spec")
 
     # Token auth: the operator's token only; nothing turns auth off, no token written down.
-    for name in ("raycluster.yaml", "rayjob.yaml"):
-        text = (KUBERAY / name).read_text()
-        doc = m.cluster if name == "raycluster.yaml" else m.job
+    for kind, doc in (("RayCluster", m.cluster), ("RayJob", m.job)):
         for env in _all_env(doc):
             if env.get("name") == "RAY_AUTH_MODE" and env.get("value") != "token":
-                out.append(f"{name} sets RAY_AUTH_MODE={env.get('value')}")
+                out.append(f"{kind} sets RAY_AUTH_MODE={env.get('value')}")
             if env.get("name") == "RAY_AUTH_TOKEN" and "value" in env:
-                out.append(f"{name} writes a RAY_AUTH_TOKEN value")
+                out.append(f"{kind} writes a RAY_AUTH_TOKEN value")
+    for name, text in m.texts.items():
         if re.search(r"RAY_AUTH_MODE\s*=\s*disabled", text) or re.search(r"[0-9a-fA-F]{32,}", text):
             out.append(f"{name} turns token auth off or holds a token-like string")
 
-    spec = m.cluster["spec"]
+    spec = m.cluster_spec()
     types = ray_node_types(spec)
 
     # The sandbox: every pod that runs candidates (evaluators, builds) can make unprivileged namespaces.
@@ -279,7 +318,8 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     for key, text in m.config_map["data"].items():
         (tmp / "config" / key).write_text(text)
     moved = {mount or "/nonexistent-mount": str(tmp / "runs-volume"), config_dir or "/nonexistent-config": str(tmp / "config")}
-    argv = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch)
+    head_env = {e["name"]: e["value"] for e in ray_container(spec["headGroupSpec"]).get("env", []) if "value" in e}
+    argv = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch, head_env)
     if isinstance(argv, str):
         return [*out, argv]
     started = parse_with_ksearch(argv, monkeypatch)
@@ -300,7 +340,7 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
     else:
         (run_dir / "manifest.json").parent.mkdir(parents=True, exist_ok=True)
         (run_dir / "manifest.json").write_text("{}")
-        argv_again = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch)
+        argv_again = run_entrypoint(job["entrypoint"], tmp, moved, monkeypatch, head_env)
         again = argv_again if isinstance(argv_again, str) else parse_with_ksearch(argv_again, monkeypatch)
         if isinstance(again, str):
             out.append(again)
@@ -311,9 +351,13 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
         out.append("the entrypoint leaves the live view on (--no-progress: a job log is not a terminal)")
 
     # Builds: the resource the config sends them to is declared by the build group alone, with no GPU.
+    # A cluster without CPU-only workers (the one-GPU variant) builds on its GPU pods: no resource named.
     build = cfg.cluster.build_resource
     declaring = [name for name, t in types.items() if build and t["resources"].get(build)]
-    if not build or len(declaring) != 1:
+    cpu_only = [name for name, t in types.items() if name != _HEAD_GROUP_NAME and not t["resources"].get("GPU")]
+    if not build and not cpu_only:
+        pass
+    elif not build or len(declaring) != 1:
         out.append(f"build_resource {build!r} is declared by groups {declaring}, not by exactly one build group")
     elif types[declaring[0]]["resources"].get("GPU"):
         out.append(f"the build group {declaring[0]} has GPUs")
@@ -347,9 +391,13 @@ def problems(m: Manifests, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[s
             out.append(f"group {name}: GPU pods must not scale under running evaluators (minReplicas == maxReplicas)")
         if not any(tol.get("key") == "nvidia.com/gpu" for tol in pod.get("tolerations", [])):
             out.append(f"group {name} does not tolerate the nvidia.com/gpu taint")
-        products = set(_required_values(pod, "nvidia.com/gpu.product"))
-        if not products or not products <= GPU_PRODUCTS:
-            out.append(f"group {name} is not held to H100/H200 nodes (nvidia.com/gpu.product in {sorted(products)})")
+        if m.gpu_products is None:
+            if not _required_labels(pod):
+                out.append(f"group {name} requires no node label: its pods could land on nodes without a GPU")
+        else:
+            products = set(_required_values(pod, "nvidia.com/gpu.product"))
+            if not products or not products <= m.gpu_products:
+                out.append(f"group {name} is not held to H100/H200 nodes (nvidia.com/gpu.product in {sorted(products)})")
     if cfg.evaluation.evaluators != gpus:
         out.append(f"--evaluators {cfg.evaluation.evaluators} but the GPU groups hold {gpus} GPUs")
 
@@ -425,6 +473,14 @@ def _config_mount(spec: Doc, config_map: Doc) -> tuple[str | None, str | None]:
     return (paths[0] if paths else None), (keys[0] if len(keys) == 1 else None)
 
 
+def _required_labels(pod: Doc) -> dict[str, list[str]]:
+    """The node labels (key -> values) a pod's required node affinity holds it to with `In`."""
+    terms = (pod.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    return {e["key"]: e.get("values", []) for term in terms for e in term.get("matchExpressions", [])
+            if e.get("operator") == "In" and e.get("values")}
+
+
 def _required_values(pod: Doc, key: str) -> list[str]:
     terms = (pod.get("affinity", {}).get("nodeAffinity", {})
              .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
@@ -451,7 +507,7 @@ def test_every_pod_mounts_the_run_volume_at_one_path(m: Manifests) -> None:
 
 def test_ray_reads_the_layout_of_cluster_yaml(m: Manifests) -> None:
     """Head without GPUs or CPUs, 8-GPU evaluator pods, CPU build pods declaring ksearch_build."""
-    types = ray_node_types(m.cluster["spec"])
+    types = ray_node_types(m.cluster_spec())
     assert set(types) == {_HEAD_GROUP_NAME, "gpu", "build"}
     assert types[_HEAD_GROUP_NAME]["resources"]["ksearch_head"] == 1
     assert types["gpu"]["resources"]["GPU"] == 8 and types["gpu"]["min_workers"] == types["gpu"]["max_workers"] == 2
@@ -604,7 +660,7 @@ def test_the_documented_kubernetes_commands_are_real_ksearch_commands(tmp_path: 
     commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines() if "python -m ksearch_ray run" in c]
     assert commands
     config = tmp_path / "run.yaml"
-    config.write_text(_parsed("run-config.yaml")["data"]["run.yaml"])
+    config.write_text(_parsed("base/run-config.yaml")["data"]["run.yaml"])
     m = Manifests.load()
     mount = _runs_mounts(m.cluster["spec"], m.pvc["metadata"]["name"])["head"]
     assert mount
@@ -615,3 +671,100 @@ def test_the_documented_kubernetes_commands_are_real_ksearch_commands(tmp_path: 
         assert isinstance(started, Captured) and started.what == "run", started
         assert PurePosixPath(started.value.run_dir).is_relative_to(mount), started.value.run_dir
         assert started.value.cluster.build_resource == "ksearch_build"
+
+
+# ------------------------------------------------------------------- the kustomize variants
+
+
+VARIANT_PRODUCTS: dict[str, set[str] | None] = {"one-gpu": None, "eight-gpu": GPU_PRODUCTS}
+
+
+def _rendered_docs(directory: Path) -> list[Doc]:
+    return sorted(yaml.safe_load_all(kustomize(directory)), key=lambda d: d["kind"])
+
+
+def test_the_base_renders_its_files_and_the_eight_gpu_variant_with_its_values_renders_the_base() -> None:
+    """`kubectl apply -k deploy/kuberay/base` is `kubectl apply -f` of its three files, and the shipped
+    eight-gpu/values.yaml holds exactly what those files hold: the 8-GPU setup is a variant of the base."""
+    files = sorted((load(f"base/{n}") for n in ("pvc.yaml", "run-config.yaml", "rayjob.yaml")), key=lambda d: d["kind"])
+    assert _rendered_docs(KUBERAY / "base") == files
+    assert _rendered_docs(KUBERAY / "eight-gpu") == files
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_PRODUCTS))
+def test_a_rendered_variant_agrees_with_the_code(variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = Manifests.rendered(variant, gpu_products=VARIANT_PRODUCTS[variant])
+    assert problems(m, tmp_path, monkeypatch) == []
+    for version in K8S_VERSIONS:
+        for doc in (m.pvc, m.config_map):
+            kubernetes_validate.validate(doc, version, strict=True)
+        for name, group in groups(m.cluster_spec()):
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+                                          "template": group["template"]}, version, strict=True)
+
+
+def test_the_one_gpu_variant_is_one_gpu_pod_and_a_small_head() -> None:
+    m = Manifests.rendered("one-gpu", gpu_products=None)
+    types = ray_node_types(m.cluster_spec())
+    assert set(types) == {_HEAD_GROUP_NAME, "gpu"}
+    assert types["gpu"]["resources"]["GPU"] == 1 and types["gpu"]["min_workers"] == types["gpu"]["max_workers"] == 1
+    assert types[_HEAD_GROUP_NAME]["resources"].get("CPU", 0) == 0
+    head = ray_container(m.cluster_spec()["headGroupSpec"])["resources"]
+    assert head["limits"] == head["requests"] == {"cpu": "2", "memory": "8Gi"}
+    gpu = _required_labels(m.cluster_spec()["workerGroupSpecs"][0]["template"]["spec"])
+    assert gpu == {"nvidia.com/gpu.present": ["true"]}
+    assert m.job["metadata"]["name"] != load("base/rayjob.yaml")["metadata"]["name"]  # both can live in one namespace
+
+
+def _values_of(root: Path, variant: str, change: Doc) -> None:
+    path = root / variant / "values.yaml"
+    values = yaml.safe_load(path.read_text())
+    for key, value in change.items():
+        values[key] = value
+    path.write_text(yaml.safe_dump(values))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_PRODUCTS))
+def test_every_value_a_user_sets_in_values_yaml_reaches_every_place_that_needs_it(
+        variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edit only the variant's values.yaml (a copy of deploy/kuberay): the image, storage class, CPUs,
+    memory, node label (and the one-GPU variant's GPU count) reach every pod, the claim and the
+    entrypoint's --evaluators, and no placeholder is left anywhere."""
+    root = tmp_path / "kuberay"
+    shutil.copytree(KUBERAY, root)
+    tag = f"{ksearch_ray.__version__}-ray{ray.__version__}-{dockerfile_args((KUBERAY / 'Dockerfile').read_text())['PYTHON']}"
+    image = f"gcr.example.org/team/ksearch-ray:{tag}"
+    change: Doc = {"image": image, "storageClassName": "nfs-client", "head": {"cpu": "3", "memory": "12Gi"},
+                   "gpuPod": {"cpu": "6", "memory": "40Gi"},
+                   "gpuNodes": {"key": "cloud.google.com/gke-accelerator", "values": ["nvidia-l4"]}}
+    if variant == "one-gpu":
+        change["gpus"] = "2"
+    _values_of(root, variant, change)
+    m = Manifests.rendered(variant, root=root, gpu_products=None)
+    text = next(iter(m.texts.values()))
+    assert "registry.example.com" not in text and "rwx-storage-class" not in text
+    assert m.pvc["spec"]["storageClassName"] == "nfs-client"
+    spec = m.cluster_spec()
+    assert {ray_container(g)["image"] for _n, g in groups(spec)} == {image}
+    head = ray_container(spec["headGroupSpec"])["resources"]
+    assert head["requests"] == head["limits"] == {"cpu": "3", "memory": "12Gi"}
+    gpu_group = next(g for n, g in groups(spec) if n == "gpu")
+    resources = ray_container(gpu_group)["resources"]
+    gpus = "2" if variant == "one-gpu" else "8"
+    assert resources["requests"] == resources["limits"] == {"cpu": "6", "memory": "40Gi", "nvidia.com/gpu": gpus}
+    assert _required_labels(gpu_group["template"]["spec"]) == {"cloud.google.com/gke-accelerator": ["nvidia-l4"]}
+    (tmp_path / "check").mkdir()
+    assert problems(m, tmp_path / "check", monkeypatch) == []  # --evaluators follows the GPU count
+
+
+def test_a_one_gpu_variant_whose_evaluators_and_gpus_differ_or_that_requires_no_gpu_node_is_caught(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = Manifests.rendered("one-gpu", gpu_products=None)
+    env = ray_container(m.cluster_spec()["headGroupSpec"])["env"]
+    next(e for e in env if e["name"] == "KSEARCH_EVALUATORS")["value"] = "3"
+    (tmp_path / "a").mkdir()
+    assert any("--evaluators 3 but the GPU groups hold 1" in p for p in problems(m, tmp_path / "a", monkeypatch))
+    m = Manifests.rendered("one-gpu", gpu_products=None)
+    m.cluster_spec()["workerGroupSpecs"][0]["template"]["spec"].pop("affinity")
+    (tmp_path / "b").mkdir()
+    assert any("requires no node label" in p for p in problems(m, tmp_path / "b", monkeypatch))

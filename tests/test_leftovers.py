@@ -1,5 +1,6 @@
 """Nothing left behind: a sandbox folder whose process was killed with SIGKILL is removed by the next
-sandbox made under the same root; a folder whose process lives is never touched."""
+sandbox made under the same root; a folder whose process lives is never touched. The same for a
+zygote's pids cgroups (sandbox/pids.py), with the processes left in them."""
 
 from __future__ import annotations
 
@@ -135,3 +136,57 @@ def test_a_local_ray_dies_with_its_driver_killed_with_sigkill(tmp_path):
         for pid, _start in noted:  # whatever a failed test leaves, by pid
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _pids_cgroups():
+    import pytest
+
+    from ksearch_ray.evaluation.sandbox.pids import PidsCgroups
+
+    cgroups, why = PidsCgroups.open()
+    if cgroups is None:
+        pytest.skip(f"no pids cgroup can be made here: {why}")
+    return cgroups
+
+
+def test_the_pids_cgroups_of_a_killed_zygote_are_swept_with_their_processes_and_a_live_ones_kept():
+    from ksearch_ray.evaluation.sandbox.leftovers import sweep_cgroups
+    from ksearch_ray.evaluation.sandbox.pids import members, remove, start_time
+
+    mine = _pids_cgroups()  # this process's folder: a live zygote's
+    zygote = subprocess.Popen(["sleep", "600"])
+    left = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a candidate's process that outlived it
+    dead = mine.parent / f"zygote-{zygote.pid}-{start_time(zygote.pid)}"
+    try:
+        (dead / "worker-1").mkdir(parents=True)
+        (dead / "worker-1" / "cgroup.procs").write_text(str(left.pid))
+        mine.enter(os.getpid(), 0)  # this live zygote's worker: this very process
+        zygote.kill()
+        zygote.wait()
+        assert sweep_cgroups(mine.parent) == [dead]
+        assert not dead.exists() and left.wait(timeout=5) == -signal.SIGKILL
+        assert mine.worker(os.getpid()).is_dir() and members(mine.worker(os.getpid())) == [os.getpid()]
+    finally:
+        (mine.home.parent.parent / "cgroup.procs").write_text(str(os.getpid()))  # back where it was
+        for proc in (zygote, left):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for cgroup in (dead / "worker-1", dead, mine.worker(os.getpid()), mine.home):
+            remove(cgroup)
+
+
+def test_a_sandbox_removes_its_zygotes_pids_cgroups_when_it_closes(tmp_path):
+    from ksearch_ray.evaluation.sandbox.client import Sandbox
+    from ksearch_ray.evaluation.sandbox.isolation import Isolation
+    from ksearch_ray.evaluation.sandbox.pids import remove
+
+    remove(_pids_cgroups().home)
+    sandbox = Sandbox("cpu", tmp_path / "sandbox", isolation=Isolation.OFF)
+    try:
+        sandbox.ensure_started()
+        home = sandbox.pids_cgroup
+        assert home is not None and home.is_dir()
+    finally:
+        sandbox.close()
+    assert not home.exists()

@@ -3,21 +3,25 @@
 Hostile candidates from tests/data/candidates run through the real zygote and namespaces on the CPU
 path, with small limits so that each attack ends in seconds: a fork bomb, a memory hog, 1 GiB of
 output, a file past the size limit, a job directory filled past the disk limit. After each, the same
-evaluator passes the task's baseline. tests/test_sandbox_gpu.py repeats them on a GPU with the
-default limits.
+evaluator passes the task's baseline. tests/test_sandbox_limits_gpu.py repeats them on a GPU with the
+default limits. The fork bomb runs twice: as `nobody` (RLIMIT_NPROC caps it) and as the host's root,
+which the kernel exempts from RLIMIT_NPROC (only the worker's pids cgroup caps it).
 """
 
 from __future__ import annotations
 
 import resource
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.sandbox.client import IsolationReport
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
-from ksearch_ray.evaluation.sandbox.resources import Resources, read_tail, watch
+from ksearch_ray.evaluation.sandbox.pids import locate, members
+from ksearch_ray.evaluation.sandbox.resources import Resources, host_root, read_tail, watch
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file
 
@@ -52,6 +56,67 @@ def test_a_fork_bomb_is_capped_in_the_candidates_own_namespace(bounded, toy):
     forked = int(result.message.split("forked ")[1].split()[0])
     assert 1 <= forked < 64
     subprocess.run(["true"], check=True)  # the host user's own processes are not counted against it
+
+
+@pytest.fixture(scope="module")
+def private_toy(tmp_path_factory) -> Task:
+    """The toy task in a folder only its owner may read: a host-root sandbox cannot hand the task's
+    files to `nobody`, so its candidates keep the host's root (isolation.candidate_uid), as they do on
+    a GPU host whose device nodes are not open to all."""
+    folder = tmp_path_factory.mktemp("private") / "toy"
+    shutil.copytree(DATA / "toy", folder)
+    folder.chmod(0o700)
+    return Task.load(folder)
+
+
+@pytest.mark.skipif(not host_root(), reason="a candidate that stays the host's root needs a sandbox run as the host's root")
+def test_a_fork_bomb_is_capped_by_a_pids_cgroup_where_the_candidate_stays_host_root(bounded, private_toy, tmp_path):
+    whoami = tmp_path / "whoami.py"
+    whoami.write_text("import os\n\n\ndef run(x, a, b):\n    raise RuntimeError(f'running as uid {os.getuid()}')\n")
+    said = bounded.evaluate(private_toy, solution_from_file(whoami, private_toy), workload_set="tests")
+    assert "running as uid 0" in said.message, said.message  # RLIMIT_NPROC does not bind this candidate
+    result = evaluate(bounded, private_toy, "fork_bomb")
+    assert result.status is Status.RESOURCE_LIMIT, result.message
+    assert "its limit is 64 (evaluation.limits.processes)" in result.message
+    forked = int(result.message.split("forked ")[1].split()[0])
+    assert 1 <= forked < 64
+    assert bounded.sandbox.pids_cgroup is not None, bounded.sandbox.report
+    # Each worker's cgroup went with it: what is left holds a live worker (a task's reference worker,
+    # evaluation/reference.py, serves every candidate of the evaluator).
+    left = {w.name: members(w) for w in bounded.sandbox.pids_cgroup.glob("worker-*")}
+    assert all(left.values()), left
+
+
+def test_a_host_root_sandbox_without_a_pids_cgroup_says_the_process_limit_is_lost_and_require_refuses():
+    hello = {"isolated": True, "host_root": True, "pids_cgroup": None, "pids_problem": "no pids controller"}
+    report = IsolationReport.of(hello, processes=1024)
+    assert any("limit of 1024 processes" in line and "no pids controller" in line
+               for line in report.warnings(Isolation.BEST_EFFORT))
+    refusal = report.refusal(Isolation.REQUIRE)
+    assert refusal is not None and "process limit cannot be enforced" in refusal
+    # Where the limit holds (a cgroup, a user other than root) or is off, nothing is said or refused.
+    for holds in ({**hello, "pids_cgroup": "/sys/fs/cgroup/pids/x"}, {**hello, "host_root": False}):
+        assert IsolationReport.of(holds, processes=1024).refusal(Isolation.REQUIRE) is None
+        assert not IsolationReport.of(holds, processes=1024).warnings(Isolation.BEST_EFFORT)
+    assert IsolationReport.of(hello, processes=0).refusal(Isolation.REQUIRE) is None
+
+
+_MOUNTS = """\
+30 25 0:26 / /sys/fs/cgroup/pids rw,relatime shared:9 - cgroup cgroup rw,pids
+31 25 0:27 / /sys/fs/cgroup/memory rw,relatime shared:10 - cgroup cgroup rw,memory
+32 25 0:28 / /sys/fs/cgroup/unified rw,relatime shared:11 - cgroup2 cgroup2 rw
+"""
+
+
+def test_the_pids_cgroup_is_found_in_cgroup_v1_or_v2_where_mounted():
+    from pathlib import Path
+
+    v1 = "9:pids:/user.slice/ray\n4:memory:/x\n0::/user.slice/ray\n"
+    assert locate(_MOUNTS, v1) == (Path("/sys/fs/cgroup/pids/user.slice/ray"), 1)
+    v2_only = "32 25 0:28 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n"  # a container's view
+    assert locate(v2_only, "0::/kubepods/pod1/c1\n") == (Path("/sys/fs/cgroup/c1"), 2)
+    assert "not mounted" in str(locate(_MOUNTS.splitlines()[1], v1))
+    assert "no pids cgroup controller" in str(locate(_MOUNTS, "4:memory:/x\n"))
 
 
 def test_a_memory_hog_is_stopped_with_a_clear_status(bounded, toy):

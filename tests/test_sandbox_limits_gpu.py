@@ -1,6 +1,8 @@
 """The resource limits at their defaults on a real GPU (skipped without one): CUDA initialises under
 them and a normal TriMul evaluation passes, while the hostile candidates of test_sandbox_limits.py
-are still stopped, each with Status.RESOURCE_LIMIT, and the GPU evaluator goes on.
+are still stopped, each with Status.RESOURCE_LIMIT, and the GPU evaluator goes on. Where the sandbox
+runs as the host's root and the GPU nodes are not open to all (the H200 machine), the candidate stays
+root, whom RLIMIT_NPROC does not bind: the fork bomb is capped by the worker's pids cgroup.
 
 Run on the H200: `python -m pytest -q -m gpu tests/test_sandbox_limits_gpu.py`.
 """
@@ -14,6 +16,7 @@ import pytest
 
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.sandbox.resources import host_root
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 
@@ -66,7 +69,9 @@ def test_gpu_a_fork_bomb_is_capped_at_the_default_limit(gpu, toy, tmp_path):
     bomb = scaled(toy, "fork_bomb", "TRIES = 1000", f"TRIES = {DEFAULTS.processes * 3}", tmp_path)
     result = gpu.evaluate(toy, bomb, workload_set="tests")
     assert result.status is Status.RESOURCE_LIMIT, (result.message, result.log[-1000:])
+    assert f"its limit is {DEFAULTS.processes} (evaluation.limits.processes)" in result.message, result.message
     assert int(result.message.split("forked ")[1].split()[0]) < DEFAULTS.processes
+    assert gpu.sandbox.pids_cgroup is not None or not host_root(), gpu.sandbox.report  # root: only the cgroup caps it
     assert gpu.evaluate(toy, toy.baseline()).passed
 
 

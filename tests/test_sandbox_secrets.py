@@ -89,7 +89,7 @@ def test_a_secret_value_a_candidate_prints_is_redacted_from_its_result(canaries,
 @pytest.mark.slow
 def test_no_canary_reaches_the_run_directory_the_report_or_the_model(canaries, tmp_path):
     """The attack of issue 36: a candidate that prints its environment put the key named by --api-key-env,
-    a database password and an index password into events.jsonl, report.html, the world-model snapshots
+    a database password and an index password into events.jsonl, report.html, the world-model record
     and the LLM request bodies (its failure logs go back to the model)."""
     hostile = "```python\n" + (CANDIDATES / "print_environment.py").read_text() + "```"
 
@@ -116,9 +116,9 @@ def test_no_canary_reaches_the_run_directory_the_report_or_the_model(canaries, t
     assert all("LEAKED=[]" in r["message"] for r in failures), [r["message"] for r in failures]
     assert any("LEAKED=[]" in body for body in bodies[1:])  # the failure did go back to the model
     report = write_report(Run.load(run_dir), tmp_path / "report.html").read_text()
-    snapshots = "".join(p.read_text() for p in sorted((run_dir / "world_model").glob("*.json")))
+    snapshots = "".join(p.read_text() for p in sorted((run_dir / "world_model").iterdir()))  # deltas, checkpoints
     assert snapshots
-    for where, text in [("events.jsonl", events), ("report.html", report), ("world-model snapshots", snapshots),
+    for where, text in [("events.jsonl", events), ("report.html", report), ("world-model record", snapshots),
                         *((f"LLM request body {i}", body) for i, body in enumerate(bodies))]:
         assert not _leaks(text), f"{where} holds {_leaks(text)}"
 

@@ -18,6 +18,7 @@ import pytest
 from local_backends import DATA, FakeEvaluators, ScriptedPolicy, idea_planner, settings
 from local_backends import toy_kernel as kernel
 
+import ksearch_ray
 from ksearch_ray import session as sessions
 from ksearch_ray.config import ConfigError
 from ksearch_ray.methods.registry import method_for
@@ -205,7 +206,11 @@ def test_an_unknown_tracker_and_a_missing_package_are_one_line_before_anything_s
                       run_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError) as error:
         sessions.start(config, progress=False)
-    assert str(error.value).startswith("--track wandb needs `pip install '.[wandb]'` (in ")  # a checkout
+    # The advice installs the checkout where the package runs from one (an editable install), else the
+    # released package (CI installs it with `pip install .`).
+    checkout = (Path(ksearch_ray.__file__).resolve().parents[1] / "pyproject.toml").is_file()
+    hint = "`pip install '.[wandb]'` (in " if checkout else "`pip install 'ksearch-ray[wandb]'`"
+    assert str(error.value).startswith(f"--track wandb needs {hint}"), error.value
     assert not (tmp_path / "run").exists()
 
 

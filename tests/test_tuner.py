@@ -1,4 +1,4 @@
-"""Autotuning of passed candidates (search/tuner.py): variants of a candidate's declared tunables,
+"""Autotuning of passed candidates (methods/tuner.py): variants of a candidate's declared tunables,
 measured before the method sees the result, in every method, replayed from the event log."""
 
 from __future__ import annotations

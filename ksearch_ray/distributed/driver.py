@@ -1,4 +1,4 @@
-"""The Ray plumbing of a search: actor-backed backends for `search.engine.Search`.
+"""The Ray plumbing of a search: actor-backed backends for `run.engine.Search`.
 
 The driver-side actors (world model, planner, coder) are pinned to the driver's node, because they
 read and write the run directory; evaluators go wherever Ray has a GPU (`distributed/pool.py`).
@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.cluster import pinned
-from ksearch_ray.distributed.pool import EvaluatorPool
+from ksearch_ray.distributed.pool import RayEvaluatorPool
 from ksearch_ray.events import EvaluatorLost, RunView
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ACTOR_RETRIES = 3
+CLOSE_TIMEOUT_S = 60.0
 
 
 async def _with_retry(make: Callable[[], Awaitable[T]], what: str, replace: Callable[[], None]) -> T:
@@ -64,6 +65,14 @@ class RayWorldModel:
         return await _with_retry(lambda: self.actor.call.remote(name, args), "world-model", self._rebuild)
 
     def release(self) -> None:
+        # The record's last checkpoint, then the actor goes. Without it the record still holds every version (as
+        # deltas): a dead actor or a checkpoint that could not be written is logged, not raised, as this runs
+        # however the session ended.
+        try:
+            ray.get(self.actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError, RayTaskError) as exc:
+            log.warning("the world model's last checkpoint was not written (%s); its deltas hold every version",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         ray.kill(self.actor)
 
 
@@ -105,7 +114,7 @@ def ray_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -
         assert search is not None
         search.record(EvaluatorLost(evaluator=index, solution_id=solution_id))
 
-    pool = EvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
+    pool = RayEvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
     backends = Backends(
         world_model=lambda tree: RayWorldModel(store, tree),
         planner=RayPolicy("planner", config, store),

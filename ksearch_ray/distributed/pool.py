@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 ACTOR_RETRIES = 3
 CLOSE_GRACE_S = 10.0
-__all__ = ["BUILDER", "EvaluatorPool", "EvaluatorPoolError", "evaluator_count"]
+__all__ = ["BUILDER", "EvaluatorPoolError", "RayEvaluatorPool", "evaluator_count"]
 
 
 class EvaluatorPoolError(SearchError):
@@ -80,7 +80,7 @@ class _Build:
 
 
 @dataclass
-class EvaluatorPool:
+class RayEvaluatorPool:
     config: RunConfig
     run_name: str
     on_lost: Callable[[int, str], object] = lambda _index, _solution_id: None

@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from ksearch_ray.evaluation import gpu_driver
 from ksearch_ray.evaluation.buildcache import BuildRecord, sha256_bytes
 from ksearch_ray.evaluation.compare import Comparison
 from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
@@ -127,6 +128,7 @@ class Evaluator:
         variable): they never reach a candidate, and their values, with every other secret value of this
         process's environment (text.secret_values), are redacted from everything a candidate produced."""
         if device == "cuda" and not torch.cuda.is_available():
+            gpu_driver.check()  # a driver that this torch cannot use: GpuDriverError naming both versions
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
         self.device = device
         self._owns_work_root = work_root is None
@@ -222,7 +224,7 @@ class Evaluator:
         # this evaluation (session.waits), its earlier measurement (own_waits) and its language's clock.
         session = Session(self.sandbox, worker, run, self.judge, workdir,
                           lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
-                          t0 + self.limits.total, self.limits.total, say=self._progress)
+                          t0 + self.limits.total, self.limits.total, say=self._progress, started=t0)
         timed_stage = TimedStage(self.timing, self.peaks)
         busy = 0.0
         try:

@@ -112,7 +112,7 @@ def limit_hit(limits: Resources, code: int, sig: int, text: str) -> str | None:
 class Session:
     def __init__(self, sandbox: Sandbox, worker: WorkerHandle, run: RunSpec, judge: Judge, workdir: Path,
                  limits: Callable[[str], WaitLimit], deadline: float, total: float,
-                 say: Callable[[str], None] = lambda _line: None):
+                 say: Callable[[str], None] = lambda _line: None, started: float | None = None):
         self.sandbox, self.worker, self.run, self.judge = sandbox, worker, run, judge
         self.workdir = workdir
         self.limit = limits
@@ -121,7 +121,9 @@ class Session:
         self.say = say  # one short line per stage and workload, for whoever watches
         self.stages: dict[str, float] = {}
         self.waits: dict[str, float] = {}
-        self._stage, self._since = "start", time.monotonic()
+        # "start" counts from `started` (the evaluation's first step: the sandbox's start, its pids cgroup
+        # included, and the work folder come before this session exists), so the stages add up to the whole.
+        self._stage, self._since = "start", time.monotonic() if started is None else started
 
     # --- the clock ----------------------------------------------------------------------------
 

@@ -59,8 +59,10 @@ class Limits(BaseModel):
         "and CUDA's address-space reservations do not count, so CUDA initialises). Past it an allocation "
         "fails: Status.RESOURCE_LIMIT."))
     processes: int = Field(default=1024, ge=0, description=(
-        "Processes and threads a candidate may have at once (RLIMIT_NPROC, counted in the candidate's own "
-        "user namespace; without one, above what the host user already runs)."))
+        "Processes and threads a candidate may have at once: a pids cgroup per worker where the host has one, "
+        "and RLIMIT_NPROC (counted in the candidate's own user namespace; without one, above what the host user "
+        "already runs). The kernel exempts the host's root from RLIMIT_NPROC: a sandbox run as root without a "
+        "pids cgroup warns that this limit does not hold, and isolation: require refuses."))
     file_mb: int = Field(default=4096, ge=0, description=(
         "Largest file a candidate may write (RLIMIT_FSIZE); past it the write fails and the worker is stopped."))
     disk_mb: int = Field(default=16384, ge=0, description=(

@@ -1,6 +1,6 @@
 """The evolve method: an evolutionary baseline in the style of OpenEvolve.
 
-A program database (`search/programs.py`: islands, each a MAP-Elites-like grid over its
+A program database (`methods/programs.py`: islands, each a MAP-Elites-like grid over its
 population) starts with the seed on every island. Each round, a lane draws a parent and a few
 inspirations from one island (round-robin over the islands), asks the coder for one variant (the
 `evolve` prompt; the offline policy mutates or recombines tunables instead), evaluates the child and

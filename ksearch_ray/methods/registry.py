@@ -3,9 +3,9 @@
 All of them run on the same `Search` (budgets, evaluators, the event log, resume): what differs is
 what they do with a round.
 
-* `ksearch`: the world-model search (`search/ksearch.py`, `search/cycle.py`).
-* `evolve`: an evolutionary program database with islands (`search/evolve.py`, `search/programs.py`).
-* `refine`: improve or debug the best so far, without a world model (`search/refine.py`).
+* `ksearch`: the world-model search (`methods/ksearch.py`, `methods/cycle.py`).
+* `evolve`: an evolutionary program database with islands (`methods/evolve.py`, `methods/programs.py`).
+* `refine`: improve or debug the best so far, without a world model (`methods/refine.py`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class PolicyBackend(Protocol):
     def release(self) -> None: ...
 
 
-class EvaluatorPool(Protocol):
+class EvaluatorBackend(Protocol):
     size: int
     done: int
     """Evaluations finished this session."""
@@ -72,4 +72,4 @@ class Backends:
     """Builds the world-model backend from the tree it starts with."""
     planner: PolicyBackend
     coder: PolicyBackend
-    evaluators: EvaluatorPool
+    evaluators: EvaluatorBackend

@@ -1,7 +1,7 @@
 """A run in one process, without Ray: `ksearch run --no-ray`, and the tests of the algorithm.
 
 The same `Search` as on Ray, with backends that live here: the world model's state machine (with
-the snapshots the WorldModelActor writes), the planner and coder policies, and a pool of evaluators,
+the record the WorldModelActor writes), the planner and coder policies, and a pool of evaluators,
 each an `Evaluator` (and so its own sandbox) driven from a worker thread so that evaluations run side
 by side while the search goes on. Candidate code still runs only in the evaluators' sandboxes.
 """
@@ -29,30 +29,27 @@ from ksearch_ray.run.engine import Search
 from ksearch_ray.run.evaluators import build_evaluator
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task
+from ksearch_ray.tree_record import TreeRecord
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 
 
 class LocalWorldModel:
-    """The world model's state machine in this process; snapshots every version, as the actor does."""
+    """The world model's state machine in this process; records every version, as the actor does."""
 
     def __init__(self, store: RunStore, tree: Tree):
         self.store = store
         self.state = WorldModelState(tree, store.has_solution)
-        self._snapshot()
-
-    def _snapshot(self) -> None:
-        self.store.write_snapshot(self.state.tree.version, self.state.tree.model_dump_json(indent=1))
+        self.record = TreeRecord(store.root, tree)
 
     async def call(self, name: str, args: dict[str, Any]) -> Any:
-        before = self.state.tree.version
         result = self.state.call(name, args)
-        if self.state.tree.version != before:
-            self._snapshot()
+        self.record.changed(self.state.tree, name)
         return result
 
     def release(self) -> None:
-        """Nothing held."""
+        """The record's last checkpoint."""
+        self.record.close()
 
 
 class LocalPolicy:

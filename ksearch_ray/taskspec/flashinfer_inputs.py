@@ -214,6 +214,14 @@ def quantize_blocks(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor
     return codes.view(r, c), scales
 
 
+def moe_routing(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    """The routing inputs of a DeepSeek FP8 block-scale MoE: the first draws of `moe_tensors`."""
+    return {
+        "routing_logits": torch.randn(shapes["routing_logits"], dtype=torch.float32, device=device, generator=gen),
+        "routing_bias": (MOE_BIAS_STD * torch.randn(shapes["routing_bias"], device=device, generator=gen)).to(torch.bfloat16),
+    }
+
+
 def moe_tensors(
     definition: Mapping[str, Any], axes: Mapping[str, int], gen: torch.Generator, device: str, realistic: bool
 ) -> dict[str, torch.Tensor]:
@@ -225,10 +233,7 @@ def moe_tensors(
     for what, size in (("hidden", hidden), ("gemm1 out", gemm1_out), ("intermediate", intermediate)):
         if size % QUANT_BLOCK:
             raise SynthesisError(f"{what} size {size} is not a multiple of the {QUANT_BLOCK}-wide scale blocks")
-    out = {
-        "routing_logits": torch.randn(shapes["routing_logits"], dtype=torch.float32, device=device, generator=gen),
-        "routing_bias": (MOE_BIAS_STD * torch.randn(shapes["routing_bias"], device=device, generator=gen)).to(torch.bfloat16),
-    }
+    out = moe_routing(shapes, gen, device)
     if not realistic:
         out["hidden_states"] = random_tensor((tokens, hidden), torch.float8_e4m3fn, gen, device)
         out["hidden_states_scale"] = uniform_scales(shapes["hidden_states_scale"], MOE_ACTIVATION_SCALE, gen, device)
@@ -288,3 +293,19 @@ def synthesize(
         else:
             inputs[name] = random_tensor(shape_of(spec, axes), dtype_of(spec["dtype"]), gen, device)
     return inputs
+
+
+def drawn_inputs(definition: Mapping[str, Any], workload: Any, names: set[str], seed: int) -> dict[str, torch.Tensor]:
+    """The inputs `names` of one workload exactly as `synthesize(definition, workload, seed, "cpu")`
+    draws them. Page tables and MoE routing are the first draws of their families, so they are made
+    without the rest (a DeepSeek MoE's weights are a gigabyte); other inputs take a full synthesis."""
+    axes = resolve_axes(definition, _field(workload, "axes"))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    kind = family(definition)
+    if kind == "paged_attention" and names <= _PAGED_NAMES | {"qo_indptr", "kv_last_page_len"}:
+        drawn = paged_tables(axes, set(definition["inputs"]), gen, "cpu")
+    elif kind == "moe_fp8_block_scale" and names <= {"routing_logits", "routing_bias"}:
+        drawn = moe_routing({n: shape_of(definition["inputs"][n], axes) for n in ("routing_logits", "routing_bias")}, gen, "cpu")
+    else:
+        drawn = synthesize(definition, workload, seed, "cpu")
+    return {name: drawn[name] for name in names}

@@ -9,6 +9,7 @@ package's `TraceSet.from_path` expects them:
     workloads/<op_type>/<definition>.jsonl      workload traces (solution and evaluation null)
     solutions/<op_type>/<definition>/<name>.json
     traces/<op_type>/<definition>.jsonl
+    blob/workloads/<op_type>/<definition>/<definition>_<uuid>.safetensors   blob inputs (`_with_blobs`)
 
 Where ksearch-ray's verdicts have no FlashInfer-Bench status (CRASHED, INTEGRITY_VIOLATION), the
 trace says RUNTIME_ERROR and its log names the original status. A workload that passed without
@@ -26,8 +27,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+from safetensors.torch import save_file
 
 from ksearch_ray.models import EvalResult, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.flashinfer_format import (
@@ -36,7 +39,11 @@ from ksearch_ray.taskspec.flashinfer_format import (
     solution_to_json,
     workload_to_trace,
 )
+from ksearch_ray.taskspec.flashinfer_inputs import SynthesisError, drawn_inputs
 from ksearch_ray.taskspec.task import Task, TaskError, Workload
+
+BLOB_SEED = 0
+"""The seed of the page tables (and MoE routing) an export writes as its workloads' blobs."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,29 @@ def _jsonl(records: Iterable[Mapping[str, Any]]) -> str:
     return "".join(json.dumps(fix(dict(r)), allow_nan=False) + "\n" for r in records)
 
 
+def _with_blobs(out: Path, definition: Mapping[str, Any], workload: Workload) -> dict[str, Any]:
+    """A workload trace whose safetensors inputs are files inside `out`. The blobs FlashInfer-Bench
+    recorded are not shipped, and ksearch-ray never reads them: every evaluation draws its own page
+    tables (or MoE routing) from its seed. The export writes the draw for BLOB_SEED, laid out as the
+    package lays out its own blobs, so the dataset needs nothing outside its directory."""
+    trace = workload_to_trace(definition["name"], workload)
+    inputs = trace["workload"]["inputs"]
+    names = {name for name, spec in inputs.items() if spec.get("type") == "safetensors"}
+    if not names:
+        return trace
+    try:
+        tensors = drawn_inputs(definition, workload, names, BLOB_SEED)
+    except SynthesisError as exc:
+        raise TaskError(f"workload {workload.name} of {definition['name']}: cannot write its blob inputs: {exc}") from None
+    rel = PurePosixPath("blob", "workloads", definition["op_type"], definition["name"],
+                        f"{definition['name']}_{workload.name}.safetensors")
+    (out / rel).parent.mkdir(parents=True, exist_ok=True)
+    save_file({name: t.contiguous() for name, t in sorted(tensors.items())}, str(out / rel))
+    for name in names:
+        inputs[name] = {"type": "safetensors", "path": f"./{rel}", "tensor_key": name}
+    return trace
+
+
 def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple[Task, Solution]] = (),
                   evaluated: Iterable[tuple[Task, Evaluated]] = (), environment: Environment | None = None,
                   target_hardware: str | list[str] = "cuda") -> dict[str, int]:
@@ -152,6 +182,7 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
     counts = {"definitions": 0, "workloads": 0, "solutions": 0, "traces": 0}
     op_types: dict[str, str] = {}
     by_name: dict[str, Task] = {}
+    exported: dict[str, dict[str, dict[str, Any]]] = {}  # task -> workload name -> its workload trace, as written
     for task in tasks:
         definition = bundle_definition(task.root)
         op_types[task.name] = op = definition["op_type"]
@@ -167,8 +198,9 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
             if other.name == task.name:
                 for w in task.workloads(ev.result.workload_set, ev.result.device):
                     seen.setdefault(w.name, w)
+        exported[task.name] = {name: _with_blobs(out, definition, w) for name, w in seen.items()}
         (out / "workloads" / op).mkdir(parents=True, exist_ok=True)
-        (out / "workloads" / op / f"{task.name}.jsonl").write_text(_jsonl(workload_to_trace(task.name, w) for w in seen.values()))
+        (out / "workloads" / op / f"{task.name}.jsonl").write_text(_jsonl(exported[task.name].values()))
         counts["definitions"] += 1
         counts["workloads"] += len(seen)
 
@@ -195,6 +227,8 @@ def write_dataset(out: Path, tasks: Iterable[Task], *, solutions: Iterable[tuple
         base = None if ev.kind == "baseline" else baselines.get(task.name)
         lines = trace_records(task, name, ev.result, baseline=base, environment=env, when=ev.time,
                               is_reference=ev.kind == "baseline")
+        for line in lines:  # a trace's workload is the one written, blob paths and all
+            line["workload"] = exported[task.name][line["workload"]["uuid"]]["workload"]
         traces.setdefault(task.name, []).extend(lines)
     for task_name, lines in traces.items():
         path = out / "traces" / op_types[task_name] / f"{task_name}.jsonl"

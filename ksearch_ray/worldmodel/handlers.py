@@ -377,7 +377,9 @@ def _record_outcome(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[
 
 
 def _set_best(tree: Tree, op: Any, batch: Batch) -> tuple[list[str], list[str]]:
-    summary = tree.root.summary
+    root = _own(tree, batch, "root")
+    assert isinstance(root, RootNode)
+    summary = root.summary  # the batch's own copy: the tree it was given keeps its summary
     if summary.solution_id not in (None, op.solution_id) and summary.text and not summary.text.startswith("(written for"):
         # The words describe the old best; keep them, marked, until the planner rewrites them.
         summary.text = f"(written for solution {summary.solution_id}) {summary.text}"

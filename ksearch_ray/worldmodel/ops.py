@@ -321,7 +321,12 @@ def apply_ops(
         work.version = batch.version
     # Handlers keep the invariants by construction; a violation here is their bug, not the
     # planner's, and must stop the run loudly rather than be reported as a rejected op.
-    check_invariants(work, solution_exists, only=batch.owned | set(work.leases))
+    # What the batch touched, and the leases it added, dropped or replaced: the rest of the tree is the input's
+    # own objects, whose invariants held (checking every lease cost a pass over all of them per batch, half
+    # of a batch's time at width 1,024).
+    leases_changed = (tree.leases.keys() ^ work.leases.keys()) | {
+        key for key, lease in work.leases.items() if tree.leases.get(key) is not lease}
+    check_invariants(work, solution_exists, only=batch.owned | leases_changed)
     report = ApplyReport(results=results, refs=batch.refs, version_before=tree.version, version=work.version)
     return work, report
 

@@ -8,9 +8,9 @@ in `Tree.leases`), which takes it off the frontier until the cycle attaches a so
 too hard, releases it, or dies and lets the lease expire. `select_and_lease` does both steps in one
 function so the actor cannot hand one node to two cycles.
 
-Leasing, releasing and expiring bump the tree version, like an edit batch: the actor snapshots on
-every version. Renewing a lease does not: it only moves an expiry time, happens after every attempt
-of every cycle, and would otherwise write a full snapshot each time.
+Leasing, releasing and expiring bump the tree version, like an edit batch: the actor records every
+version (`tree_record`). Renewing a lease does not: it only moves an expiry time, happens after every
+attempt of every cycle, and would otherwise add a record each time (the next version's carries it).
 
 When every frontier action is above the difficulty limit, selection does what the reference
 implementation does: it takes the best of them anyway (the gate orders work, it must not stop the

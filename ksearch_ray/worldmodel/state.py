@@ -2,7 +2,7 @@
 
 Every change to a run's tree is one named call with JSON arguments (the clock included), so
 the WorldModelActor and a resumed driver replaying events.jsonl compute exactly the same trees
-from the same pure functions in wm_ops and wm_select.
+from the same pure functions in worldmodel/ops.py and worldmodel/select.py.
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ class Lease(BaseModel):
 
 
 class Tree(BaseModel):
-    """The whole world model of one run. Edit it only through `wm_ops` and `wm_select`."""
+    """The whole world model of one run. Edit it only through `worldmodel.ops` and `worldmodel.select`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -305,7 +305,8 @@ def invariant_problems(tree: Tree, solution_exists: Callable[[str], bool] | None
                 problems.append(f"item stored as {key!r} has id {item.id!r}")
             if int(item.id[1:]) >= tree.next_item:
                 problems.append(f"{item.id}: number not below the item counter {tree.next_item}")
-    for node_id, lease in tree.leases.items():
+    leases = tree.leases if only is None else {k: tree.leases[k] for k in only if k in tree.leases}
+    for node_id, lease in leases.items():
         if node_id != lease.node_id or node_id not in tree.nodes:
             problems.append(f"lease on {node_id!r} names a missing node or the wrong one")
     holders: list[ActionNode | RootNode] = [tree.root, *nodes.values()]

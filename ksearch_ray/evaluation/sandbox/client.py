@@ -4,7 +4,9 @@ The zygote runs with an allow-listed environment (what a kernel needs: PATH, loc
 never API keys, tokens, credentials or URLs with passwords) and,
 on the CPU path, with no GPU visible and Triton's interpreter on. Each worker runs in its own
 namespaces where the host allows (isolation.py); on hosts that do not, the sandbox says once,
-on standard error, which protections are lost, and `Isolation.REQUIRE` refuses to start.
+on standard error, which protections are lost, and `Isolation.REQUIRE` refuses to start. The same
+goes for the process limit where the host cannot enforce it (a host-root zygote, whose candidates
+RLIMIT_NPROC may not bind, without a pids cgroup: sandbox/pids.py).
 Workers are killed by process group. If anything kills the zygote, the next job starts a new
 one: a dead sandbox costs one candidate, never the evaluator.
 """
@@ -122,6 +124,27 @@ class IsolationReport:
     isolated: bool = False
     problem: str | None = None  # why the namespaces are not in use, if they are not
     clock_problem: str | None = None  # why the native stopwatch is not in use, if it is not
+    processes_problem: str | None = None  # why the process limit does not hold, if it does not
+
+    @classmethod
+    def of(cls, hello: dict[str, Any], processes: int) -> IsolationReport:
+        """From the zygote's first message, for a sandbox whose candidates may have `processes`."""
+        lost = None
+        if processes and hello.get("host_root") and not hello.get("pids_cgroup"):
+            lost = (f"candidates may run as the host's root, whom the kernel exempts from RLIMIT_NPROC, and no pids "
+                    f"cgroup can be made ({hello.get('pids_problem')}): the limit of {processes} processes "
+                    "(evaluation.limits.processes) does not hold, and a fork bomb can exhaust the host's processes")
+        return cls(bool(hello.get("isolated")), hello.get("isolation_problem"), hello.get("clock_problem"), lost)
+
+    def refusal(self, requested: Isolation) -> str | None:
+        """Why `requested` refuses to evaluate on this host, if it does."""
+        if requested is not Isolation.REQUIRE:
+            return None
+        if not self.isolated:
+            return f"isolation required (--isolation require) but unavailable on this host: {self.problem}"
+        if self.processes_problem:
+            return f"isolation required (--isolation require) but the process limit cannot be enforced: {self.processes_problem}"
+        return None
 
     def warnings(self, requested: Isolation) -> list[str]:
         out = []
@@ -131,6 +154,8 @@ class IsolationReport:
         elif not self.isolated:
             out.append(f"sandbox isolation is unavailable on this host ({self.problem}); lost: " + "; ".join(PROTECTIONS)
                        + ". Use --isolation require to refuse to run without it.")
+        if self.processes_problem:
+            out.append(f"{self.processes_problem}. Use --isolation require to refuse to run without the limit.")
         if self.clock_problem:
             out.append(f"native stopwatch unavailable ({self.clock_problem}): timings pass through Python objects "
                        "in the candidate's process (the wall-clock, floor and re-timing checks still apply)")
@@ -167,6 +192,7 @@ class Sandbox:
         self.visible_gpu = self._current_gpu() if device == "cuda" else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctrl: socket.socket | None = None
+        self.pids_cgroup: Path | None = None  # the zygote's folder of pids cgroups (sandbox/pids.py), if any
         # The control socket is request/reply: one exchange at a time (the judge's thread starts
         # reference workers, sandbox/reference_worker.py, while this thread runs candidates).
         self._lock = threading.RLock()
@@ -223,10 +249,12 @@ class Sandbox:
             self.close()
             raise SandboxError(f"sandbox zygote failed to start: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
         self.zygote_starts += 1
-        self.report = IsolationReport(bool(hello.get("isolated")), hello.get("isolation_problem"), hello.get("clock_problem"))
-        if self.isolation is Isolation.REQUIRE and not self.report.isolated:
+        self.pids_cgroup = Path(hello["pids_cgroup"]) if hello.get("pids_cgroup") else None
+        self.report = IsolationReport.of(hello, self.resources.processes)
+        refusal = self.report.refusal(self.isolation)
+        if refusal is not None:
             self.close()
-            raise SandboxError(f"isolation required (--isolation require) but unavailable on this host: {self.report.problem}")
+            raise SandboxError(refusal)
         for line in self.report.warnings(self.isolation):
             if line not in self._warned:  # loud, once per evaluator
                 self._warned.add(line)
@@ -268,7 +296,7 @@ class Sandbox:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             records, records_w = _pipe_for_records()
             try:
-                reply = self._request({"cmd": "run"}, [theirs.fileno(), records_w])
+                reply = self._request({"cmd": "run", "processes": self.resources.processes}, [theirs.fileno(), records_w])
             except (OSError, ConnectionError, ValueError):
                 ours.close()
                 os.close(records)
@@ -323,3 +351,6 @@ class Sandbox:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
             self._proc = None
+        if self.pids_cgroup is not None:  # the zygote's cgroups, with whatever a candidate left in them
+            leftovers.sweep_cgroups(self.pids_cgroup.parent)
+            self.pids_cgroup = None

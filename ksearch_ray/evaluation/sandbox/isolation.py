@@ -313,7 +313,8 @@ def open_to_others(path: str) -> bool:
 
 def candidate_uid(plan: MountPlan, read_only: Iterable[str]) -> int | None:
     """`nobody` where the host user is root and the job's files are open to others; else None
-    (the host user, without capabilities)."""
+    (the host user, without capabilities: where that is the host's root, RLIMIT_NPROC does not bind
+    the candidate and only its worker's pids cgroup caps its processes, pids.py)."""
     if plan.sandbox_uid is None or not all(open_to_others(p) for p in read_only):
         return None
     return plan.sandbox_uid

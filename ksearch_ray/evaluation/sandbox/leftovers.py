@@ -7,6 +7,10 @@ dies. Before a new folder is made, every folder under the same root whose claim 
 leftover of a dead process and is removed. A folder without a claim (made by an older version, or being
 made right now) is left alone: on a machine shared by several users of one account, only a folder
 provably abandoned is removed.
+
+A zygote's pids cgroups (pids.py) outlive it the same way. Its folder is named by its pid and start
+time; a folder whose process is gone is removed, the processes still in it killed first (a candidate
+run without namespaces may outlive its zygote). A live zygote's folder is never touched.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import IO
+
+from ksearch_ray.evaluation.sandbox import pids
 
 log = logging.getLogger(__name__)
 
@@ -61,4 +68,24 @@ def sweep(root: Path, prefix: str = "sandbox-") -> list[Path]:
                 fh.seek(0)
                 log.info("removed the sandbox folder %s left by process %s", folder, fh.read().strip() or "?")
             removed.append(folder)
+    return removed
+
+
+_ZYGOTE_CGROUP = re.compile(r"zygote-(\d+)-(\d+)")
+
+
+def sweep_cgroups(parent: Path) -> list[Path]:
+    """Remove the zygote folders of pids cgroups under `parent` (pids.PARENT) whose zygote is gone,
+    with their workers' cgroups; the ones removed."""
+    removed = []
+    for home in sorted(parent.glob("zygote-*")):
+        match = _ZYGOTE_CGROUP.fullmatch(home.name)
+        if match is None or pids.start_time(int(match[1])) == int(match[2]):
+            continue  # not ours, or its zygote lives
+        workers = sorted(home.glob("worker-*"))
+        if all([pids.remove(worker) for worker in workers]) and pids.remove(home):
+            log.info("removed the pids cgroup %s of a zygote that is gone (%d workers)", home, len(workers))
+            removed.append(home)
+        else:
+            log.warning("could not remove the pids cgroup %s of a zygote that is gone", home)
     return removed

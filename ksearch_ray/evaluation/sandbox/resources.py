@@ -7,13 +7,18 @@ Set in the zygote's processes (never by candidate code), from `Limits` (evaluati
   PROT_NONE mappings) and fails to initialise under an address-space limit. RLIMIT_DATA counts
   private writable mappings only (heap, anonymous mmap, malloc arenas: what a hog grows), not those
   reservations, not the GPU's memory, and not the shared mappings of the GPU driver.
-* processes: RLIMIT_NPROC. The kernel counts it per user and, since Linux 5.14, per user namespace:
-  in the isolated sandbox each candidate has a user namespace of its own, so the count is the
-  candidate's own processes and threads, and the host user's other processes neither count nor
-  suffer. Without namespaces the count is the host user's: the limit is set that many above what
-  the user already runs (never lower than the user's own). The kernel does not apply it to a
-  process of the host's root: where the candidate would run as root (a host-root sandbox whose
-  job files are not open to `nobody`), only a pids cgroup could cap it (not made here).
+* processes: a pids cgroup per worker where the host has one (pids.py: `pids.max` is the limit plus
+  the sandbox's own A and B; the zygote moves A into it before A starts anything), and RLIMIT_NPROC
+  in C as well. A fork or a new thread past either fails with EAGAIN. RLIMIT_NPROC alone does not
+  cap a process of the host's root (real uid 0 of the initial user namespace: the kernel exempts
+  it), which C is where the sandbox stays host root: a host-root sandbox whose GPU nodes or task
+  files are not open to `nobody` (isolation.py), or one without namespaces. There only the cgroup
+  holds; a host-root zygote without one says so at start (client.IsolationReport), and
+  `isolation: require` refuses to evaluate. The kernel counts RLIMIT_NPROC per user and, since
+  Linux 5.14, per user namespace: in the isolated sandbox each candidate has a user namespace of
+  its own, so the count is the candidate's own processes and threads, and the host user's other
+  processes neither count nor suffer. Without namespaces the count is the host user's: the limit
+  is set that many above what the user already runs (never lower than the user's own).
 * file size: RLIMIT_FSIZE (a write past it fails and raises SIGXFSZ).
 * disk: the trusted parent of C (B, the namespace's init; or A without namespaces) adds up the
   job directory and the Triton cache every second and stops the candidate past the limit; the
@@ -22,7 +27,8 @@ Set in the zygote's processes (never by candidate code), from `Limits` (evaluati
   stderr.log, up to the limit: past it, the candidate is stopped (nothing more is written).
 
 A candidate stopped by the parent exits with a code of its own (OUTPUT_LIMIT, DISK_LIMIT), which
-the evaluator turns into Status.RESOURCE_LIMIT with a one-line message (`limit_message`).
+the evaluator turns into Status.RESOURCE_LIMIT with a one-line message (session.limit_hit); so does
+a refused allocation, fork or thread, from what the candidate's process said (EAGAIN for a fork).
 """
 
 from __future__ import annotations
@@ -72,6 +78,23 @@ def _user_tasks(uid: int) -> int:
             if int(fields["Uid"].split()[0]) == uid:
                 count += int(fields["Threads"])
     return count
+
+
+def host_root() -> bool:
+    """Whether this process's real uid is the host's root (uid 0 of the initial user namespace): the
+    one user RLIMIT_NPROC does not bind."""
+    if os.getuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        inside, outside, count = (int(n) for n in line.split())
+        if inside <= 0 < inside + count:
+            return outside == 0
+    return False
 
 
 def apply_limits(limits: Resources, *, own_namespace: bool) -> None:

@@ -8,16 +8,17 @@ Per candidate (see isolation.py): A, forked here, starts its own session, dies w
 and, when isolation is on, creates the namespaces (this process writes A's uid/gid maps: only a
 process outside the new user namespace may map the host's `nobody`); A forks B, PID 1 of the new
 PID namespace, which builds the candidate's root and reaps; B forks C, which drops privileges and
-runs the harness (worker.serve). Without isolation A is a subreaper that forks C directly and
-kills whatever C left behind. The evaluator kills A's process group; B dies with A, and every
+runs the harness (worker.serve). Before A goes on, this process moves it into a pids cgroup of its
+own where the host has one (pids.py): the process limit holds even where C stays the host's root.
+Without isolation A is a subreaper that forks C directly and kills whatever C left behind. The evaluator kills A's process group; B dies with A, and every
 process in the namespace dies with B.
 
 Control messages (one JSON object per SOCK_SEQPACKET datagram, trusted side only):
-  evaluator -> {"cmd": "run"} + job socket and clock pipe fds    ;  zygote -> {"pid": N}
+  evaluator -> {"cmd": "run", "processes": P} + job socket and clock pipe fds  ;  zygote -> {"pid": N}
   evaluator -> {"cmd": "wait", "pid": N}                          ;  zygote -> {"pid": N, "code": C, "signal": S}
   evaluator -> {"cmd": "ping"}                                    ;  zygote -> {"pong": true}
 The first message, unasked: {"ready": true, "pid": N, "isolated": bool, "isolation_problem": str|null,
-"clock_problem": str|null}.
+"clock_problem": str|null, "host_root": bool, "pids_cgroup": str|null, "pids_problem": str|null}.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ksearch_ray.evaluation.sandbox import isolation as iso
-from ksearch_ray.evaluation.sandbox import resources
+from ksearch_ray.evaluation.sandbox import leftovers, resources
+from ksearch_ray.evaluation.sandbox.pids import PidsCgroups
 
 SETUP_FAILED = 97  # B's exit code when the namespace could not be set up (a sandbox fault)
 
@@ -69,13 +71,15 @@ class Prepared:
 class Jail:
     """How this zygote starts a candidate's process tree."""
 
-    def __init__(self, device: str, isolated: bool):
+    def __init__(self, device: str, isolated: bool, pids: PidsCgroups | None = None):
         self.device = device
         self.isolated = isolated
+        self.pids = pids  # a cgroup per worker, where the host has one
         self.plan = iso.build_plan(device) if isolated else iso.MountPlan()
 
-    def spawn(self, prepare: Callable[[], Prepared]) -> int:
-        """Fork A; returns its pid once A is inside its namespaces (if any). A calls `prepare`."""
+    def spawn(self, prepare: Callable[[], Prepared], processes: int = 0) -> int:
+        """Fork A; returns its pid once A is inside its namespaces (if any) and its pids cgroup (if
+        any), capped at `processes` of the candidate's (0: none). A calls `prepare`."""
         sync_r, sync_w = os.pipe()
         go_r, go_w = os.pipe()
         pid = os.fork()
@@ -93,13 +97,24 @@ class Jail:
         os.close(sync_w)
         os.close(go_r)
         try:
+            ok = b"g"
             if self.isolated and os.read(sync_r, 1) == b"u":
-                ok = b"g"
                 try:
                     iso.write_id_maps(pid, self.plan)
                 except OSError as exc:
                     print(f"uid/gid maps for {pid}: {exc}", file=sys.stderr, flush=True)
                     ok = b"x"
+            elif self.isolated:
+                ok = b"x"  # A died before its namespaces
+            if ok == b"g" and self.pids is not None:
+                # A and B are the sandbox's own (trusted, one thread each): the limit is the candidate's.
+                trusted = 2 if self.isolated else 1
+                try:
+                    self.pids.enter(pid, processes + trusted if processes else 0)
+                except OSError as exc:
+                    print(f"pids cgroup for {pid}: {exc}", file=sys.stderr, flush=True)
+                    ok = b"x"
+            with contextlib.suppress(BrokenPipeError):
                 os.write(go_w, ok)
         finally:
             os.close(sync_r)
@@ -112,8 +127,8 @@ class Jail:
         if self.isolated:
             iso.unshare_namespaces()
             os.write(sync_w, b"u")
-            if os.read(go_r, 1) != b"g":
-                return SETUP_FAILED
+        if os.read(go_r, 1) != b"g":  # the zygote has written the id maps and moved A into its cgroup
+            return SETUP_FAILED
         os.close(sync_w)
         os.close(go_r)
         job = prepare()
@@ -198,6 +213,8 @@ class Jail:
                 os.chown(out, self.plan.sandbox_uid, self.plan.sandbox_uid)
             pid = self.spawn(lambda: Prepared(lambda: _probe_body(self.device, out), [], [out]))
             _, status = os.waitpid(pid, 0)
+            if self.pids is not None:
+                self.pids.leave(pid)
             try:
                 with open(os.path.join(out, "result")) as f:
                     text = f.read()
@@ -271,18 +288,22 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     iso.become_subreaper()  # whatever a worker leaves behind comes back here, to be killed
     clock.load(Path.cwd() / "native")  # before the plan: the stopwatch's folder stays out of the candidate's view
+    pids, pids_problem = PidsCgroups.open()
+    if pids is not None:
+        leftovers.sweep_cgroups(pids.parent)  # of zygotes killed with SIGKILL
     problem = None
-    jail = Jail(device, isolated=False)
+    jail = Jail(device, isolated=False, pids=pids)
     if mode is not iso.Isolation.OFF:
         try:
-            jail = Jail(device, isolated=True)
+            jail = Jail(device, isolated=True, pids=pids)
             problem = jail.probe()
         except (OSError, iso.IsolationError) as exc:
             problem = str(exc)
         if problem is not None:
-            jail = Jail(device, isolated=False)
+            jail = Jail(device, isolated=False, pids=pids)
     _reply(ctrl, {"ready": True, "pid": os.getpid(), "isolated": jail.isolated, "isolation_problem": problem,
-                  "clock_problem": clock.problem})
+                  "clock_problem": clock.problem, "host_root": resources.host_root(),
+                  "pids_cgroup": str(pids.home) if pids is not None else None, "pids_problem": pids_problem})
     live: set[int] = set()  # workers started and not yet waited for (a reference worker outlives candidates)
     while True:
         data, fds, _, _ = socket.recv_fds(ctrl, 65536, 4)
@@ -291,7 +312,8 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
         msg = json.loads(data)
         if msg["cmd"] == "run":
             job_fd, clock_fd = fds[0], fds[1]
-            pid = jail.spawn(lambda: _prepare_job(ctrl, job_fd, clock_fd))  # noqa: B023  (runs before the loop goes on)
+            pid = jail.spawn(lambda: _prepare_job(ctrl, job_fd, clock_fd),  # noqa: B023  (runs before the loop goes on)
+                             processes=int(msg.get("processes", 0)))
             os.close(job_fd)
             os.close(clock_fd)
             live.add(pid)
@@ -303,6 +325,8 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
                 status = 255 << 8
             live.discard(msg["pid"])
             iso.kill_descendants(os.getpid(), spare=live)  # orphans of a worker killed before its own clean-up
+            if pids is not None and not pids.leave(msg["pid"]):
+                print(f"the pids cgroup of worker {msg['pid']} could not be removed", file=sys.stderr, flush=True)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
             _reply(ctrl, {"pid": msg["pid"], "code": code, "signal": sig})

@@ -19,10 +19,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Self
 
 from ksearch_ray.policies.standin.habits import Habits
+from ksearch_ray.policies.standin.loopback import LoopbackServer
 from ksearch_ray.policies.standin.player import Player
 
 CONTINUE_MARK = "Your reply was cut off at the length limit"
@@ -58,7 +59,7 @@ class Answer:
     prompt_tokens: int = 0
 
 
-class StandIn:
+class StandIn(LoopbackServer):
     """`with StandIn() as server:` serves on 127.0.0.1 (port 0 = any free port) until the block ends."""
 
     def __init__(self, port: int = 0, *, seed: int = 0, habits: Habits | None = None,
@@ -78,31 +79,11 @@ class StandIn:
         self._limited: set[str] = set()
         self._chats = 0
         self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._listen(_handler(self), port, "standin")
 
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def start(self) -> StandIn:
+    def start(self) -> Self:
         self.started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._closing.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> StandIn:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().start()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:

@@ -31,8 +31,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, get_args
+
+from ksearch_ray.policies.standin.loopback import LoopbackServer
 
 Habit = Literal["ignores_stream", "no_done", "error_200", "reasoning_only", "cut_stream", "rejects_stream_options",
                 "fences", "tool_calls"]
@@ -45,7 +47,7 @@ HOLD_S = 30.0
 _PYTHON_FENCE = re.compile(r"^(\s*```)python[ \t]*$", re.MULTILINE | re.IGNORECASE)
 
 
-class WireHabitServer:
+class WireHabitServer(LoopbackServer):
     """`with WireHabitServer(upstream, "ignores_stream") as server:` serves on 127.0.0.1 until the block ends."""
 
     def __init__(self, upstream: str, habit: str, *, port: int = 0, error_body: dict[str, Any] | None = None):
@@ -57,35 +59,7 @@ class WireHabitServer:
         self.requests: list[dict[str, Any]] = []
         self._count = itertools.count(1)
         self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"wire-{habit}", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> WireHabitServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._closing.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> WireHabitServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._listen(_handler(self), port, f"wire-{habit}")
 
     def ask_upstream(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, JSON body, headers worth passing on) of the same request, unstreamed, upstream."""

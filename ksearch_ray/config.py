@@ -124,8 +124,8 @@ class SearchConfig(_Section):
         "short of noise_repeats (at least 3 are made)."
     )
     noise_share: float = Field(
-        default=0.1, ge=0, lt=1, description="Share of each evaluator's time spent measuring the baseline again through "
-        "the session, between candidates, for the noise (0: none)."
+        default=0.1, ge=0, lt=1, description="Share of each evaluator's time spent, between candidates, measuring the "
+        "baseline the session's start left out of noise_repeats for noise_budget_s (0: none); none once it has them all."
     )
     warmup: bool = Field(
         default=True, description="Measure the baseline once, unrecorded, before the first measurement of each session."

@@ -6,8 +6,8 @@ measured where and when the candidate was measured.
 
 **The noise** of a GPU type in a session is how far two measurements of one unchanged kernel
 differ, nine times in ten. It rests on every kernel measured more than once in the session: the
-baseline (measured `noise_repeats` times at the start of every session, then again now and then
-through the session, at most `noise_share` of each evaluator's time), the seed's repeats,
+baseline (measured `noise_repeats` times at the start of every session, or fewer within its time
+budget and the rest between candidates, at most `noise_share` of each evaluator's time), the seed's repeats,
 re-measured bests and the final re-timing. Per kernel, in logs, the measurements further than five
 robust standard deviations from the kernel's median are left out (a Hampel filter: a warm-up
 measurement ten times slow); each of the rest and the next one measured of that kernel give a

@@ -227,26 +227,51 @@ def test_a_session_measures_the_baseline_until_its_noise_budget_then_stops(tmp_p
 
 
 def test_the_baseline_is_measured_again_between_candidates_at_its_share_of_the_time(tmp_path):
-    # The baseline takes 1 s, every other kernel 3 s: at a quarter of the evaluator's time, the baseline is
-    # measured again after each of them (3 s = (1 - 1/4) / (1/4) x 1 s).
-    evaluators = Lasting({BASELINE: [1.0, 1.1, 2.0]}, {BASELINE: 1.0})
+    # The start's time budget cut the baseline's measurements to three of 24; the baseline takes 1 s, every
+    # other kernel 3 s: at a quarter of the evaluator's time, the baseline is measured again after each of
+    # them (3 s = (1 - 1/4) / (1/4) x 1 s).
+    evaluators = Lasting({BASELINE: [1.0, 1.1, 1.2, 2.0]}, {BASELINE: 1.0})
     evaluators.seconds = {BASELINE: 1.0, SEED: 3.0, **{f"k{i}": 3.0 for i in range(1, 10)}}
-    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=3, noise_repeats=2, noise_share=0.25)
+    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=3, noise_repeats=24,
+                          noise_budget_s=0, noise_share=0.25)
     view = asyncio.run(search.run())
     events = search.store.read_events()
     measured = [e for e in events if isinstance(e, (Seed, Evaluation))]
     again = [e for e in events if isinstance(e, Remeasure) and e.role == "baseline"]
     assert len(measured) >= 2 and len(again) == len(measured)
-    # Only the noise takes them: speedups stay against the baseline measured at the start (1.0 and 1.1: 1.0).
-    assert view.session_baselines[0].score == 1.0
+    # Only the noise takes them: speedups stay against the baseline measured at the start (its median, 1.1).
+    assert view.session_baselines[0].score == 1.1
     noise = view.noise()
-    assert noise is not None and noise.measurements == 2 + len(again) + 2  # and the seed's two
+    assert noise is not None and noise.measurements == 3 + len(again) + 2  # and the seed's two
+
+
+def test_an_evaluator_whose_start_measured_the_baseline_enough_spends_no_more_time_on_it(tmp_path):
+    """Issue 40: a GPU-hour should buy candidates. Once an evaluator has measured the baseline
+    `noise_repeats` times in the session, at its start or between candidates, it measures it no more."""
+    seconds = {BASELINE: 1.0, SEED: 3.0, **{f"k{i}": 3.0 for i in range(1, 20)}}
+
+    def repeats(run: str, **config: object) -> tuple[int, int, int]:
+        search = local_search(tmp_path / run, idea_planner(), coder(), Lasting({}, seconds), rounds=8,
+                              noise_share=0.25, **config)
+        asyncio.run(search.run())
+        events = search.store.read_events()
+        return (sum(isinstance(e, Baseline) for e in events),
+                sum(isinstance(e, Remeasure) and e.role == "baseline" for e in events),
+                sum(isinstance(e, Evaluation) for e in events))
+
+    # The start made all four (1 s each, within its 100 s): no candidate waits for the baseline again.
+    start, again, evaluated = repeats("enough", noise_repeats=4, noise_budget_s=100)
+    assert (start, again) == (4, 0) and evaluated == 8
+    # The start's budget allowed three of five: two more between candidates (each would call for one), then none.
+    start, again, evaluated = repeats("short", noise_repeats=5, noise_budget_s=0)
+    assert (start, again) == (3, 2) and evaluated == 8
 
 
 def test_a_share_of_the_time_spaces_the_baselines_repeats_out(tmp_path):
     # Kernels of 1 s against a baseline of 1 s at a tenth of the time: the baseline again after every ninth.
     evaluators = Lasting({}, {})
-    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=20, noise_repeats=2, noise_share=0.1)
+    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=20, noise_repeats=24, noise_budget_s=0,
+                          noise_share=0.1)
     asyncio.run(search.run())
     events = search.store.read_events()
     measured = sum(isinstance(e, (Seed, Evaluation)) for e in events)
@@ -280,11 +305,32 @@ def test_a_baseline_repeat_that_fails_for_the_evaluators_reasons_loses_no_candid
 
     class LostOnRepeat(Lasting):
         async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
-            if solution.name == BASELINE and self.seen.get(BASELINE, 0) >= 2:
+            if solution.name == BASELINE and self.seen.get(BASELINE, 0) >= 3:  # the start's three made
                 raise SearchError("evaluator 0 was lost")
             return await super().evaluate_on(index, solution, workload_set)
 
     evaluators = LostOnRepeat({}, {BASELINE: 1.0, SEED: 3.0, **{f"k{i}": 3.0 for i in range(1, 10)}})
-    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=2, noise_repeats=2, noise_share=0.25)
+    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=2, noise_repeats=24, noise_budget_s=0,
+                          noise_share=0.25)
     view = asyncio.run(search.run())
     assert view.evaluations == 2 and view.finished == "rounds"
+
+
+def test_a_wall_budget_spent_measuring_the_start_says_so_not_that_a_provider_never_answered(tmp_path):
+    """The offline policy asks no provider: a run whose wall budget its start's measurements took ends
+    (exit 4: nothing of its own evaluated) saying what took it, and how to give it more."""
+    from ksearch_ray.run.outcome import nothing_evaluated, outcome_lines
+
+    evaluators = Lasting({}, {BASELINE: 1.0, SEED: 3.0})
+    search = local_search(tmp_path, idea_planner(), coder(), evaluators, rounds=5, noise_repeats=4,
+                          max_wall_s=1e-6)
+    said: list[str] = []
+    search.on_line = said.append
+    view = asyncio.run(search.run())
+    assert view.finished == "wall clock" and view.evaluations == 0 and not view.llm_calls
+    why = nothing_evaluated(view)
+    assert why is not None and why.startswith("no candidate evaluated: the run ended (wall clock) before its first "
+                                              "round; measuring the baseline 4x and the seed 2x took "), why
+    assert why.endswith("s; `ksearch resume RUN_DIR --max-wall-s S` gives it more"), why
+    assert "provider" not in " ".join(outcome_lines(view, search.store.root))
+    assert any(line.endswith("--max-wall-s S` extends it") for line in said), said  # not --rounds: rounds are left

@@ -55,6 +55,8 @@ def session_start(view: RunView) -> str:
     measured = [e.t for e in session if isinstance(e, (Baseline, Seed, Remeasure))]
     what = " and ".join(f"{name} {n}x" for name, n in counts.items() if n) or "nothing"
     took = f" took {measured[-1] - session[0].t:.1f} s" if measured and session else ""
+    if view.finished == "wall clock" and view.confirms:
+        took += ", and the wall budget held time back for the final re-timing"
     extend = EXTEND_FLAG.get(view.finished or "")
     more = f"; `ksearch resume RUN_DIR {extend}` gives it more" if extend else ""
     return f"measuring {what}{took}{more}"

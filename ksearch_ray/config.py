@@ -115,8 +115,17 @@ class SearchConfig(_Section):
         default=0, ge=0, description="Evaluations the tuner may spend on each passed candidate's tunables (0: none)."
     )
     noise_repeats: int = Field(
-        default=2, ge=1, description="Measurements of the baseline (per evaluator, every session) and of the seed at the "
-        "start: the noise."
+        default=24, ge=1, description="Measurements of the baseline per evaluator at the start of every session, for the "
+        "noise: this many, or fewer (never below 3) once they have taken noise_budget_s; the seed is measured "
+        "min(this, 2) times at the start."
+    )
+    noise_budget_s: float = Field(
+        default=60.0, ge=0, description="Evaluator seconds after which the session's first baseline measurements stop "
+        "short of noise_repeats (at least 3 are made)."
+    )
+    noise_share: float = Field(
+        default=0.1, ge=0, lt=1, description="Share of each evaluator's time spent, between candidates, measuring the "
+        "baseline the session's start left out of noise_repeats for noise_budget_s (0: none); none once it has them all."
     )
     warmup: bool = Field(
         default=True, description="Measure the baseline once, unrecorded, before the first measurement of each session."

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ksearch_ray.evaluation.profiling import ProfileResult
-from ksearch_ray.measure import Noise, Spread, noise_of
+from ksearch_ray.measure import Noise, Spread, noise_of, resolution_of, score_error
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
 from ksearch_ray.policies.llm.types import LLMCall
@@ -130,11 +130,13 @@ class SeedFailed(_Event):
 
 class Remeasure(_Event):
     """A known kernel measured again beside this session's baseline: the seed's repeats for the
-    noise, and, in every later session, the best so far, so that this session's candidates are
-    compared with numbers measured side by side."""
+    noise; in every later session, the best so far, so that this session's candidates are
+    compared with numbers measured side by side; and the baseline itself, now and then through the
+    session, for the noise only (the session's baseline, that speedups are against, stays the one
+    measured at its start)."""
 
     kind: Literal["remeasure"] = "remeasure"
-    role: Literal["seed", "best"]
+    role: Literal["seed", "best", "baseline"]
     solution_id: str
     evaluator: int
     gpu: str
@@ -504,6 +506,9 @@ class RunView:
     llm_tokens: int = 0
     scores: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)
     """(session, GPU name) -> solution id -> every passing score measured for it in that session."""
+    score_errors: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    """(session, GPU name) -> the relative standard error of every passing score measured in that session
+    (from its timed calls): the noise's floor."""
     rows: list[EvalRow] = field(default_factory=list)
     timeline: list[TimelineRow] = field(default_factory=list)
     best_rows: list[BestRow] = field(default_factory=list)
@@ -558,7 +563,8 @@ class RunView:
         current session (measure.noise_of); default: the best's GPU type."""
         if gpu is None:
             gpu = self.best.gpu if self.best else next(iter(self.gpu_of.values()), "")
-        return noise_of(self.scores.get((self.session, gpu), {}))
+        key = (self.session, gpu)
+        return noise_of(self.scores.get(key, {}), floor=resolution_of(self.score_errors.get(key, [])))
 
     def candidate_rows(self) -> list[EvalRow]:
         return [r for r in self.rows if r.origin == "candidate"]
@@ -664,7 +670,8 @@ class RunView:
             self._row(e, "seed", e.result, e.solution_id)
         elif isinstance(e, Remeasure):
             self._score(e.gpu, e.solution_id, e.result)
-            self._row(e, "seed repeat" if e.role == "seed" else "best re-measured", e.result, e.solution_id,
+            origin = {"seed": "seed repeat", "best": "best re-measured", "baseline": "baseline repeat"}[e.role]
+            self._row(e, origin, e.result, e.solution_id,
                       evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup)
         elif isinstance(e, LlmCallEvent):
             self.llm_calls.append(e)
@@ -773,6 +780,9 @@ class RunView:
     def _score(self, gpu: str, solution_id: str, result: EvalResult) -> None:
         if result.passed and result.score is not None:
             self.scores.setdefault((self.session, gpu), {}).setdefault(solution_id, []).append(result.score)
+            error = score_error([w.timing.rel_err if w.timing else None for w in result.workloads])
+            if error is not None:
+                self.score_errors.setdefault((self.session, gpu), []).append(error)
 
     def _row(self, e: _Event, origin: str, result: EvalResult | None, solution_id: str | None, *,
              evaluator: int | None = None, gpu: str | None = None, speedup: float | None = None, round_: int | None = None,

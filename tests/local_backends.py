@@ -133,7 +133,7 @@ def local_search(tmp_path: Path, planner: ScriptedPolicy, coder: ScriptedPolicy,
                  clock: Callable[[], float] = time.time, run_dir: Path | None = None, **config: Any) -> Search:
     """A search of the toy task in this process, with the test's planner, coder and evaluators."""
     defaults = {"task": "toy_axpy", "task_dirs": [str(DATA)], "device": "cpu", "width": 1, "rounds": 6,
-                "noise_repeats": 1, "confirm_repeats": 0, "warmup": False}
+                "noise_repeats": 1, "noise_share": 0.0, "confirm_repeats": 0, "warmup": False}
     cfg = settings(**(defaults | config))
     root = run_dir or tmp_path / "run"
     store = RunStore.open(root) if (root / "manifest.json").exists() else RunStore.create(

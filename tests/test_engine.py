@@ -58,7 +58,9 @@ SEED = "triton_seed"
 def test_noise_is_robust_and_does_not_grow_with_more_measurements():
     assert pair_differences([1.0, 1.1]) == pytest.approx([0.1])
     few = noise_of({"a": [1.0, 1.02], "b": [2.0, 2.2]})
-    assert few is not None and few.measurements == 4 and 0.05 < few.value < 0.15
+    # Differences of 2 % and 10 %: nine in ten differences are below about 15 % (a normal difference's
+    # 90th percentile is 2.44 times its median).
+    assert few is not None and few.measurements == 4 and 0.1 < few.value < 0.2
     # Many repeats of a steady kernel, and one wild one: the range would say 50 %, the estimate does not.
     steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]
     many = noise_of({"a": [*steady, 1.5]})

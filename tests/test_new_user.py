@@ -28,7 +28,10 @@ from ksearch_ray.store import RunStore
 
 DATA = Path(__file__).parent / "data"
 TOY = ["--task", "toy_axpy", "--task-dir", "data", "--device", "cpu"]
-LOCAL = [*TOY, "--no-ray"]
+FEW_BASELINES = ["--noise-repeats", "2"]
+"""These searches are about what a user meets, not about the noise's precision (tests/test_run_noise.py and
+tests/test_noise_reproducible.py are): two baseline measurements a session, not the default two dozen."""
+LOCAL = [*TOY, "--no-ray", *FEW_BASELINES]
 
 
 def _env() -> dict[str, str]:
@@ -69,6 +72,7 @@ def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigg
     assert "offline policy" in first.stdout and "offline policy" in first.stderr
     said = " ".join(first.stderr.split())
     assert "nine in ten repeated measurements of one kernel differ by less" in said  # what the noise figure is
+    assert "measured 2x on each of 1 evaluator(s) after a warm-up in" in said  # what the start spent on it
     assert "one evaluation takes about" in said and "more round(s) at width 2" in said  # how long the run will take
     assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
     assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
@@ -273,7 +277,7 @@ def test_a_model_run_starts_from_the_seed_says_so_and_shows_what_a_model_said_in
 def test_show_without_a_run_directory_shows_the_latest_and_a_config_typo_is_one_line_with_a_guess(home):
     assert cli(home, "show").returncode == 2  # no runs yet: one line that says so
     assert cli(home, "report").returncode == 2
-    first = cli(home, "run", *LOCAL, "--rounds", "1", "--confirm-repeats", "0", "--noise-repeats", "1")
+    first = cli(home, "run", *TOY, "--no-ray", "--rounds", "1", "--confirm-repeats", "0", "--noise-repeats", "1")
     assert first.returncode == 0, first.stderr
     shown = cli(home, "show")
     assert shown.returncode == 0 and f"showing the latest run: runs/{_only_run(home).name}" in shown.stderr

@@ -56,7 +56,8 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 RUN_ARGS = ["--task", "toy_axpy", "--task-dir", str(DATA), "--from-solution", "triton_seed", "--device", "cpu",
-            "--width", "2", "--rounds", "8", "--stagnation-window", "2", "--no-progress", "--no-ray"]
+            "--width", "2", "--rounds", "8", "--stagnation-window", "2", "--no-progress", "--no-ray",
+            "--noise-repeats", "2"]  # two baseline measurements a session, to count them
 
 
 def _wait_for_rounds(events: Path, rounds: int, deadline_s: float = 300) -> None:

@@ -11,6 +11,7 @@ import ray
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.leftovers import sweep_agents
+from ksearch_ray.distributed.watchdog import guard
 from ksearch_ray.run.errors import SearchError
 
 
@@ -45,6 +46,7 @@ def init_ray(config: RunConfig) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise SearchError(f"could not start or reach {where}: {first[:300]}") from None
+    guard()  # the cluster dies with this driver, a `kill -9` included (distributed/watchdog.py)
 
 
 def cluster_gpus() -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import ray
 
+from ksearch_ray.distributed.watchdog import guard, unguard
 from ksearch_ray.run.errors import SearchError
 
 RAY_START_ATTEMPTS = 3
@@ -27,11 +28,13 @@ def start_local_ray(env_vars: dict[str, str], say: Callable[[str], None]) -> str
             say(f"Ray did not start ({str(exc)[:120]}); attempt {attempt} of {RAY_START_ATTEMPTS}")
             if attempt == RAY_START_ATTEMPTS:
                 raise SearchError(f"Ray did not start on this machine: {str(exc)[:200]}") from None
+    guard()  # the cluster dies with this driver, a `kill -9` included (distributed/watchdog.py)
     return str(ray.get_runtime_context().gcs_address)
 
 
 def stop_ray() -> None:
     ray.shutdown()
+    unguard()
 
 
 class JobClient:

@@ -196,7 +196,8 @@ def header_lines(summary: RunSummary, *, now: float | None = None, last_event_t:
     lines.append(f"candidates: {outcomes}")
     if summary.llm_calls:
         lines.append(f"LLM: {summary.llm_calls} calls, {summary.llm_tokens} tokens, ${summary.llm_cost_usd:.2f}")
-    noise = Noise(value=summary.noise, measurements=summary.noise_measurements) if summary.noise is not None else None
+    noise = Noise(value=summary.noise, measurements=summary.noise_measurements, floor=summary.noise_floor) \
+        if summary.noise is not None else None
     seed = summary.seed
     seed_text = f"; seed {with_noise(seed['speedup'], noise)}" if seed else ""
     best = summary.best

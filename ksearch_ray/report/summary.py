@@ -48,6 +48,7 @@ class RunSummary(BaseModel):
         "best's GPU type in the last session: a smaller speedup difference is not evidence of anything."
     )
     noise_measurements: int = Field(default=0, description="Measurements of repeated kernels the noise rests on.")
+    noise_floor: float = Field(default=0.0, description="The timed calls' own resolution, below which the noise is not put.")
     confirmed: list[dict[str, Any]] = Field(
         description="Per GPU type, the final re-timing of the best against the baseline, interleaved: "
         "gpu, solution_id, best_speedup (median, low, high), over_seed, verdict, beats_seed, cut_short."
@@ -88,6 +89,7 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         best=best.model_dump(mode="json", include={"solution_id", "speedup", "node", "round", "gpu", "why"}) if best else None,
         noise=noise.value if noise else None,
         noise_measurements=noise.measurements if noise else 0,
+        noise_floor=noise.floor if noise else 0.0,
         confirmed=[c.model_dump(mode="json", include={"gpu", "solution_id", "best_speedup", "over_seed", "verdict",
                                                       "beats_seed", "cut_short"}) for c in run.confirms.values()],
         seed={"solution_id": seed.solution_id, "speedup": seed.speedup, "name": seed.result.solution_name if seed.result else None}

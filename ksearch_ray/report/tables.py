@@ -36,6 +36,7 @@ class Origin:
     SEED = "seed"
     SEED_REPEAT = "seed repeat"
     BEST_REMEASURED = "best re-measured"
+    BASELINE_REPEAT = "baseline repeat"
     CANDIDATE = "candidate"
     TUNE = "tune"
 

@@ -86,6 +86,7 @@ from ksearch_ray.policies.llm.types import LLMCall, error_class
 from ksearch_ray.run.backends import BUILDER, Backends
 from ksearch_ray.run.errors import SearchError
 from ksearch_ray.run.faults import BUGS_DIR, FAULT_LIMIT, one_line, reply_problem, write_bug_report
+from ksearch_ray.run.outcome import EXTEND_FLAG
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task, TaskError, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
@@ -106,6 +107,10 @@ REJECTIONS_SHOWN = 12
 """Lines of not-applied edits a planner prompt repeats."""
 PROFILE_MIN_S = 30.0
 """A profile is not started with less wall budget than this left (a TriMul best takes 10 to 15 s on an H200)."""
+NOISE_LEAST = 3
+"""Baseline measurements a session makes at its start however long they take (`search.noise_repeats` caps them)."""
+SEED_REPEATS = 2
+"""Measurements of the seed at the start: TriMul's, in the CPU interpreter, takes a minute each."""
 
 
 class Search:
@@ -136,6 +141,8 @@ class Search:
         self.llm_in_flight: dict[int, tuple[str, str, float]] = {}  # call token -> (role, kind, monotonic start)
         self._llm_tokens = 0
         self._outstanding: set[int] = set()  # rounds taken and not yet recorded as candidates
+        self._since_baseline: dict[int, float] = {}  # evaluator -> its seconds on other kernels since its last baseline
+        self._baselines_made: dict[int, int] = {}  # evaluator -> its baseline measurements this session (noise only)
         self._round_lock = asyncio.Lock()
         self._seed_solutions: dict[str, Solution] | None = None
         self._solutions: dict[str, Solution] = {}
@@ -550,7 +557,39 @@ class Search:
     async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
         """A verdict from whichever evaluator is free, which one it was, and the speedup (None unless it passed)."""
         result, evaluator = await self.pool.evaluate(solution, self.workload_set)
+        await self._baseline_now_and_then(evaluator, result.seconds)
         return result, evaluator, self.speedup_of(result, evaluator) if result.passed else None
+
+    async def _baseline_now_and_then(self, evaluator: int, seconds: float) -> None:
+        """Make up the baseline measurements the session's start left out for its time budget: until the
+        evaluator has measured the baseline `search.noise_repeats` times this session, measure it again
+        once it has spent (1 - share) / share times the baseline's own time on other kernels since it last
+        did (`search.noise_share`). An evaluator whose start made them all spends nothing here: every
+        second of it goes to candidates (issue 40's candidates per GPU-hour; docs/architecture.md)."""
+        share = self.config.search.noise_share
+        base = self.view.session_baselines.get(evaluator)
+        if share <= 0 or evaluator == BUILDER or base is None or base.seconds <= 0:
+            return
+        if self._baselines_made.get(evaluator, 0) >= self.config.search.noise_repeats:
+            return
+        since = self._since_baseline.get(evaluator, 0.0) + seconds
+        if since < base.seconds * (1.0 - share) / share:
+            self._since_baseline[evaluator] = since
+            return
+        self._since_baseline[evaluator] = 0.0
+        baseline = self.task.baseline()
+        try:
+            again = await self.pool.evaluate_on(evaluator, baseline, self.workload_set)
+        except SearchError as exc:  # the evaluator was lost meanwhile: the kernel just measured must not be lost too
+            self.on_line(f"WARNING: the baseline could not be measured again for the noise on evaluator {evaluator} "
+                         f"({clip(str(exc), 160)}); the search goes on")
+            return
+        self.record(Remeasure(role="baseline", solution_id=baseline.id, evaluator=evaluator, gpu=self.gpu_of[evaluator],
+                              result=again))
+        self._baselines_made[evaluator] = self._baselines_made.get(evaluator, 0) + 1
+        if not again.passed:
+            self.on_line(f"WARNING: the baseline, measured again for the noise on evaluator {evaluator}, "
+                         f"{again.status.value}: {clip(again.message, 160)}")
 
     async def evaluate(self, attempt: Attempt, where: Where) -> None:
         """The one place a candidate is evaluated and recorded: measure, record, tune, note a new best."""
@@ -781,7 +820,8 @@ class Search:
             self._say_estimate()
             spent = self.budget_left()
             if spent:
-                self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} --rounds N` extends it")
+                self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} "
+                             f"{EXTEND_FLAG[spent]}` extends it")
             reason = await self.method.run(self)
             await self._profiles_done()
             await self._confirm()
@@ -828,26 +868,41 @@ class Search:
         first time, so the run knows its measurement noise from the start."""
         solution = self.task.baseline()
         self.store.save_solution(solution)
-        # Every session, a resumed one too: `noise_repeats` measurements, after one warm-up that is not
-        # recorded (a fresh sandbox's first measurement ran 2-11x slow on CPUs: imports, caches, clocks).
-        repeats = self.config.search.noise_repeats
+        # Every session, a resumed one too: after one warm-up that is not recorded (a fresh sandbox's first
+        # measurement ran 2-11x slow on CPUs: imports, caches, clocks), `noise_repeats` measurements, or fewer
+        # (at least NOISE_LEAST) once they have taken `noise_budget_s`: a noise figure that a second run
+        # reproduces within a factor of two needs two dozen, cheap where the baseline is fast.
+        most, budget_s = self.config.search.noise_repeats, self.config.search.noise_budget_s
+        least = min(most, NOISE_LEAST)
         self.set_phase(f"measuring the baseline on {self.pool.size} evaluator(s), after a warm-up"
-                       + (f", {repeats}x each" if repeats > 1 else ""))
+                       + (f", {least}-{most}x each (up to {budget_s:.0f} s)" if most > least else
+                          f", {most}x each" if most > 1 else ""))
 
         async def on(index: int) -> None:
             if self.config.search.warmup:
                 warm = await self.pool.evaluate_on(index, solution, self.workload_set)
                 log.info("evaluator %d warmed up on the baseline: %s, score %s", index, warm.status.value, warm.score)
-            for _ in range(repeats):
+            spent_s = 0.0
+            for repeat in range(most):
+                if repeat >= least and spent_s >= budget_s:
+                    break
                 result = await self.pool.evaluate_on(index, solution, self.workload_set)
+                spent_s += result.seconds
                 if not result.passed:
                     raise SearchError(f"the task's baseline does not pass on evaluator {index} ({self.gpu_of[index]}): "
                                       f"{result.status.value}: {result.message}")
                 self.record(Baseline(solution_id=solution.id, evaluator=index, gpu=self.gpu_of[index], result=result))
+                self._baselines_made[index] = self._baselines_made.get(index, 0) + 1
 
+        began = time.monotonic()
         await asyncio.gather(*(on(i) for i in range(self.pool.size)))
         base = self.view.session_baselines[0]
-        self.on_line(f"baseline: {base.score:.4g} ({base.score_kind})" if base.score is not None else "baseline passed")
+        made = sorted(set(self._baselines_made.values()))
+        times = f"{made[0]}x" if len(made) == 1 else f"{made[0]}-{made[-1]}x"
+        self.on_line((f"baseline: {base.score:.4g} ({base.score_kind})" if base.score is not None else "baseline passed")
+                     + f"; measured {times} on each of {self.pool.size} evaluator(s)"
+                     + (" after a warm-up" if self.config.search.warmup else "")
+                     + f" in {time.monotonic() - began:.1f} s")
 
     def _start_solution(self) -> Solution | None:
         """What the run starts from: --from-solution, else (unless it starts from the specification) the
@@ -886,7 +941,8 @@ class Search:
             raise SearchError(f"the starting solution {solution.name} does not pass: {result.status.value}: {result.message}")
         gpu = self.gpu_of[evaluator]
         self.record(Seed(solution_id=solution.id, result=result, speedup=value, evaluator=evaluator, gpu=gpu))
-        for _ in range(self.config.search.noise_repeats - 1):  # the same kernel again: how much do its timings wander?
+        # The same kernel again: how much do its timings wander? (At most twice: a seed can take a minute.)
+        for _ in range(min(self.config.search.noise_repeats, SEED_REPEATS) - 1):
             again = await self.pool.evaluate_on(evaluator, solution, self.workload_set)
             self.record(Remeasure(role="seed", solution_id=solution.id, evaluator=evaluator, gpu=gpu, result=again,
                                   speedup=self.speedup_of(again, evaluator) if again.passed else None))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ksearch_ray.events import PlanFailed, RunView
+from ksearch_ray.events import Baseline, PlanFailed, Remeasure, Resume, RunView, Seed
 from ksearch_ray.measure import format_noise, with_noise
 from ksearch_ray.policies.llm.types import error_class
 from ksearch_ray.text import clip
 
 NOTHING_EVALUATED_EXIT = 4
 """`ksearch run` / `resume`'s exit status when the run ended without evaluating a candidate of its own."""
+EXTEND_FLAG = {"rounds": "--rounds N", "cost": "--max-cost-usd USD", "tokens": "--max-llm-tokens N",
+               "wall clock": "--max-wall-s S"}
+"""The `ksearch resume` option that extends a budget, by the reason the budget gives when it is spent."""
 
 
 def nothing_evaluated(view: RunView) -> str | None:
@@ -33,9 +36,30 @@ def nothing_evaluated(view: RunView) -> str | None:
         why = f"; first reason: {clip(plan, 240)}" if plan else ""
         return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {len(replies)} "
                 f"replies{why}")
+    if not calls:  # nothing was asked of a provider (the offline policy asks none): the budget went before a round
+        return f"no candidate evaluated: the run ended ({view.finished}) before its first round; {session_start(view)}"
     last = next((c.error for c in reversed(calls) if c.error), None)
     said = f" ({len(calls)} failed calls; the last: {clip(last, 200)})" if last else ""
     return f"no candidate evaluated: the LLM provider never answered{said}"
+
+
+def session_start(view: RunView) -> str:
+    """What the current session's start measured and how long it took (the wall budget's clock: from the
+    session's first event to its last measurement)."""
+    since = max((e.seq for e in view.events if isinstance(e, Resume)), default=0)
+    session = [e for e in view.events if e.seq >= since]
+    counts = {"the baseline": sum(isinstance(e, Baseline) for e in session),
+              "the seed": sum(isinstance(e, Seed) and e.result is not None for e in session)
+              + sum(isinstance(e, Remeasure) and e.role == "seed" for e in session),
+              "the best so far": sum(isinstance(e, Remeasure) and e.role == "best" for e in session)}
+    measured = [e.t for e in session if isinstance(e, (Baseline, Seed, Remeasure))]
+    what = " and ".join(f"{name} {n}x" for name, n in counts.items() if n) or "nothing"
+    took = f" took {measured[-1] - session[0].t:.1f} s" if measured and session else ""
+    if view.finished == "wall clock" and view.confirms:
+        took += ", and the wall budget held time back for the final re-timing"
+    extend = EXTEND_FLAG.get(view.finished or "")
+    more = f"; `ksearch resume RUN_DIR {extend}` gives it more" if extend else ""
+    return f"measuring {what}{took}{more}"
 
 
 def outcome_lines(view: RunView, run_dir: Path, policy: str = "") -> list[str]:

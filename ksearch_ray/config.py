@@ -120,8 +120,8 @@ class SearchConfig(_Section):
         "min(this, 2) times at the start."
     )
     noise_budget_s: float = Field(
-        default=60.0, ge=0, description="Evaluator seconds after which the session's first baseline measurements stop "
-        "short of noise_repeats (at least 3 are made)."
+        default=20.0, ge=0, description="Evaluator seconds within which the session's first baseline measurements stop "
+        "short of noise_repeats (at least 3 are made; the rest are made up between candidates at noise_share)."
     )
     noise_share: float = Field(
         default=0.1, ge=0, lt=1, description="Share of each evaluator's time spent, between candidates, measuring the "

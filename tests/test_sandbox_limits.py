@@ -141,7 +141,7 @@ def test_the_pids_cgroup_is_found_in_cgroup_v1_or_v2_where_mounted():
 def test_a_memory_hog_is_stopped_with_a_clear_status(bounded, toy):
     result = evaluate(bounded, toy, "memory_hog")
     assert result.status is Status.RESOURCE_LIMIT, result.message
-    assert "host memory (1024 MiB, evaluation.limits.memory_mb)" in result.message
+    assert f"host memory ({SMALL.memory_mb} MiB, evaluation.limits.memory_mb)" in result.message
 
 
 def test_output_is_capped_while_written_and_the_evaluator_reads_only_a_tail(bounded, toy):

@@ -884,8 +884,8 @@ class Search:
                 log.info("evaluator %d warmed up on the baseline: %s, score %s", index, warm.status.value, warm.score)
             spent_s = 0.0
             for repeat in range(most):
-                if repeat >= least and spent_s >= budget_s:
-                    break
+                if repeat >= least and spent_s + spent_s / repeat > budget_s:
+                    break  # the next one, as long as those so far took on average, would overrun the budget
                 result = await self.pool.evaluate_on(index, solution, self.workload_set)
                 spent_s += result.seconds
                 if not result.passed:

@@ -148,7 +148,9 @@ def test_wait_limits_stay_within_the_margin_beyond_the_expected_wait(toy, tmp_pa
 def test_each_bundled_task_states_its_objective_after_its_source_benchmark(toy):
     trimul = find_task("trimul")
     assert trimul.definition.objective.timed == "call" and not trimul.definition.objective.flush_l2
-    assert trimul.definition.objective.recheck  # eval.py's leaderboard mode checks every timed call's output
+    # eval.py's leaderboard mode checks every timed call's output; that costs a TriMul evaluation 21-25 s on
+    # the H200 instead of about 4, so it is evaluation.timing.recheck's to ask for, and the rule says so.
+    assert not trimul.definition.objective.recheck and "evaluation.timing.recheck: true" in trimul.definition.objective.source
     assert "eval.py" in trimul.definition.objective.source
     gqa = find_task("gqa_paged_decode_h32_kv4_d128_ps1")
     assert gqa.definition.objective.timed == "call" and gqa.definition.objective.flush_l2
@@ -158,9 +160,9 @@ def test_each_bundled_task_states_its_objective_after_its_source_benchmark(toy):
     for task, flush in ((trimul, False), (gqa, True)):
         run = RunSpec(task, task.baseline(), "cuda", frozenset(), "fresh", [], [], [],
                       flush_l2=policy.flush_l2 and task.definition.objective.flush_l2,
-                      recheck=task.definition.objective.recheck)
+                      recheck=True)
         assert time_command(run, policy).flush_l2 is flush
-        assert time_command(run, policy).recheck is (task is trimul)
+        assert time_command(run, policy).recheck  # carried to the worker's command where asked
 
 
 def timing(ms: float, method: str) -> Timing:

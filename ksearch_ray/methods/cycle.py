@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ksearch_ray.config import KSearchConfig
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
 from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
@@ -95,7 +96,7 @@ class ActionCycle:
         self.lost = record.stop_reason == LEASE_LOST  # the lease expired under this cycle: it stops, judges nothing
 
     @property
-    def config(self):  # type: ignore[no-untyped-def]
+    def config(self) -> KSearchConfig:
         return self.ctx.config.search.ksearch
 
     async def run(self) -> None:

@@ -17,7 +17,8 @@ from local_backends import (
     toy_kernel,
 )
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.events import Baseline, Resume
 from ksearch_ray.measure import noise_of
 from ksearch_ray.models import EvalResult, Solution, Status

@@ -1,9 +1,8 @@
-"""WorldModelActor: owns a run's tree, applies changes atomically, records every version (`tree_record`)."""
+"""WorldModelActor: owns a run's tree, applies commands atomically, records every version (`tree_record`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import ray
 
@@ -14,22 +13,19 @@ from ksearch_ray.worldmodel.tree import Tree
 
 
 @ray.remote(num_cpus=0)
-class WorldModelActor:
-    """Calls are serialised by the actor (max_concurrency 1), which makes each one atomic."""
+class WorldModelActor(WorldModelState):
+    """The world model's own methods (`worldmodel.api`: `run(command)`, `apply_ops`, `select_and_lease`, ...),
+    serialised by the actor (max_concurrency 1), which makes each one atomic."""
 
     def __init__(self, run_dir: str, tree_json: str):
-        self.store = RunStore(Path(run_dir))
-        self.state = WorldModelState(Tree.model_validate_json(tree_json), self.store.has_solution)
-        self.record = TreeRecord(self.store.root, self.state.tree)
-
-    def call(self, name: str, args: dict[str, Any]) -> Any:
-        result = self.state.call(name, args)
-        self.record.changed(self.state.tree, name)
-        return result
+        store = RunStore(Path(run_dir))
+        tree = Tree.model_validate_json(tree_json)
+        self.record = TreeRecord(store.root, tree)
+        super().__init__(tree, store.has_solution, on_change=self.record.changed)
 
     def close(self) -> None:
         """The record's last checkpoint; the driver calls it before it lets the actor go."""
         self.record.close()
 
     def tree_json(self) -> str:
-        return self.state.tree.model_dump_json()
+        return self.tree.model_dump_json()

@@ -126,8 +126,9 @@ def _peak_tbs(path: str) -> tuple[float, str]:
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
+    from ksearch_ray.evaluation.evaluator import Evaluator
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
+    from ksearch_ray.evaluation.settings import TimingPolicy
 
     task = find_task(TASKS[args.task])
     names = args.solutions.split(",")

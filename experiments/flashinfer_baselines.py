@@ -30,9 +30,10 @@ import torch
 
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget
 from ksearch_ray.evaluation.builder import Builder
-from ksearch_ray.evaluation.evaluator import Evaluator, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.build import arch_for
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import TimingPolicy
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.taskspec.flashinfer_format import solution_from_json
 from ksearch_ray.taskspec.task import Task, find_task

@@ -14,9 +14,10 @@ import json
 import statistics
 import time
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.reference import SandboxedReference
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.taskspec.task import find_task
 
 

@@ -6,7 +6,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 __version__ = "0.1.0"
 
@@ -18,7 +20,8 @@ _CHECKOUT_ACTORS = Path(__file__).resolve().parent.parent / "actors"
 
 
 class _CheckoutActorsFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if name != "ksearch_ray.actors":
             return None
         return importlib.util.spec_from_file_location(

@@ -478,7 +478,7 @@ def export(
         print(text)
 
 
-def _fib_definition(task) -> None:  # type: ignore[no-untyped-def]
+def _fib_definition(task) -> None:
     """The one rule of both exports: FlashInfer-Bench files are written for tasks that are
     FlashInfer-Bench definitions (a bundle with its definition.json), never under a name the package
     cannot resolve."""
@@ -505,7 +505,7 @@ def _export_traces(run_dir: Path, target: Path, task_name: str | None, target_ha
               f"({len(evaluated)} evaluations of {task.name})", highlight=False, markup=False)
 
 
-def _run_evaluations(run_dir: Path):  # type: ignore[no-untyped-def]
+def _run_evaluations(run_dir: Path):
     """The run's manifest and its recorded evaluations (seed, baseline and search evaluations), each
     with its solution, from the run's typed events."""
     from ksearch_ray.events import Baseline, Evaluation, Seed
@@ -587,7 +587,7 @@ def standin(
         server.stop()
 
 
-def _session():  # type: ignore[no-untyped-def]
+def _session():
     from ksearch_ray import session
 
     return session
@@ -602,7 +602,7 @@ def _latest_run(command: str = "show", doing: str = "showing") -> Path:
     return runs[-1].parent
 
 
-def _run_search(go) -> None:  # type: ignore[no-untyped-def]
+def _run_search(go) -> None:
     """Run or resume; the outcome on stdout. Exit 0 finished, 2 a usage error, 3 stopped by an
     error (resumable), 4 ended without evaluating a candidate of its own (the first line says why),
     130 interrupted (resumable)."""
@@ -639,13 +639,13 @@ def _price(text: str | None) -> tuple[float, float] | None:
     return prompt, completion
 
 
-def _speedup(base, result, task) -> float | None:  # type: ignore[no-untyped-def]
+def _speedup(base, result, task) -> float | None:
     from ksearch_ray.evaluation.scoring import speedup
 
     return None if base is None else speedup(task.definition, base, result)
 
 
-def _resolve_candidate(candidate: str, task):  # type: ignore[no-untyped-def]
+def _resolve_candidate(candidate: str, task):
     path = Path(candidate)
     if path.exists():
         return solution_from_file(path, task)

@@ -27,14 +27,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.measure import Noise, Spread, noise_of, resolution_of, score_error
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
 from ksearch_ray.policies.llm.types import LLMCall
-from ksearch_ray.worldmodel.ops import ApplyReport
+from ksearch_ray.worldmodel.api import ApplyOps, WmCommand
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 
@@ -72,17 +81,42 @@ class WmInit(_Event):
 
 
 class WmCall(_Event):
-    """One named change of the world model, with its arguments (the clock included)."""
+    """One change of the world model: a typed command (the clock included).
+
+    On disk it keeps schema 2's shape, the command's name beside the other fields and its arguments
+    under `args` (`{"kind": "wm", "call": "renew", "args": {"ids": ["n3"], ...}}`), so a run written
+    before the commands were typed reads the same.
+    """
 
     kind: Literal["wm"] = "wm"
-    call: str
-    args: dict[str, Any]
+    command: WmCommand
     cycle: str | None = None
     plan_kind: str | None = Field(default=None, description="The planner call whose ops these are.")
     focus: str | None = None
     source: tuple[str, int] | None = Field(default=None, description="(request hash, sample) of the cached reply.")
     version: int | None = Field(default=None, description="Tree version the planner's batch was written against.")
     notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_disk(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "call" in data:
+            data = dict(data)
+            data["command"] = {"call": data.pop("call"), **data.pop("args", {})}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_disk(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        del data["command"]
+        # The arguments the command was given, as schema 2 wrote them: kind, call, args, then the rest.
+        args = self.command.model_dump(mode="json", exclude_unset=True, exclude={"call"})
+        out: dict[str, Any] = {}
+        for name, value in data.items():
+            out[name] = value
+            if name == "kind":
+                out["call"], out["args"] = self.command.call, args
+        return out
 
 
 # --- sessions ----------------------------------------------------------------------------------------
@@ -638,10 +672,12 @@ class RunView:
         elif isinstance(e, WmCall):
             if self.wm is None:
                 raise EventError(f"event {e.seq}: a world-model call before wm_init")
-            result = self.wm.call(e.call, e.args)
-            if e.call == "apply" and e.plan_kind is not None and isinstance(result, dict):
-                self.plan_rejections += [(e.seq, f"{e.plan_kind}: {line}")
-                                         for line in ApplyReport.model_validate(result).problems()]
+            if isinstance(e.command, ApplyOps):
+                report = self.wm.run(e.command)
+                if e.plan_kind is not None:
+                    self.plan_rejections += [(e.seq, f"{e.plan_kind}: {line}") for line in report.problems()]
+            else:
+                self.wm.run(e.command)
         elif isinstance(e, Resume):
             self.resumes += 1
             self.session += 1

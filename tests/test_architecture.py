@@ -94,3 +94,66 @@ def test_the_layers_checked_here_are_the_layers_the_architecture_page_draws():
     for names in LAYERS[1:]:
         line = " ".join(name.removeprefix("ksearch_ray.") for name in names)
         assert line in text, f"docs/architecture.md does not draw the layer: {line}"
+
+
+# --- the world model's boundary: typed commands and typed ops ---------------------------------------
+
+WORLD_MODEL = "ksearch_ray.worldmodel"
+PLANNERS = "ksearch_ray.policies"
+"""The planners write ops as the JSON a model writes (`PlanReply.ops`); `apply_ops` reads them as it reads an LLM's."""
+
+
+def _outside(*inside: str) -> dict[str, ast.Module]:
+    return {m: ast.parse(p.read_text()) for m, p in modules().items()
+            if not any(m == name or m.startswith(name + ".") for name in inside)}
+
+
+def string_calls_into_the_world_model(trees: dict[str, ast.Module]) -> list[str]:
+    """`wm("renew", ...)`, `state.call("apply", {...})`: a world-model change named by a string."""
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            first = node.args[0]
+            if name in ("wm", "call") and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.append(f"{module}:{node.lineno}: {name}({first.value!r}, ...)")
+    return found
+
+
+def dict_literal_ops(trees: dict[str, ast.Module]) -> list[str]:
+    """`{"op": "attach_solution", ...}` or `dict(op="attach_solution", ...)` instead of the op's model."""
+    from ksearch_ray.worldmodel.ops import OP_NAMES
+
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                tags = [v for k, v in zip(node.keys, node.values, strict=True)
+                        if isinstance(k, ast.Constant) and k.value == "op"]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+                tags = [kw.value for kw in node.keywords if kw.arg == "op"]
+            else:
+                continue
+            if any(isinstance(t, ast.Constant) and t.value in OP_NAMES for t in tags):
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_the_world_model_is_changed_by_typed_commands_not_by_name():
+    assert not string_calls_into_the_world_model(_outside(WORLD_MODEL))
+
+
+def test_ops_are_built_as_their_models_outside_the_world_model_and_the_planners():
+    assert not dict_literal_ops(_outside(WORLD_MODEL, PLANNERS))
+
+
+def test_the_boundary_checks_find_what_they_look_for():
+    """The two checks above would see a string call and a dict-literal op if one came back."""
+    source = ast.parse('async def f(ctx, state):\n'
+                       '    await ctx.wm("apply", ops=[{"op": "attach_solution", "node": "n1"}])\n'
+                       '    state.call("renew", {"ids": ["n1"]})\n'
+                       '    return dict(op="record_outcome", node="n1")\n')
+    assert len(string_calls_into_the_world_model({"m": source})) == 2
+    assert len(dict_literal_ops({"m": source})) == 2

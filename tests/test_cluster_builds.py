@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from local_backends import settings
 
-from ksearch_ray.distributed.pool import BUILDER, RayEvaluatorPool
+from ksearch_ray.distributed.pool import RayEvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.models import Solution, Status
+from ksearch_ray.run.backends import BUILDER
 from ksearch_ray.taskspec.task import find_task
 
 DATA = Path(__file__).parent / "data"

@@ -12,6 +12,7 @@ from ksearch_ray.methods.ksearch import KSearch
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
 from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.worldmodel.api import ApplyOps, Renew, SelectAndLease
 from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
 
 
@@ -158,8 +159,8 @@ def test_a_lease_whose_cycle_stopped_expires_through_the_driver(tmp_path):
 
     async def go() -> None:
         await search.setup()
-        await search.wm("apply", ops=[insert("root", "a")])
-        await search.wm("select_and_lease", k=1, holder="c9", now=now["t"], ttl=60.0, max_difficulty=4, relax_at=None)
+        await search.wm(ApplyOps(ops=[insert("root", "a")]))
+        await search.wm(SelectAndLease(k=1, holder="c9", now=now["t"], ttl=60.0, max_difficulty=4, relax_at=None))
         assert search.tree().nodes["n1"].status is NodeStatus.LEASED
         now["t"] += 61
         await KSearch()._expire_leases(search)
@@ -176,10 +177,10 @@ def test_renewing_a_lease_keeps_the_version(tmp_path):
 
     async def go() -> None:
         await search.setup()
-        await search.wm("apply", ops=[insert("root", "a")])
-        await search.wm("select_and_lease", k=1, holder="c1", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None)
+        await search.wm(ApplyOps(ops=[insert("root", "a")]))
+        await search.wm(SelectAndLease(k=1, holder="c1", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None))
         version = search.tree().version
-        await search.wm("renew", ids=["n1"], holder="c1", now=30.0, ttl=60.0)
+        await search.wm(Renew(ids=["n1"], holder="c1", now=30.0, ttl=60.0))
         assert search.tree().version == version and search.tree().leases["n1"].expires_at == 90.0
 
     asyncio.run(go())

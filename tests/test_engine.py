@@ -158,6 +158,7 @@ def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rul
     """Two attempts that stopped improving, then a third with code that a kill left unevaluated: with a
     stagnation window of two, the stop rule alone would end the cycle; the candidate is evaluated first."""
     from ksearch_ray.events import Baseline, Candidate, CycleStart, Evaluation, Seed, WmCall, WmInit
+    from ksearch_ray.worldmodel.api import ApplyOps, SelectAndLease
     from ksearch_ray.worldmodel.tree import new_tree
 
     run_dir = tmp_path / "run"
@@ -172,10 +173,10 @@ def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rul
     store.append(WmInit(tree=new_tree("toy_axpy")))
     store.append(Baseline(solution_id=base.id, evaluator=0, gpu="fake", result=result(base, 1.0)))
     store.append(Seed(solution_id=seed.id, evaluator=0, gpu="fake", result=result(seed, 2.0), speedup=0.5))
-    store.append(WmCall(call="apply", args={"ops": [{"op": "insert", "parent": "root", "title": "a", "difficulty": 1,
-                                                      "score": 0.5, "expected_speedup": 1.2}], "system": False}))
-    store.append(WmCall(call="select_and_lease", args={"k": 1, "holder": "c1", "now": time.time(), "ttl": 3600.0,
-                                                        "max_difficulty": 4, "relax_at": None}))
+    store.append(WmCall(command=ApplyOps(ops=[{"op": "insert", "parent": "root", "title": "a", "difficulty": 1,
+                                                "score": 0.5, "expected_speedup": 1.2}], system=False)))
+    store.append(WmCall(command=SelectAndLease(k=1, holder="c1", now=time.time(), ttl=3600.0, max_difficulty=4,
+                                               relax_at=None)))
     store.append(CycleStart(cycle="c1", node="n1"))
     for round_, solution, ms in ((1, fast, 0.5), (2, slow, 0.8)):
         store.append(Candidate(round=round_, cycle="c1", node="n1", attempt_kind="generate_from_base", solution_id=solution.id))

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.seeds import derive_seed
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file
 

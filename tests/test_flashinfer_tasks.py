@@ -31,7 +31,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from ksearch_ray.evaluation.compare import compare_outputs  # noqa: E402
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy  # noqa: E402
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import Solution, Status  # noqa: E402
 from ksearch_ray.taskspec.flashinfer_format import (  # noqa: E402
     ADAPTER_FILE,

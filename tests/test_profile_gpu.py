@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from profile_support import Listener, measured
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.ncu import find_ncu
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
-from ksearch_ray.evaluation.settings import ProfilerSettings
+from ksearch_ray.evaluation.settings import Limits, ProfilerSettings
 from ksearch_ray.taskspec.task import Task, solution_from_file
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(find_ncu() is None, reason="no Nsight Compute (ncu) here")]

@@ -18,7 +18,8 @@ from local_backends import (
     toy_kernel,
 )
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.events import Baseline, Evaluation, Remeasure, Resume, Seed
 from ksearch_ray.measure import noise_of, resolution_of, score_error
 from ksearch_ray.models import EvalResult, Solution, Status

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.floors import peaks_for
 from ksearch_ray.evaluation.retime import RetimeMethod
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 

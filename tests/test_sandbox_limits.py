@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.client import IsolationReport
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.pids import locate, members
 from ksearch_ray.evaluation.sandbox.resources import Resources, host_root, read_tail, watch
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, solution_from_file
 

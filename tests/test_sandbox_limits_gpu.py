@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.resources import host_root
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 

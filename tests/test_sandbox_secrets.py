@@ -16,9 +16,10 @@ import pytest
 from fake_llm_server import Completion, FakeLLMServer, RecordedRequest
 from local_backends import settings
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.client import allowed_variable
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Status
 from ksearch_ray.report.html import write_report
 from ksearch_ray.report.tables import Run

@@ -155,12 +155,11 @@ def test_no_two_cycles_work_one_node_at_once(tmp_path):
     from ksearch_ray.worldmodel.tree import new_tree
 
     state = WorldModelState(new_tree("t"), lambda _i: True)
-    state.call("apply", {"ops": [
+    state.apply_ops([
         {"op": "insert", "parent": "root", "title": f"a{i}", "difficulty": 1, "score": 0.5, "expected_speedup": 1.1}
         for i in range(5)
-    ]})
-    taken = [state.call("select_and_lease", {"k": 1, "holder": f"c{i}", "now": 0.0, "ttl": 60.0,
-                                              "max_difficulty": 4, "relax_at": None}) for i in range(7)]
+    ])
+    taken = [state.select_and_lease(1, f"c{i}", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None) for i in range(7)]
     flat = [i for ids in taken for i in ids]
     assert len(flat) == 5 and len(set(flat)) == 5  # 7 cycles asked, 5 nodes existed, none handed out twice
-    assert state.call("expire", {"now": 61.0}) == sorted(flat, key=lambda s: int(s[1:]))
+    assert state.expire(now=61.0) == sorted(flat, key=lambda s: int(s[1:]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_runner import ksearch
@@ -26,6 +27,7 @@ from ksearch_ray.run.local import LocalPolicy
 from ksearch_ray.run.progress import PlainLines
 from ksearch_ray.store import RunDirError, RunStore
 from ksearch_ray.tree_record import RecordedTrees, TreeRecord, read_tree
+from ksearch_ray.worldmodel.api import ApplyOps, Command, SelectAndLease
 from ksearch_ray.worldmodel.delta import COUNTERS, TABLES
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.select import select_and_lease
@@ -239,15 +241,19 @@ def test_the_world_model_actor_records_every_version_and_checkpoints_when_releas
         start = grown(new_tree("toy"), 2)
         replica = WorldModelState(start, lambda _id: True)
         remote = RayWorldModel(store, start)
-        calls = [("apply", {"ops": [{"op": "insert", "parent": "root", "title": f"idea {i}"}]}) for i in range(5)]
-        calls += [("select_and_lease", {"k": 2, "holder": "c1", "now": 1.0, "ttl": 60.0, "max_difficulty": 5,
-                                        "relax_at": None})]
+        commands: list[Command[Any]] = [ApplyOps(ops=[{"op": "insert", "parent": "root", "title": f"idea {i}"}])
+                                        for i in range(5)]
+        commands += [SelectAndLease(k=2, holder="c1", now=1.0, ttl=60.0, max_difficulty=5, relax_at=None)]
         trees = {start.version: start}
 
         async def drive() -> None:
-            for name, args in calls:
-                assert await remote.call(name, args) == replica.call(name, args)
+            for command in commands:
+                assert await remote.run(command) == replica.run(command)
                 trees[replica.tree.version] = replica.tree
+            # The actor's own per-command methods are the world model's too.
+            lost = await remote.actor.release.remote(["n1"], "c9")
+            assert lost == replica.release(["n1"], "c9") == ["n1"]
+            trees[replica.tree.version] = replica.tree
 
         asyncio.run(drive())
         remote.release()

@@ -16,9 +16,10 @@ from cli_runner import ksearch
 from rich.console import Console
 
 from ksearch_ray.analysis.records import figures
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.judge import Judge
 from ksearch_ray.evaluation.session import RunSpec
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.evaluation.timing import time_command
 from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 from ksearch_ray.report.console import print_eval

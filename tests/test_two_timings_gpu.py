@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits, TimingPolicy
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.taskspec.task import Task, find_task
 

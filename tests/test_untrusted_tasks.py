@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 from cli_runner import ksearch
 
-from ksearch_ray.evaluation.evaluator import Evaluator, Limits
+from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.reference import ReferenceFailure
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
+from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Status
 from ksearch_ray.private_dir import PrivateDirError, cache_dir, check_private, manifest_matches, private_dir
 from ksearch_ray.taskspec.flashinfer_format import default_cache_dir, load_dataset

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ksearch_ray.worldmodel.ops import apply_ops
-from ksearch_ray.worldmodel.select import expire_leases, select_and_lease
+from ksearch_ray.worldmodel.select import select_and_lease
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import NodeStatus, Tree, new_tree
 
@@ -113,15 +113,12 @@ def test_a_slower_solution_never_replaces_a_faster_one() -> None:
 
 def test_renewing_or_releasing_a_lease_that_expired_names_it_instead_of_failing() -> None:
     state = WorldModelState(three_actions(), lambda _id: True)
-    assert state.call("select_and_lease", {"k": 1, "holder": "c1", "now": 0.0, "ttl": 10.0, "max_difficulty": 4,
-                                           "relax_at": None}) == ["n1"]
-    assert state.call("renew", {"ids": ["n1"], "holder": "c1", "now": 5.0, "ttl": 10.0}) == []
-    state.tree, expired = expire_leases(state.tree, now=20.0)
-    assert expired == ["n1"]
-    state.call("select_and_lease", {"k": 1, "holder": "c2", "now": 20.0, "ttl": 10.0, "max_difficulty": 4,
-                                    "relax_at": None})
-    assert state.call("renew", {"ids": ["n1"], "holder": "c1", "now": 21.0, "ttl": 10.0}) == ["n1"]
-    assert state.call("release", {"ids": ["n1"], "holder": "c1"}) == ["n1"]
+    assert state.select_and_lease(1, "c1", now=0.0, ttl=10.0, max_difficulty=4, relax_at=None) == ["n1"]
+    assert state.renew(["n1"], "c1", now=5.0, ttl=10.0) == []
+    assert state.expire(now=20.0) == ["n1"]
+    state.select_and_lease(1, "c2", now=20.0, ttl=10.0, max_difficulty=4, relax_at=None)
+    assert state.renew(["n1"], "c1", now=21.0, ttl=10.0) == ["n1"]
+    assert state.release(["n1"], "c1") == ["n1"]
     assert state.tree.leases["n1"].holder == "c2"  # the second cycle keeps its node
 
 

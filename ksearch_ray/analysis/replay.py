@@ -14,6 +14,7 @@ from ksearch_ray.events import Event, RunView, WmCall
 from ksearch_ray.policies.llm.parsing import read_plan
 from ksearch_ray.policies.llm.store import ResponseCache
 from ksearch_ray.store import RunDirError, RunStore
+from ksearch_ray.worldmodel.api import ApplyOps
 from ksearch_ray.worldmodel.tree import ROOT_ID, Tree
 
 
@@ -22,12 +23,12 @@ def replay_world_model(run_dir: Path) -> Tree:
     cache = ResponseCache(store.cache_dir)
     events: list[Event] = []
     for event in store.read_events():
-        if isinstance(event, WmCall) and event.call == "apply" and event.source:
+        if isinstance(event, WmCall) and isinstance(event.command, ApplyOps) and event.source:
             hit = cache.get(event.source[0], event.source[1])
             if hit is None:
                 raise RunDirError(f"{run_dir}: the reply of planner batch {event.seq} is not in the response cache")
             ops, _ = read_plan(hit.text, event.focus or ROOT_ID)
-            event = event.model_copy(update={"args": {**event.args, "ops": ops}})
+            event = event.model_copy(update={"command": event.command.model_copy(update={"ops": ops})})
         events.append(event)
     tree = RunView.of(events, store.has_solution).tree
     if tree is None:

@@ -26,6 +26,7 @@ from ksearch_ray.run.engine import Search
 from ksearch_ray.run.errors import SearchError
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task
+from ksearch_ray.worldmodel.api import Command, R
 from ksearch_ray.worldmodel.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ class RayWorldModel:
         assert tree is not None
         self.actor = self._make(tree)
 
-    async def call(self, name: str, args: dict[str, Any]) -> Any:
-        return await _with_retry(lambda: self.actor.call.remote(name, args), "world-model", self._rebuild)
+    async def run(self, command: Command[R]) -> R:
+        result: R = await _with_retry(lambda: self.actor.run.remote(command), "world-model", self._rebuild)
+        return result
 
     def release(self) -> None:
         # The record's last checkpoint, then the actor goes. Without it the record still holds every version (as

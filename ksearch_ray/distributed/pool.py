@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 ACTOR_RETRIES = 3
 CLOSE_GRACE_S = 10.0
-__all__ = ["BUILDER", "EvaluatorPoolError", "RayEvaluatorPool", "evaluator_count"]
+__all__ = ["EvaluatorPoolError", "RayEvaluatorPool", "evaluator_count"]
 
 
 class EvaluatorPoolError(SearchError):

@@ -28,7 +28,7 @@ from ksearch_ray.evaluation import gpu_driver
 from ksearch_ray.evaluation.buildcache import BuildRecord, sha256_bytes
 from ksearch_ray.evaluation.compare import Comparison
 from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
-from ksearch_ray.evaluation.judge import Judge, reference_precision
+from ksearch_ray.evaluation.judge import Judge
 from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
 from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_profile, slowest_workload
 from ksearch_ray.evaluation.reference import SandboxedReference
@@ -66,8 +66,7 @@ Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
 Stage = Callable[[Session], float]
 
-__all__ = ["Evaluator", "Failure", "Limits", "Mode", "Stage", "TimingPolicy", "geomean", "reference_precision",
-           "trusted_prepare"]
+__all__ = ["Evaluator", "Mode", "Stage", "geomean", "trusted_prepare"]
 
 GPUMODE_TASK_MODULE = '''"""The names GPUMode submissions import (`from task import input_t, output_t`): types only."""
 from typing import Any

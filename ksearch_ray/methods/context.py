@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ksearch_ray.worldmodel.api import Command, R
+
 if TYPE_CHECKING:
     from ksearch_ray.config import RunConfig
     from ksearch_ray.events import Event, RunView
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from ksearch_ray.models import EvalResult, Solution
     from ksearch_ray.policies.contract import Attempt, CodeRequest, Facts, PlanReply, PlanRequest
     from ksearch_ray.taskspec.task import Task
+    from ksearch_ray.worldmodel.ops import ApplyReport
     from ksearch_ray.worldmodel.tree import Tree
 
 
@@ -80,13 +83,13 @@ class SearchContext(Protocol):
 
     def tree(self) -> Tree: ...
 
-    async def wm(self, call: str, *, tag: dict[str, Any] | None = None, **args: Any) -> Any:
-        """One change of the world model (applied, mirrored and logged)."""
+    async def wm(self, command: Command[R], *, tag: dict[str, Any] | None = None) -> R:
+        """One change of the world model (applied, mirrored and logged); what the command returns."""
         ...
 
     def plan_request(self, kind: str, **fields: Any) -> PlanRequest: ...
 
-    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, dict[str, Any] | None]:
+    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, ApplyReport | None]:
         """Ask the planner and apply its ops; the reply and the apply report (None when nothing applied)."""
         ...
 

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import asyncio
 
+from ksearch_ray.config import KSearchConfig
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
 from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
 from ksearch_ray.models import Solution
 from ksearch_ray.policies.contract import Attempt, AttemptEvidence, CodeKind, FailedAttempt
+from ksearch_ray.worldmodel.api import ApplyOps, Release, Renew
+from ksearch_ray.worldmodel.ops import AnnotateOp, AttachSolutionOp, CloseOp, MarkTooHardOp, RecordOutcomeOp
 from ksearch_ray.worldmodel.tree import ActionNode, Outcome
 
 LEASE_LOST = "lease lost"
@@ -93,7 +96,7 @@ class ActionCycle:
         self.lost = record.stop_reason == LEASE_LOST  # the lease expired under this cycle: it stops, judges nothing
 
     @property
-    def config(self):  # type: ignore[no-untyped-def]
+    def config(self) -> KSearchConfig:
         return self.ctx.config.search.ksearch
 
     async def run(self) -> None:
@@ -130,8 +133,8 @@ class ActionCycle:
         if self.lost:
             return
         rec = self.rec
-        lost = await self.ctx.wm("renew", ids=[rec.node_id], holder=rec.cycle_id, now=self.ctx.now(),
-                                 ttl=self.config.lease_ttl_s)
+        lost = await self.ctx.wm(Renew(ids=[rec.node_id], holder=rec.cycle_id, now=self.ctx.now(),
+                                       ttl=self.config.lease_ttl_s))
         if lost:
             self.lost = True
             self.ctx.say(f"{rec.cycle_id}: its lease on {rec.node_id} expired before it could renew it; the cycle stops "
@@ -250,7 +253,7 @@ class ActionCycle:
             return
         if not rec.attempts:
             # The budget ran out before the first attempt: the action goes back to the frontier untouched.
-            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._end(passed=False)
             return
         evidence = self.evidence(node)
@@ -258,25 +261,25 @@ class ActionCycle:
             await self._finish_without_lease(node, evidence, best)
             return
         if "recorded" not in rec.steps:
-            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
-                                                 "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
+            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+                                                       outcome=self.outcome(node, evidence))]), tag=tag)
             self._step("recorded")
         if passed and "attached" not in rec.steps:
             assert best is not None and best.result is not None and best.solution_id is not None
-            await ctx.wm("apply", tag=tag, ops=[{
-                "op": "attach_solution", "node": rec.node_id, "solution_id": best.solution_id,
-                "evaluation": eval_summary(best.result, best.speedup).model_dump(mode="json"),
-            }])
+            await ctx.wm(ApplyOps(ops=[AttachSolutionOp(
+                op="attach_solution", node=rec.node_id, solution_id=best.solution_id,
+                evaluation=eval_summary(best.result, best.speedup),
+            )]), tag=tag)
             self._step("attached")
         elif not passed and self.budget_cut and "released" not in rec.steps:
             # Cut short by the budget, not judged: back to the frontier, its outcome kept.
-            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._step("released")
         elif not passed and not self.budget_cut and "marked" not in rec.steps:
-            await ctx.wm("apply", tag=tag, ops=[{
-                "op": "mark_too_hard", "node": rec.node_id,
-                "reason": f"no passing attempt in {len(rec.attempts)}: {failure_digest(evidence)[:300] or 'no code came back'}",
-            }])
+            await ctx.wm(ApplyOps(ops=[MarkTooHardOp(
+                op="mark_too_hard", node=rec.node_id,
+                reason=f"no passing attempt in {len(rec.attempts)}: {failure_digest(evidence)[:300] or 'no code came back'}",
+            )]), tag=tag)
             self._step("marked")
         judged = passed or not self.budget_cut
         if judged and "planned" not in rec.steps and ctx.budget_left() != "cost":
@@ -293,18 +296,18 @@ class ActionCycle:
         ctx, rec = self.ctx, self.rec
         tag = {"cycle": rec.cycle_id}
         if rec.attempts and "recorded" not in rec.steps:
-            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
-                                                 "outcome": self.outcome(node, self.evidence(node)).model_dump(mode="json")}])
+            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+                                                       outcome=self.outcome(node, self.evidence(node)))]), tag=tag)
             self._step("recorded")
         if "released" not in rec.steps:
-            await ctx.wm("release", ids=[rec.node_id], holder=rec.cycle_id, tag=tag)
+            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._step("released")
         refused = sum(c.node_id == rec.node_id and c.stop_reason == REFUSED for c in ctx.view.cycles.values())
         why = "the provider refused the coder's calls for this action (a content policy or a rejected request)"
         if "noted" not in rec.steps:
-            op = ({"op": "close", "target": rec.node_id, "reason": f"{why}, in {refused} cycles"} if refused >= 2
-                  else {"op": "annotate", "target": rec.node_id, "text": why})
-            await ctx.wm("apply", tag=tag, ops=[op])
+            op = (CloseOp(op="close", target=rec.node_id, reason=f"{why}, in {refused} cycles") if refused >= 2
+                  else AnnotateOp(op="annotate", target=rec.node_id, text=why))
+            await ctx.wm(ApplyOps(ops=[op]), tag=tag)
             self._step("noted")
         self._end(passed=False)
 
@@ -315,17 +318,17 @@ class ActionCycle:
         ctx, rec = self.ctx, self.rec
         tag = {"cycle": rec.cycle_id}
         if "recorded" not in rec.steps:
-            await ctx.wm("apply", tag=tag, ops=[{"op": "record_outcome", "node": rec.node_id,
-                                                 "outcome": self.outcome(node, evidence).model_dump(mode="json")}])
+            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+                                                       outcome=self.outcome(node, evidence))]), tag=tag)
             self._step("recorded")
         passed = best is not None and best.passed
         free = rec.node_id not in ctx.tree().leases
         if passed and free and "attached" not in rec.steps:
             assert best is not None and best.result is not None and best.solution_id is not None
-            await ctx.wm("apply", tag=tag, ops=[{
-                "op": "attach_solution", "node": rec.node_id, "solution_id": best.solution_id,
-                "evaluation": eval_summary(best.result, best.speedup).model_dump(mode="json"),
-            }])
+            await ctx.wm(ApplyOps(ops=[AttachSolutionOp(
+                op="attach_solution", node=rec.node_id, solution_id=best.solution_id,
+                evaluation=eval_summary(best.result, best.speedup),
+            )]), tag=tag)
             self._step("attached")
         self.ctx.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
                                  budget_cut=self.budget_cut, abandoned="its lease expired"))

@@ -19,6 +19,8 @@ from ksearch_ray.methods.context import SearchContext
 from ksearch_ray.methods.cycle import ActionCycle
 from ksearch_ray.methods.evidence import workload_times
 from ksearch_ray.policies.contract import WorkloadTime
+from ksearch_ray.worldmodel.api import ApplyOps, Expire, Renew, SelectAndLease
+from ksearch_ray.worldmodel.ops import InsertContinuationOp
 from ksearch_ray.worldmodel.select import difficulty_limit, frontier
 from ksearch_ray.worldmodel.tree import ROOT_ID, NodeStatus, best_solution
 
@@ -52,9 +54,10 @@ class KSearch:
                 s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
                                   attempts=len(record.attempts), abandoned="its lease was gone"))
                 continue
-            # The session that held it is gone: renew before it can expire under it (an empty list: renewed).
-            if not settled and await s.wm("renew", ids=[record.node_id], holder=record.cycle_id, now=s.now(),
-                                          ttl=ks.lease_ttl_s):
+            # The session that held it is gone: renew before it can expire under it (nothing lost: renewed).
+            lost = [] if settled else await s.wm(Renew(ids=[record.node_id], holder=record.cycle_id, now=s.now(),
+                                                       ttl=ks.lease_ttl_s))
+            if lost:
                 s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
                                   attempts=len(record.attempts), abandoned="its lease was gone"))
                 continue
@@ -105,10 +108,10 @@ class KSearch:
     async def _lease_and_run(self, s: SearchContext, cycle_id: str) -> None:
         ks = s.config.search.ksearch
         try:
-            ids = await s.wm(
-                "select_and_lease", k=1, holder=cycle_id, now=s.now(), ttl=ks.lease_ttl_s,
+            ids = await s.wm(SelectAndLease(
+                k=1, holder=cycle_id, now=s.now(), ttl=ks.lease_ttl_s,
                 max_difficulty=ks.max_difficulty, relax_at=ks.relax_difficulty_at_speedup,
-            )
+            ))
             if not ids:
                 return
             s.record(CycleStart(cycle=cycle_id, node=ids[0]))
@@ -124,7 +127,7 @@ class KSearch:
     async def _expire_leases(self, s: SearchContext) -> None:
         now = s.now()
         if any(lease.expires_at <= now for lease in s.tree().leases.values()):
-            expired = await s.wm("expire", now=now)
+            expired = await s.wm(Expire(now=now))
             s.say(f"leases expired (their cycles stopped reporting): {', '.join(expired)}")
 
     # --- more actions --------------------------------------------------------------------------------
@@ -159,14 +162,14 @@ class KSearch:
             return
         if sum(c.author == "system" for c in children) >= CONTINUATIONS:
             return
-        await s.wm("apply", ops=[{"op": "insert_continuation", "parent": anchor,
-                                  "reason": "the best solution had no open action left to build on it"}])
+        await s.wm(ApplyOps(ops=[InsertContinuationOp(
+            op="insert_continuation", parent=anchor, reason="the best solution had no open action left to build on it")]))
         s.say(f"the best solution ({anchor}) had no open action: added one to improve it further")
 
     async def _continue_from_best(self, s: SearchContext, why: str) -> None:
         best = best_solution(s.tree())
         parent = best.id if best is not None else ROOT_ID
-        await s.wm("apply", ops=[{"op": "insert_continuation", "parent": parent, "reason": why[:300]}])
+        await s.wm(ApplyOps(ops=[InsertContinuationOp(op="insert_continuation", parent=parent, reason=why[:300])]))
         s.say(f"no usable action from the planner ({why[:160]}); the coder will improve the best solution ({parent}) instead")
 
     def _seed_times(self, s: SearchContext) -> list[WorkloadTime]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
+from ksearch_ray.worldmodel.api import Command, R
 from ksearch_ray.worldmodel.tree import Tree
 
 BUILDER = -1
@@ -23,7 +24,9 @@ BUILDER = -1
 
 
 class WorldModelBackend(Protocol):
-    async def call(self, name: str, args: dict[str, Any]) -> Any: ...
+    async def run(self, command: Command[R]) -> R:
+        """Apply one command (`worldmodel.api`) to the authoritative tree; what it returns."""
+        ...
 
     def release(self) -> None: ...
 

@@ -12,9 +12,9 @@ troubles are waited out and asked again (an `outage` event when it begins and en
 and a refused request is asked again twice and then one failed call. Planner ops are applied in
 `plan`, against the tree version the request was written for.
 
-The world model is mirrored: every change goes through `wm()`, one call at a time, which applies the named call on the
-backend (the authority: the WorldModelActor on Ray), and records it; the read model applies the same
-call with the same pure functions, so reading the tree never crosses a process boundary and a
+The world model is mirrored: every change goes through `wm()`, one typed command at a time (`worldmodel.api`), which
+applies it on the backend (the authority: the WorldModelActor on Ray), and records it; the read model applies the same
+command with the same pure functions, so reading the tree never crosses a process boundary and a
 resumed run rebuilds the exact tree by replay.
 
 Trusting a number (see `measure`): each session measures the baseline on every evaluator and the
@@ -91,6 +91,8 @@ from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task, TaskError, solution_from_file
 from ksearch_ray.taskspec.tunables import read_tunables
 from ksearch_ray.text import clip
+from ksearch_ray.worldmodel.api import ApplyOps, Command, R, logged
+from ksearch_ray.worldmodel.ops import ApplyReport, AttachSolutionOp, SetBestOp
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import ROOT_ID, Tree, new_tree
 
@@ -231,16 +233,17 @@ class Search:
 
     # --- the world model ------------------------------------------------------------------------------
 
-    async def wm(self, call: str, *, tag: dict[str, Any] | None = None, **args: Any) -> Any:
+    async def wm(self, command: Command[R], *, tag: dict[str, Any] | None = None) -> R:
         async with self._wm_lock:
             t0 = time.monotonic()
-            result = await self.world_model.call(call, args)
+            result = await self.world_model.run(command)
             assert self.mirror is not None
-            mirrored = self.mirror.call(call, args)
+            mirrored = self.mirror.run(command)
             if mirrored != result:  # both applied the same pure function to the same tree
-                raise SearchError(f"the world-model replica disagrees with its actor after {call}; the run log is the truth")
+                raise SearchError(f"the world-model replica disagrees with its actor after {command.call}; "
+                                  "the run log is the truth")
             self.wm_s += time.monotonic() - t0
-            self.record(WmCall(call=call, args=args, **(tag or {})))
+            self.record(WmCall(command=logged(command), **(tag or {})))
             return result
 
     def tree(self) -> Tree:
@@ -454,7 +457,7 @@ class Search:
         noise = self.noise()
         return noise.value if noise else None
 
-    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, dict[str, Any] | None]:
+    async def plan(self, request: PlanRequest, *, cycle: str | None = None) -> tuple[PlanReply, ApplyReport | None]:
         best = self.view.best
         if best is not None and best.solution_id in self._profiling:
             # The best's profile is on its way (a cycle that just found it asks the planner to refine now): the planner
@@ -475,12 +478,12 @@ class Search:
                "notes": reply.notes, "version": request.tree.version}
         # Applied against the version it was written for: an op on something changed since is rejected on
         # its own, and the planner is told in its next call.
-        report = await self.wm("apply", ops=reply.ops, system=False, base_version=request.tree.version,
-                               max_new=request.max_actions, tag=tag)
-        rejected = [r for r in report["results"] if not r["ok"]]
+        report = await self.wm(ApplyOps(ops=reply.ops, system=False, base_version=request.tree.version,
+                                        max_new=request.max_actions), tag=tag)
+        rejected = report.rejected
         if rejected:
             self.on_line(f"planner ({request.kind}): {len(rejected)} of {len(reply.ops)} ops rejected: "
-                         + "; ".join(f"{r['op']}: {r['reason']}" for r in rejected[:3]))
+                         + "; ".join(f"{r.op}: {r.reason}" for r in rejected[:3]))
         return reply, report
 
     async def generate(self, request: CodeRequest, round_: int, where: Where) -> Attempt | None:
@@ -648,11 +651,11 @@ class Search:
         result = self.view.results.get(solution_id)
         if result is not None and self.view.best is not None and self.view.best.solution_id == solution_id:
             times = workload_times(result, None, self.baseline_for(evaluator))
-            await self.wm("apply", ops=[{
-                "op": "set_best", "solution_id": solution_id, "speedup": value,
-                "time_ms": {t.workload: t.ms for t in times},
-                "baseline_ms": {t.workload: t.baseline_ms for t in times if t.baseline_ms is not None},
-            }])
+            await self.wm(ApplyOps(ops=[SetBestOp(
+                op="set_best", solution_id=solution_id, speedup=value,
+                time_ms={t.workload: t.ms for t in times},
+                baseline_ms={t.workload: t.baseline_ms for t in times if t.baseline_ms is not None},
+            )]))
 
     def _set_best(self, best: Best) -> None:
         """Record a best and, when it is the run's best, write best.json and best/."""
@@ -948,10 +951,9 @@ class Search:
                                   speedup=self.speedup_of(again, evaluator) if again.passed else None))
         self.on_line(f"starting from the seed {solution.name}: {with_noise(value, self.noise(evaluator))} over the baseline; "
                      f"{format_noise(self.noise(evaluator))}")
-        await self.wm("apply", ops=[{
-            "op": "attach_solution", "node": "root", "solution_id": solution.id,
-            "evaluation": eval_summary(result, value).model_dump(mode="json"),
-        }])
+        await self.wm(ApplyOps(ops=[AttachSolutionOp(
+            op="attach_solution", node="root", solution_id=solution.id, evaluation=eval_summary(result, value),
+        )]))
         if value is not None:  # the seed is the first best: a run that never beats it hands out the seed
             self._set_best(Best(solution_id=solution.id, speedup=value, node=ROOT_ID, round=0, gpu=gpu, why="the seed"))
 

@@ -30,6 +30,7 @@ from ksearch_ray.run.evaluators import build_evaluator
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.task import Task
 from ksearch_ray.tree_record import TreeRecord
+from ksearch_ray.worldmodel.api import Command, R
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
 
@@ -39,13 +40,11 @@ class LocalWorldModel:
 
     def __init__(self, store: RunStore, tree: Tree):
         self.store = store
-        self.state = WorldModelState(tree, store.has_solution)
         self.record = TreeRecord(store.root, tree)
+        self.state = WorldModelState(tree, store.has_solution, on_change=self.record.changed)
 
-    async def call(self, name: str, args: dict[str, Any]) -> Any:
-        result = self.state.call(name, args)
-        self.record.changed(self.state.tree, name)
-        return result
+    async def run(self, command: Command[R]) -> R:
+        return self.state.run(command)
 
     def release(self) -> None:
         """The record's last checkpoint."""

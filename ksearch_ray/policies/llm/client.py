@@ -19,7 +19,7 @@ empty stream; a stream that ends or breaks before its finish) is asked again onc
 streaming, and when that answers the client streams no more (`stream_off`). A stream that never
 sends `[DONE]` is read up to its finish and usage. Every token billed is in the call's record, a cut
 stream's included (estimated). The call interface lives in `llm.types` and the response cache in
-`llm.store`; every public name of those is importable from here too.
+`llm.store`; import them from there.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from ksearch_ray.policies.llm.store import CachedReply, ResponseCache
 from ksearch_ray.policies.llm.types import (
     ErrorKind,
     LLMCall,
-    LLMClient,
     LLMConfig,
     LLMError,
     LLMReply,
@@ -50,20 +49,7 @@ from ksearch_ray.policies.llm.types import (
 )
 from ksearch_ray.text import clip as clip_line
 
-__all__ = [
-    "CachedReply",
-    "ErrorKind",
-    "LLMCall",
-    "LLMClient",
-    "LLMConfig",
-    "LLMError",
-    "LLMReply",
-    "LiteLLMClient",
-    "Message",
-    "ResponseCache",
-    "classify_error",
-    "request_hash",
-]
+__all__ = ["LiteLLMClient", "classify_error", "request_hash"]
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from ksearch_ray.policies.contract import (
 )
 from ksearch_ray.policies.failure import decisive_text
 from ksearch_ray.policies.llm.prompting import format_sources
+from ksearch_ray.taskspec.spec import TensorSpec
 from ksearch_ray.taskspec.task import TaskDefinition
 from ksearch_ray.worldmodel.render import format_speedup, render_hypotheses, render_summary
 from ksearch_ray.worldmodel.tree import Tree
@@ -29,7 +30,7 @@ CHARS_PER_TOKEN = 3
 
 
 def interface_text(task: TaskDefinition) -> str:
-    def spec(name: str, s) -> str:  # type: ignore[no-untyped-def]
+    def spec(name: str, s: TensorSpec) -> str:
         shape = "scalar" if s.shape is None else "[" + ", ".join(str(d) for d in s.shape) + "]"
         return f"  {name}: {shape} {s.dtype}" + (f"  ({s.description})" if s.description else "")
 

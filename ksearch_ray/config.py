@@ -91,6 +91,13 @@ class KSearchConfig(_Section):
     max_difficulty: int = Field(default=4, ge=1, le=5, description="Difficulty gate (1-5) of the selection policy.")
     relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0, description="The gate opens once the best reaches this.")
     max_new_actions: int = Field(default=3, ge=1, description="New actions one planner batch may add (K-Search: 3).")
+    max_proposals: int = Field(
+        default=32, ge=1, description="New actions one batch may add when the frontier leaves more cycle slots idle "
+        "than max_new_actions would fill (the planner is asked for what is missing, up to this).")
+    max_parallel_attempts: int | None = Field(
+        default=None, ge=1, description="Attempts one cycle may have in flight while fewer cycles run than the width "
+        "(their slots go to the running cycles' attempts); none: as many as the width leaves; 1: K-Search's sequential "
+        "cycle.")
 
 
 class EvolveConfig(_Section):

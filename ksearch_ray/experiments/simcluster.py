@@ -121,6 +121,8 @@ class SimSettings:
     tell_limits: bool = True
     """Give the run the provider's limits (llm.requests_per_min ...); False: it learns them from 429s."""
     policy_actors: int = 4
+    max_parallel_attempts: int | None = None
+    """search.ksearch.max_parallel_attempts (1: every cycle sequential, as before issue 42)."""
     eval_latency: EvalLatency = field(default_factory=EvalLatency)
     sample_s: float = 1.0
     """Simulated seconds between samples of the busy share and the cycles at work."""
@@ -149,7 +151,7 @@ def run_config(s: SimSettings, api_base: str, run_dir: Path) -> Any:
         "llm": llm,
         "evaluation": {"device": "cpu", "evaluators": s.gpus, "evaluator_cpus": 0.0001, "evaluator_gpus": True},
         "search": {"width": s.width, "noise_repeats": 1, "confirm_repeats": 0, "warmup": False,
-                   "retime_best": False},
+                   "retime_best": False, "ksearch": {"max_parallel_attempts": s.max_parallel_attempts}},
         "budget": {"rounds": s.rounds},
         "cluster": {"policy_actors": s.policy_actors},
     })
@@ -225,8 +227,10 @@ def simulate(s: SimSettings, run_dir: Path) -> dict[str, Any]:
             wall = time.monotonic() - t0
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             statuses = [e.status for e in provider.exchanges]
-        return figures(s, run_dir, samples, wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
-                       statuses)
+        result = figures(s, run_dir, samples, wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
+                         statuses)
+        result["evaluator_nodes"] = len({info.node for info in search.infos})
+        return result
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -20,11 +20,11 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     its tunables allow), so the idle slots become parallel attempts of the running cycles; 12 replies of 40 s
     on average want about 18 requests a minute, the provider admits 10, and the shared limit paces every
     planner and coder actor below it."""
-    settings = SimSettings(width=12, gpus=4, nodes=2, rounds=16, time_factor=FACTOR, requests_per_min=10,
+    settings = SimSettings(width=12, gpus=4, nodes=2, rounds=48, time_factor=FACTOR, requests_per_min=10,
                            policy_actors=2, eval_latency=EvalLatency(time_factor=FACTOR))
     figures = simulate(settings, tmp_path / "run")
 
-    assert figures["end"] == "rounds" and figures["rounds"] == 16
+    assert figures["end"] == "rounds" and figures["rounds"] == 48
     assert figures["evaluator_nodes"] == 2
     # Paced by the shared limit. Not to zero here: time-scaled, the provider's minute is 1.8 s, and on a loaded
     # machine a request can leave more than the limit's slack (0.25 s) after its slot (the first call of each actor

@@ -52,11 +52,16 @@ def test_settle_corrects_a_grants_tokens() -> None:
 
 def test_a_429_holds_every_caller_and_teaches_the_request_limit() -> None:
     book = RateBook(window_s=60)
-    grants = [book.reserve(10, i * 0.1) for i in range(7)]
+    grants = [book.reserve(10, i * 0.1) for i in range(13)]
     assert all(g.wait_s == 0.0 for g in grants)
-    book.throttled(5.0, 1.0, grants[-1].id)  # the 7th was refused: the provider admits 6 a window
-    assert book.learned_requests == 6
-    assert book.reserve(10, 1.0).wait_s == pytest.approx(WINDOW - 1.0)  # the first of the six must leave first
+    book.throttled(5.0, 2.0, grants[-1].id)  # the 13th was refused: the provider admits 12 a window
+    assert book.learned_requests == 12
+    assert book.reserve(10, 2.0).wait_s == pytest.approx(WINDOW - 2.0)  # the first of the twelve must leave first
+
+    few = RateBook(window_s=60)
+    grants = [few.reserve(10, 0.0) for _ in range(3)]
+    few.throttled(1.0, 0.5, grants[-1].id)
+    assert few.learned_requests is None  # a 429 after 2 requests: waited out, no limit of 2 a minute learnt
 
     held = RateBook(requests=100, window_s=60)
     held.throttled(5.0, 1.0)
@@ -117,14 +122,14 @@ def test_clients_sharing_one_limit_get_no_429s_where_unshared_ones_storm() -> No
 def test_clients_without_settings_learn_the_limit_from_the_first_429s() -> None:
     """The first storm finds the limit by hitting it; the same clients' second storm is paced by what they learnt."""
     warm_up()
-    with provider(6, 1.0) as server:
+    with provider(12, 1.0) as server:
         book = RateBook(window_s=1.0)
         many = clients(server, 4, LocalLimiter(book), limit_window_s=1.0)
-        first = asyncio.run(storm(many, 6))
+        first = asyncio.run(storm(many, 8))
         assert all(c.error is None for c in first)
         assert server.throttled > 0
-        assert book.learned_requests is not None and book.learned_requests <= 6
+        assert book.learned_requests is not None and book.learned_requests <= 12
         learnt_with = server.throttled
-        second = asyncio.run(storm(many, 6))
+        second = asyncio.run(storm(many, 8))
         assert all(c.error is None for c in second)
         assert server.throttled == learnt_with

@@ -14,7 +14,8 @@ in order (first come, first served), so a request never overtakes one that waits
 
 Learned limits: a 429 holds every caller until its Retry-After has passed (`throttled`); where no
 request limit is set, the requests granted in the last window before a 429 become the limit (the
-provider refused the next one), so a run without settings stops finding the limit over and over.
+provider refused the next one; only from LEARN_MIN_REQUESTS up), so a run without settings stops finding the
+limit over and over.
 
 On Ray the book lives in one small actor per endpoint (`actors.limiter`), asked once per request,
 never per token or chunk; in a single process it is called directly (`LocalLimiter`).
@@ -31,6 +32,9 @@ from typing import Protocol
 
 DEFAULT_COMPLETION_TOKENS = 1_000
 """Tokens a reply is assumed to write before any reply has said (and when no max_tokens is set)."""
+LEARN_MIN_REQUESTS = 10
+"""A 429 teaches a request limit only when at least this many requests were admitted in the window before it: a
+429 after a few requests says nothing of a limit (a learnt limit of 1 a minute would stall a run for good)."""
 SLACK = 0.02
 SLACK_MIN_S = 0.25
 """The window is kept this much longer than the provider's (a share of it, at least SLACK_MIN_S): a request
@@ -141,8 +145,9 @@ class RateBook:
             # request's slot (those refused too are taken out as their 429s arrive: the least count is the limit).
             at = refused[0] if refused is not None else now
             admitted = sum(1 for e in self._granted if at - self._window() < e[0] <= at)
-            self.learned_requests = max(1, admitted if self.learned_requests is None
-                                        else min(self.learned_requests, admitted))
+            if admitted >= LEARN_MIN_REQUESTS:  # fewer: a passing 429 (a burst, another tenant), waited out only
+                self.learned_requests = admitted if self.learned_requests is None else min(self.learned_requests,
+                                                                                           admitted)
 
     def completion_estimate(self, max_tokens: int | None) -> int:
         return max_tokens if max_tokens is not None else int(self.completion_mean)

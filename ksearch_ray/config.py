@@ -54,7 +54,14 @@ class LLMConfig(_Section):
         description="How long a provider may keep failing (timeouts, 5xx, 429) before the run stops, resumable; "
         "such failures spend no round.",
     )
-    concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder.")
+    concurrency: int = Field(default=8, ge=1, description="LLM calls in flight per planner/coder actor.")
+    requests_per_min: int | None = Field(
+        default=None, ge=1, description="The provider's request limit per window, shared by every planner and coder "
+        "(one limiter per model and api_base); none: learned from the first 429s.")
+    tokens_per_min: int | None = Field(
+        default=None, ge=1, description="The provider's token limit (prompt and completion) per window, shared "
+        "likewise; none: not limited here.")
+    limit_window_s: float = Field(default=60.0, gt=0, description="The window of those limits (a provider's minute).")
     structured_output: Literal["auto", "on", "off"] = Field(
         default="auto", description="JSON-schema planner replies: auto = where litellm says the model supports them."
     )
@@ -84,6 +91,13 @@ class KSearchConfig(_Section):
     max_difficulty: int = Field(default=4, ge=1, le=5, description="Difficulty gate (1-5) of the selection policy.")
     relax_difficulty_at_speedup: float | None = Field(default=1.5, gt=0, description="The gate opens once the best reaches this.")
     max_new_actions: int = Field(default=3, ge=1, description="New actions one planner batch may add (K-Search: 3).")
+    max_proposals: int = Field(
+        default=32, ge=1, description="New actions one batch may add when the frontier leaves more cycle slots idle "
+        "than max_new_actions would fill (the planner is asked for what is missing, up to this).")
+    max_parallel_attempts: int | None = Field(
+        default=None, ge=1, description="Attempts one cycle may have in flight while fewer cycles run than the width "
+        "(their slots go to the running cycles' attempts); none: as many as the width leaves; 1: K-Search's sequential "
+        "cycle.")
 
 
 class EvolveConfig(_Section):
@@ -204,6 +218,9 @@ class EvaluationConfig(_Section):
 class ClusterConfig(_Section):
     ray: bool = Field(default=True, description="Run on Ray (local or a cluster); false: everything in this process.")
     address: str | None = Field(default=None, description="Attach to this Ray cluster (default: RAY_ADDRESS, or a local Ray).")
+    policy_actors: int = Field(
+        default=1, ge=1, description="Planner actors and coder actors (each): calls are spread over them, each takes "
+        "llm.concurrency at once, and all share the endpoint's one rate limit.")
     build_pool: bool = Field(
         default=True, description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (Ray only)."
     )

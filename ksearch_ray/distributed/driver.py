@@ -79,48 +79,80 @@ class RayWorldModel:
 
 
 class RayPolicy:
-    def __init__(self, role: str, config: RunConfig, store: RunStore):
-        self.role, self.config, self.store = role, config, store
-        self.actor = self._make()
+    """A role's PolicyActors (`cluster.policy_actors`), calls spread over them in turn; every one of them draws
+    from the endpoint's shared rate limit (`limiter`, a LimiterActor; None for the offline policy)."""
+
+    def __init__(self, role: str, config: RunConfig, store: RunStore, limiter: Any = None):
+        self.role, self.config, self.store, self.limiter = role, config, store, limiter
+        self.actors = [self._make() for _ in range(config.cluster.policy_actors)]
+        self._turn = 0
 
     def _make(self) -> Any:
         from ksearch_ray.actors.policy import PolicyActor
 
         return PolicyActor.options(max_concurrency=self.config.llm.concurrency, **pinned()).remote(
-            self.role, self.config.llm.model_dump_json(), str(self.store.cache_dir), None
+            self.role, self.config.llm.model_dump_json(), str(self.store.cache_dir), None, self.limiter
         )
 
-    def _replace(self) -> None:
-        self.actor = self._make()
+    def _next(self) -> tuple[int, Any]:
+        self._turn = (self._turn + 1) % len(self.actors)
+        return self._turn, self.actors[self._turn]
+
+    def _call(self, method: str, request: Any) -> Awaitable[Any]:
+        index, actor = self._next()
+
+        def replace() -> None:
+            self.actors[index] = self._make()
+        return _with_retry(lambda: getattr(self.actors[index], method).remote(request), self.role, replace)
 
     def release(self) -> None:
-        ray.kill(self.actor)
+        for actor in self.actors:
+            ray.kill(actor)
 
     async def name(self) -> str:
-        return str(await _with_retry(lambda: self.actor.name.remote(), self.role, self._replace))
+        index, actor = self._next()
+
+        def replace() -> None:
+            self.actors[index] = self._make()
+        return str(await _with_retry(lambda: self.actors[index].name.remote(), self.role, replace))
 
     async def plan(self, request: PlanRequest) -> PlanReply:
-        reply: PlanReply = await _with_retry(lambda: self.actor.plan.remote(request), self.role, self._replace)
+        reply: PlanReply = await self._call("plan", request)
         return reply
 
     async def code(self, request: CodeRequest) -> CodeReply:
-        reply: CodeReply = await _with_retry(lambda: self.actor.code.remote(request), self.role, self._replace)
+        reply: CodeReply = await self._call("code", request)
         return reply
 
 
-def ray_search(config: RunConfig, task: Task, store: RunStore, **options: Any) -> Search:
-    """A search whose world model, planner, coder and evaluators are Ray actors."""
+def endpoint_limiter(config: RunConfig) -> Any:
+    """The LimiterActor of the run's LLM endpoint (None without a model: the offline policy calls nothing)."""
+    llm = config.llm
+    if llm.model is None:
+        return None
+    from ksearch_ray.actors.limiter import limiter_actor
+
+    return limiter_actor(llm.model, llm.api_base, llm.requests_per_min, llm.tokens_per_min, llm.limit_window_s,
+                         **pinned())
+
+
+def ray_search(config: RunConfig, task: Task, store: RunStore, *, pool_options: dict[str, Any] | None = None,
+               **options: Any) -> Search:
+    """A search whose world model, planner, coder and evaluators are Ray actors. `pool_options`: fields of the
+    RayEvaluatorPool (a simulation's evaluator actor class)."""
+    pool_options = pool_options or {}
     search: Search | None = None
 
     def lost(index: int, solution_id: str) -> None:
         assert search is not None
         search.record(EvaluatorLost(evaluator=index, solution_id=solution_id))
 
-    pool = RayEvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret())
+    pool = RayEvaluatorPool(config, store.root.name, on_lost=lost, secret=store.seed_secret(), **pool_options)
+    limiter = endpoint_limiter(config)
     backends = Backends(
         world_model=lambda tree: RayWorldModel(store, tree),
-        planner=RayPolicy("planner", config, store),
-        coder=RayPolicy("coder", config, store),
+        planner=RayPolicy("planner", config, store, limiter),
+        coder=RayPolicy("coder", config, store, limiter),
         evaluators=pool,
     )
     search = Search(config, task, store, backends, method_for(config, store.load_solution), **options)

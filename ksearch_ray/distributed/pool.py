@@ -103,6 +103,9 @@ class RayEvaluatorPool:
     """Seconds of compiling (on CPU workers) for this session's builds."""
     lost: int = 0
     """Evaluations lost to dead evaluators (and run again)."""
+    actor_class: Any = None
+    """The evaluator actor class (default `actors.evaluator.EvaluatorActor`); a simulation's stands in for it
+    (`experiments.simcluster`) with the same methods."""
 
     def __post_init__(self) -> None:
         self.device = self.config.evaluation.device or "cpu"
@@ -127,7 +130,7 @@ class RayEvaluatorPool:
         from ksearch_ray.actors.evaluator import EvaluatorActor
 
         gpus = 1 if self.device == "cuda" or self.config.evaluation.evaluator_gpus else 0
-        return EvaluatorActor.options(
+        return (self.actor_class or EvaluatorActor).options(
             num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
         ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir,
                  secret_names=[self.config.llm.api_key_env], secret=self.secret)

@@ -29,6 +29,7 @@ by two cycles to the end and a slower solution never replaces a faster one.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from ksearch_ray.config import KSearchConfig
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
@@ -86,10 +87,18 @@ def current_attempt(attempts: list[Attempt]) -> Attempt | None:
     return with_code[-1] if with_code else None
 
 
+def settled(attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts whose outcome is known: evaluated, or without code (an attempt in flight is neither)."""
+    return [a for a in attempts if a.result is not None or a.solution_id is None]
+
+
 class ActionCycle:
-    def __init__(self, ctx: SearchContext, record: CycleRecord):
+    def __init__(self, ctx: SearchContext, record: CycleRecord, lanes: Callable[[], int] = lambda: 1):
+        """`lanes`: how many attempts this cycle may have in flight now (the method's share of the width for it;
+        1: K-Search's sequential cycle)."""
         self.ctx = ctx
         self.rec = record
+        self.lanes = lanes
         self.where = Where(cycle=record.cycle_id, node=record.node_id)
         self.budget_cut = record.stop_reason == "budget"  # as logged, when a resumed cycle skips its attempts
         self.refused = record.stop_reason == REFUSED  # the provider refused its coder call: nothing to judge
@@ -150,65 +159,85 @@ class ActionCycle:
         return self.ctx.solution(ref.solution_id), ref.evaluation.speedup
 
     def _should_stop(self, parent_speedup: float | None) -> str | None:
-        attempts = self.rec.attempts
-        if stagnation(attempts) >= self.config.stagnation_window:
+        """The stop rules over the settled attempts; with several lanes, each lane has the rules' patience (a
+        wave of parallel attempts that does not improve counts as one non-improving step per lane)."""
+        attempts = settled(self.rec.attempts)
+        lanes = max(1, self.lanes())
+        if stagnation(attempts) >= self.config.stagnation_window * lanes:
             return "stagnation"
-        if behind_parent(attempts, parent_speedup) >= self.config.parent_patience:
+        if behind_parent(attempts, parent_speedup) >= self.config.parent_patience * lanes:
             return "cannot beat the parent"
         return None
 
     async def _attempts(self, node: ActionNode) -> None:
         base, base_speedup = self._parent(node)
-        attempts = self.rec.attempts
-        if attempts and attempts[-1].solution_id and attempts[-1].result is None:
-            # A candidate the last session generated and did not evaluate: evaluated first, before the
-            # stop rules look at the attempts (a candidate with code is always evaluated, once).
-            await self.ctx.evaluate(attempts[-1], self.where)
-        while (why := self._should_stop(base_speedup)) is None:
-            round_ = await self.ctx.take_round()
-            try:
-                attempt = await self._generate(node, base, base_speedup, round_) if round_ is not None else None
-            except Refused as exc:
-                self.refused = True
-                self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
-                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=REFUSED))
-                return
-            if attempt is None:  # the budget ran out (perhaps while the provider was failing)
-                self.budget_cut = True
-                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason="budget"))
-                return
-            if attempt.solution_id is not None and not self.lost:
-                await self.ctx.evaluate(attempt, self.where)
-            await self._renew()
-            if self.lost:
-                self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=LEASE_LOST))
-                return
-        self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=why))
+        for attempt in [a for a in self.rec.attempts if a.solution_id and a.result is None]:
+            # Candidates the last session generated and did not evaluate: evaluated first, before the stop rules
+            # look at the attempts (a candidate with code is always evaluated, once).
+            await self.ctx.evaluate(attempt, self.where)
+        in_flight: set[asyncio.Task[str | None]] = set()
+        stop: str | None = None
+        while True:
+            while stop is None and len(in_flight) < max(1, self.lanes()):
+                stop = self._should_stop(base_speedup)
+                if stop is not None:
+                    break
+                round_ = await self.ctx.take_round()
+                if round_ is None:
+                    stop = "budget"
+                    break
+                in_flight.add(asyncio.create_task(self._one(node, base, base_speedup, round_)))
+            if not in_flight:
+                break
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                stop = stop or task.result()  # (an attempt's bug stops the run loudly)
+        assert stop is not None  # the loop ends only once a reason to stop is known and nothing is in flight
+        if stop == REFUSED:
+            self.refused = True
+        elif stop == "budget":
+            self.budget_cut = True
+        self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=stop))
+
+    async def _one(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int) -> str | None:
+        """One attempt: its code, its evaluation, the lease renewed; a reason the cycle must stop, if any."""
+        try:
+            attempt = await self._generate(node, base, base_speedup, round_)
+        except Refused as exc:
+            self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
+            return REFUSED
+        if attempt is None:  # the budget ran out (perhaps while the provider was failing)
+            return "budget"
+        if attempt.solution_id is not None and not self.lost:
+            await self.ctx.evaluate(attempt, self.where)
+        await self._renew()
+        return LEASE_LOST if self.lost else None
 
     async def _generate(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int
                         ) -> Attempt | None:
         ctx, rec = self.ctx, self.rec
-        kind = next_kind(rec.attempts, base is not None)
-        current = current_attempt(rec.attempts)
-        sols = {a.solution_id: ctx.solution(a.solution_id) for a in rec.attempts if a.solution_id}
+        attempts = settled(rec.attempts)  # (the cycle's other lanes' attempts in flight are not evidence yet)
+        kind = next_kind(attempts, base is not None)
+        current = current_attempt(attempts)
+        sols = {a.solution_id: ctx.solution(a.solution_id) for a in attempts if a.solution_id}
         base_result = ctx.view.results.get(base.id) if base else None
         current_result = current.result if current else None
         baseline = ctx.baseline_for(current.evaluator if current else None)
         # The attempt before this one, when it failed, is shown with its code and evidence even after an
         # earlier one passed; beside it, the last code that passed (the cycle's best, else the parent's).
-        last = rec.attempts[-1] if rec.attempts else None
+        last = attempts[-1] if attempts else None
         failure = None
         if last is not None and not last.passed:
             failure = FailedAttempt(round=last.round, kind=last.kind, solution=sols.get(last.solution_id or ""),
                                     result=last.result, error=last.error, reply_start=last.reply_start)
-        best = max((a for a in rec.attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
+        best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
         request = ctx.code_request(
             kind, node_id=node.id, base=base, base_speedup=base_speedup,
             base_times=workload_times(base_result, None, ctx.baseline_for(None)),
             current=sols.get(current.solution_id) if current and current.solution_id else None,
             current_result=current_result, current_speedup=current.speedup if current else None,
             current_times=workload_times(current_result, base_result, baseline),
-            history=list(rec.attempts), solutions=sols, failure=failure,
+            history=list(attempts), solutions=sols, failure=failure,
             passed=sols[best.solution_id] if best and best.solution_id else base,
             passed_speedup=best.speedup if best else base_speedup,
         )

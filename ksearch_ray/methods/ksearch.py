@@ -13,6 +13,7 @@ ends the search.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from ksearch_ray.events import CycleEnd, CycleStart, Event
 from ksearch_ray.methods.context import SearchContext
@@ -61,8 +62,9 @@ class KSearch:
                 s.record(CycleEnd(cycle=record.cycle_id, node=record.node_id, passed=False,
                                   attempts=len(record.attempts), abandoned="its lease was gone"))
                 continue
-            running[asyncio.create_task(ActionCycle(s, record).run())] = record.cycle_id
+            running[asyncio.create_task(ActionCycle(s, record, lambda: self._lanes(s, running)).run())] = record.cycle_id
         s.set_phase("searching")
+        planning: asyncio.Task[str | None] | None = None  # a request for more actions, while cycles run
         while True:
             await self._expire_leases(s)
             if s.budget_left() and not running:
@@ -79,17 +81,39 @@ class KSearch:
                         return "no action could start (every open action is leased or blocked)"
             if not running:
                 break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Task[Any]] = {*running, *([planning] if planning else [])}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
+                if task is planning:
+                    planning = None
+                    task.result()  # (an end it proposes counts only while nothing runs: asked again below then)
+                    continue
                 running.pop(task)
                 task.result()  # a bug in a cycle stops the run loudly
             if not s.budget_left():
                 await self._keep_best_open(s)
             if len(self._frontier(s)) < s.config.search.width - len(running) and not s.budget_left():
-                ended = await self._replenish(s, idle=not running)
-                if ended and not running:
-                    return ended
+                if not running:
+                    if planning is not None:
+                        await planning
+                        planning = None
+                    ended = await self._replenish(s, idle=True)
+                    if ended:
+                        return ended
+                elif planning is None:
+                    # More actions are asked for beside the running cycles, never instead of them: a planner call
+                    # takes as long as a coder's, and the loop must go on starting cycles meanwhile.
+                    planning = asyncio.create_task(self._replenish(s, want=s.config.search.width - len(running)))
+        if planning is not None:
+            await planning
         return s.budget_left() or "done"
+
+    def _lanes(self, s: SearchContext, running: dict[asyncio.Task[None], str]) -> int:
+        """Attempts one cycle may have in flight: the width shared among the cycles running (1 when there are as
+        many as the width: K-Search's sequential cycle), at most `max_parallel_attempts`."""
+        ks = s.config.search.ksearch
+        share = -(-s.config.search.width // max(1, len(running)))
+        return max(1, min(share, ks.max_parallel_attempts or share))
 
     # --- starting cycles ---------------------------------------------------------------------------
 
@@ -102,10 +126,10 @@ class KSearch:
         for _ in range(count):
             cycle_id = f"c{len(s.view.cycles) + len(self._starting) + 1}"
             self._starting.add(cycle_id)
-            running[asyncio.create_task(self._lease_and_run(s, cycle_id))] = cycle_id
+            running[asyncio.create_task(self._lease_and_run(s, cycle_id, running))] = cycle_id
         return count
 
-    async def _lease_and_run(self, s: SearchContext, cycle_id: str) -> None:
+    async def _lease_and_run(self, s: SearchContext, cycle_id: str, running: dict[asyncio.Task[None], str]) -> None:
         ks = s.config.search.ksearch
         try:
             ids = await s.wm(SelectAndLease(
@@ -122,7 +146,7 @@ class KSearch:
                                  relax_when_speedup_at_least=ks.relax_difficulty_at_speedup)
         if node.difficulty > limit:
             s.say(f"every open action is above the difficulty limit {limit}: taking {node.id} (difficulty {node.difficulty})")
-        await ActionCycle(s, s.view.cycles[cycle_id]).run()
+        await ActionCycle(s, s.view.cycles[cycle_id], lambda: self._lanes(s, running)).run()
 
     async def _expire_leases(self, s: SearchContext) -> None:
         now = s.now()
@@ -132,12 +156,15 @@ class KSearch:
 
     # --- more actions --------------------------------------------------------------------------------
 
-    async def _replenish(self, s: SearchContext, *, idle: bool = False) -> str | None:
+    async def _replenish(self, s: SearchContext, *, idle: bool = False, want: int = 0) -> str | None:
         """Ask the planner to expand the best node; returns why the run ends, if it must. An empty plan
-        while nothing runs (`idle`) would end the run: the planner is asked once more, told so."""
+        while nothing runs (`idle`) would end the run: the planner is asked once more, told so. `want`: the
+        cycle slots the frontier leaves idle: asked for, beyond K-Search's few a batch, up to `max_proposals`."""
         best = best_solution(s.tree())
         focus = best.id if best is not None else ROOT_ID
-        reply, _ = await s.plan(s.plan_request("propose_actions", node_id=focus))
+        ks = s.config.search.ksearch
+        wanted = max(ks.max_new_actions, min(want - len(self._frontier(s)), ks.max_proposals))
+        reply, _ = await s.plan(s.plan_request("propose_actions", node_id=focus, max_actions=wanted))
         if self._frontier(s):
             return None
         if not reply.error and not reply.ops and s.view.evaluations > 0 and idle and not s.budget_left():

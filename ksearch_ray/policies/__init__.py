@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ksearch_ray.config import LLMConfig
     from ksearch_ray.policies.contract import Policy
+    from ksearch_ray.policies.llm.ratelimit import Limiter
 
 
-def make_policy(llm: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path | None = None) -> Policy:
+def make_policy(llm: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path | None = None,
+                limiter: Limiter | None = None) -> Policy:
     """The LLM policy when a model is configured, else the offline policy. litellm is imported here,
     inside whatever process calls (a Ray actor builds its own: litellm's clients are not picklable)."""
     if llm.model is None:
@@ -24,4 +26,4 @@ def make_policy(llm: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path
         return OfflinePolicy()
     from ksearch_ray.policies.llm.policy import LLMPolicy
 
-    return LLMPolicy(llm, cache_dir=cache_dir, prompts_dir=prompts_dir)
+    return LLMPolicy(llm, cache_dir=cache_dir, prompts_dir=prompts_dir, limiter=limiter)

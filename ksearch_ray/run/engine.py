@@ -435,7 +435,8 @@ class Search:
         attempts = fields.get("attempts") or []
         ks = self.config.search.ksearch
         # The first plan may fill every cycle; later ones add a few actions each (K-Search: 3).
-        max_actions = max(self.config.search.width, ks.max_new_actions, 4) if kind == "initialize_tree" else ks.max_new_actions
+        max_actions = fields.pop("max_actions", None) or (
+            max(self.config.search.width, ks.max_new_actions, 4) if kind == "initialize_tree" else ks.max_new_actions)
         return plan_request(
             kind, task=self.task.definition, tree=tree, hardware=self.hardware,
             language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.seeds(),

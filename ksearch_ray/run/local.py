@@ -24,6 +24,7 @@ from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies import make_policy
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
+from ksearch_ray.policies.llm.ratelimit import LocalLimiter, RateBook
 from ksearch_ray.run.backends import Backends
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.evaluators import build_evaluator
@@ -147,10 +148,13 @@ def local_backends(config: RunConfig, task: Task, store: RunStore, *, planner: A
                    evaluators: Any = None) -> Backends:
     """Backends in this process; tests may give their own planner, coder or evaluator pool."""
     cache = Path(store.cache_dir)
+    llm = config.llm
+    # The planner and the coder call one endpoint: they share its limit.
+    limiter = LocalLimiter(RateBook(llm.requests_per_min, llm.tokens_per_min, llm.limit_window_s))
     return Backends(
         world_model=lambda tree: LocalWorldModel(store, tree),
-        planner=planner or LocalPolicy(make_policy(config.llm, cache)),
-        coder=coder or LocalPolicy(make_policy(config.llm, cache)),
+        planner=planner or LocalPolicy(make_policy(llm, cache, limiter=limiter)),
+        coder=coder or LocalPolicy(make_policy(llm, cache, limiter=limiter)),
         evaluators=evaluators or LocalEvaluatorPool(config, task, secret=store.seed_secret()),
     )
 

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import tenacity
 
+from ksearch_ray.policies.llm.ratelimit import Limiter, take_slot
 from ksearch_ray.policies.llm.store import CachedReply, ResponseCache
 from ksearch_ray.policies.llm.types import (
     ErrorKind,
@@ -278,6 +279,7 @@ class LiteLLMClient:
         *,
         cache: ResponseCache | None = None,
         rng: random.Random | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         if config.model is None:
             raise ValueError("an LLM client needs a model")
@@ -286,6 +288,8 @@ class LiteLLMClient:
         self.cache = cache
         self._rng = rng or random.Random()
         self._semaphore = asyncio.Semaphore(config.concurrency)
+        self.limiter = limiter
+        """The endpoint's shared rate limit (`ratelimit`): every request sent waits for its slot first."""
         self._litellm: Any = None
         self.refused: set[str] = set()
         """Parameters this model refused: not sent again (a refused max_tokens goes as max_completion_tokens)."""
@@ -540,19 +544,28 @@ class LiteLLMClient:
         ledger.streamed = ledger.streamed or stream
         received = _Answer()
         async with self._semaphore:
+            grant = None
+            if self.limiter is not None:  # the endpoint's shared limit: wait for this request's slot
+                prompt_estimate = sum(len(str(m.get("content") or "")) for m in messages) // 3
+                grant = await take_slot(self.limiter, prompt_estimate, cfg.max_tokens)
             try:
                 # A guard above litellm's own timeout, for provider paths that do not honour it.
                 async with asyncio.timeout(cfg.timeout_s * 1.1 + 1.0):
                     response = await litellm.acompletion(**kwargs)
                     if not stream:
-                        return _unpack(response)
+                        answer = _unpack(response)
+                        await self._settle(grant, answer)
+                        return answer
                     why = await _read_stream(response, received, usage_wanted="stream_options" in kwargs)
                     if why is None:
                         if received.prompt_tokens == 0 and received.completion_tokens == 0:
                             _estimate(received, messages)
+                        await self._settle(grant, received)
                         return received
             except Exception as exc:  # the LLM boundary: every failure becomes a classified LLMError
                 error = classify_error(exc, sent)
+                if error.kind == "rate_limit" and self.limiter is not None:
+                    await self.limiter.throttled(error.retry_after_s, grant.id if grant is not None else None)
                 if error.kind == "client":
                     log.warning("unexpected LLM client failure", exc_info=exc)
                 chunks = received.chunks
@@ -572,6 +585,11 @@ class LiteLLMClient:
                 _estimate(received, messages)
             ledger.add(received)
             return await self._unstreamed(kwargs, ledger, why)
+
+    async def _settle(self, grant: Any, answer: _Answer) -> None:
+        """Tell the shared limit what the request used (its slot was reserved with an estimate)."""
+        if grant is not None and self.limiter is not None:
+            await self.limiter.settle(grant.id, answer.prompt_tokens, answer.completion_tokens)
 
     async def _unstreamed(self, kwargs: dict[str, Any], ledger: _Ledger, why: str) -> _Answer:
         """The request of a streamed reply that had no answer, sent again without streaming; when that answers,

@@ -27,6 +27,7 @@ from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, Pla
 from ksearch_ray.policies.llm.client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, read_plan
 from ksearch_ray.policies.llm.prompting import format_sources, render
+from ksearch_ray.policies.llm.ratelimit import Limiter
 from ksearch_ray.policies.llm.store import ResponseCache
 from ksearch_ray.policies.llm.types import LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, error_class
 from ksearch_ray.policies.llm.views import (
@@ -82,11 +83,12 @@ class _Asked:
 
 class LLMPolicy:
     def __init__(self, config: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path | None = None,
-                 client: LLMClient | None = None):
+                 client: LLMClient | None = None, limiter: Limiter | None = None):
         self.config = config
         self.name = f"llm: {config.model}"
         self.prompts_dir = prompts_dir
-        self.client = client or LiteLLMClient(config, cache=ResponseCache(cache_dir) if cache_dir else None)
+        self.client = client or LiteLLMClient(config, cache=ResponseCache(cache_dir) if cache_dir else None,
+                                              limiter=limiter)
         self._structured = _wants_structured(config)
         self._budget_cap: int | None = None  # tokens: learned from a context overflow
         self._default_budget: int | None = None

@@ -42,6 +42,13 @@ class Habits(BaseModel):
     stream_chunk_s: float = Field(default=0.0, ge=0, description="Pause between streamed chunks.")
     rate_limit_every: int = Field(default=9, ge=0, description="About one new prompt in N first gets a 429 (0: never).")
     retry_after_s: float = Field(default=0.0, ge=0, description="The Retry-After of a 429.")
+    requests_per_min: int | None = Field(default=None, ge=1, description="Requests admitted per window (a sliding "
+                                         "`limit_window_s`); past it a 429 whose Retry-After says when a slot frees.")
+    tokens_per_min: int | None = Field(default=None, ge=1, description="Tokens admitted per window: the prompt's "
+                                       "(4 characters a token) and the request's max_tokens, counted on arrival as "
+                                       "providers count them; past it a 429 likewise.")
+    limit_window_s: float = Field(default=60.0, gt=0, description="The window of those limits (a minute; shorter in "
+                                  "time-scaled simulations).")
     outages: list[tuple[float, float]] = Field(default_factory=list,
                                                description="(start, end) seconds after the first chat request: every "
                                                "call gets a 503 in between.")

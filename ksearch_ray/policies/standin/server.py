@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Self
@@ -77,6 +79,9 @@ class StandIn(LoopbackServer):
         self.started = time.monotonic()
         self.first_chat: float | None = None  # outages are timed from the first chat request
         self._limited: set[str] = set()
+        self._admitted: deque[tuple[float, int]] = deque()  # (monotonic time, tokens) in the limits' window
+        self.throttled = 0
+        """429s sent for the request and token limits."""
         self._chats = 0
         self._lock = threading.Lock()
         self._listen(_handler(self), port, "standin")
@@ -121,6 +126,9 @@ class StandIn(LoopbackServer):
         if h.quota_after is not None and calls > h.quota_after:
             return refuse(429, "You exceeded your current quota, please check your plan and billing details.",
                           "insufficient_quota")
+        if (wait := self._over_limit(prompt_chars // 4 + int(body.get("max_tokens") or 0))) is not None:
+            return refuse(429, "Rate limit reached for requests or tokens per min (stand-in limits)", "rate_limit_exceeded",
+                          {"Retry-After": f"{math.ceil(wait)}", "retry-after-ms": f"{wait * 1000:.0f}"})
         if any(start <= now < end for start, end in h.outages):
             return refuse(503, "The server is overloaded or down for maintenance (stand-in outage).", "server_error")
         if h.refuse_temperature and "temperature" in body:
@@ -152,6 +160,34 @@ class StandIn(LoopbackServer):
                       as_reasoning=shape < h.reasoning and not structured,
                       as_tool_call=h.reasoning <= shape < h.reasoning + h.tool_calls,
                       prompt_tokens=prompt_chars // 4)
+
+    def _over_limit(self, tokens: int) -> float | None:
+        """None, and the request counted, when the window admits it; else seconds until it would."""
+        h = self.habits
+        if h.requests_per_min is None and h.tokens_per_min is None:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            while self._admitted and self._admitted[0][0] <= now - h.limit_window_s:
+                self._admitted.popleft()
+            waits = []
+            if h.requests_per_min is not None and len(self._admitted) >= h.requests_per_min:
+                waits.append(self._admitted[len(self._admitted) - h.requests_per_min][0] + h.limit_window_s - now)
+            used = sum(t for _, t in self._admitted)
+            if h.tokens_per_min is not None and used + tokens > h.tokens_per_min:
+                freed = 0
+                for at, t in self._admitted:
+                    freed += t
+                    if used - freed + tokens <= h.tokens_per_min:
+                        waits.append(at + h.limit_window_s - now)
+                        break
+                else:
+                    waits.append(h.limit_window_s)
+            if waits:
+                self.throttled += 1
+                return max(max(waits), 0.001)
+            self._admitted.append((now, tokens))
+            return None
 
     def record(self, exchange: Exchange) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
 """Issue 42's simulation as a tool: a search at a width on a simulated Ray cluster of GPUs against a simulated,
-rate-limited LLM provider (`ksearch_ray.experiments.simcluster` says what is simulated and what is the product's).
+rate-limited LLM provider (`ksearch_ray.distributed.simcluster` says what is simulated and what is the product's).
 
     python experiments/sim_cluster.py --width 16 256 1024 --gpus 128 --nodes 4 --rounds 10000
     python experiments/sim_cluster.py --width 64 --gpus 8 --nodes 2 --rounds 200 --time-factor 0.05
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="sim_cluster-"))
     if args.one is not None:
-        from ksearch_ray.experiments.simcluster import EvalLatency, SimSettings, simulate
+        from ksearch_ray.distributed.simcluster import EvalLatency, SimSettings, simulate
 
         settings = SimSettings(width=args.one, gpus=args.gpus, nodes=args.nodes, rounds=args.rounds,
                                time_factor=args.time_factor, requests_per_min=args.rpm, tokens_per_min=args.tpm,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_ray.experiments.simcluster import EvalLatency, SimSettings, simulate
+from ksearch_ray.distributed.simcluster import EvalLatency, SimSettings, simulate
 
 FACTOR = 0.03
 

@@ -105,7 +105,7 @@ class RayEvaluatorPool:
     """Evaluations lost to dead evaluators (and run again)."""
     actor_class: Any = None
     """The evaluator actor class (default `actors.evaluator.EvaluatorActor`); a simulation's stands in for it
-    (`experiments.simcluster`) with the same methods."""
+    (`distributed.simcluster`) with the same methods."""
 
     def __post_init__(self) -> None:
         self.device = self.config.evaluation.device or "cpu"

@@ -38,7 +38,9 @@ def config_for(server: FakeLLMServer | str, **overrides: Any) -> LLMConfig:
         "model": "openai/fake-model",
         "api_base": api_base,
         "api_key_env": KEY_ENV,
-        "timeout_s": 5.0,
+        # Generous: a loopback reply is instant, but a loaded 2-worker CI machine once took more than 5 s to
+        # make the first call (litellm's first use), and the retry found no scripted reply left.
+        "timeout_s": 30.0,
         "max_retries": 3,
         "backoff_base_s": 0.01,
         "backoff_max_s": 0.05,

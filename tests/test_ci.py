@@ -1,0 +1,17 @@
+"""CI (`.ci/run`) runs the README's test command verbatim, so the command a newcomer copies is the one
+that is tested, installs included."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Install and run the test suite:\n\n```bash\n(.+?)\n```", readme, re.S)
+    assert block, "the README's test command is no longer under 'Install and run the test suite:'"
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[-1] == block.group(1).strip()

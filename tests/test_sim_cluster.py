@@ -20,7 +20,8 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     its tunables allow), so the idle slots become parallel attempts of the running cycles; 12 replies of 40 s
     on average want about 18 requests a minute, the provider admits 10, and the shared limit paces every
     planner and coder actor below it."""
-    settings = SimSettings(width=12, gpus=4, nodes=2, rounds=48, time_factor=FACTOR, requests_per_min=10,
+    settings = SimSettings(task_dirs=(str(Path(__file__).parent / "data"),),
+                           width=12, gpus=4, nodes=2, rounds=48, time_factor=FACTOR, requests_per_min=10,
                            policy_actors=2, eval_latency=EvalLatency(time_factor=FACTOR))
     figures = simulate(settings, tmp_path / "run")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-TOY_TASKS = HERE.parents[1] / "tests" / "data"
+TOY_TASKS = HERE.parents[1] / "tests" / "data"  # in a checkout; an installed package has none: pass task_dirs
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,8 @@ class SimSettings:
     eval_latency: EvalLatency = field(default_factory=EvalLatency)
     sample_s: float = 1.0
     """Simulated seconds between samples of the busy share and the cycles at work."""
+    task_dirs: tuple[str, ...] = (str(TOY_TASKS),)
+    """Where the toy task is (the checkout's tests/data by default)."""
 
 
 @dataclass
@@ -147,7 +149,7 @@ def run_config(s: SimSettings, api_base: str, run_dir: Path) -> Any:
     if s.tell_limits:
         llm |= {"requests_per_min": s.requests_per_min, "tokens_per_min": s.tokens_per_min}
     return validate_config({
-        "task": "toy_axpy", "task_dirs": [str(TOY_TASKS)], "run_dir": str(run_dir), "progress": False,
+        "task": "toy_axpy", "task_dirs": list(s.task_dirs), "run_dir": str(run_dir), "progress": False,
         "llm": llm,
         "evaluation": {"device": "cpu", "evaluators": s.gpus, "evaluator_cpus": 0.0001, "evaluator_gpus": True},
         "search": {"width": s.width, "noise_repeats": 1, "confirm_repeats": 0, "warmup": False,

@@ -27,8 +27,8 @@ call first on each loop's first inputs):
 in fresh processes: tests/gpumode_loop.py (the reproduction test's own GPUMode-style loop) `--processes` times;
 
 through the evaluator (sandboxed, `--isolation`, in this process): the call figure with each timed call's
-output checked before the next (`recheck`, TriMul's rule now), with the last call's only (`last_only`, the
-rule before), `last_only` without the kernel figure timed before it (`last_only_nographs`), and `last_only`
+output checked before the next (`recheck`: GPUMode's leaderboard, `evaluation.timing.recheck: true`), with
+the last call's only (`last_only`, TriMul's default), `last_only` without the kernel figure timed before it (`last_only_nographs`), and `last_only`
 again in a new worker (`last_only_again`: how far two evaluations of one kernel differ).
 
 Every timed call's host time (call entry to return) is kept beside its event time: where they are close,

@@ -21,9 +21,11 @@ Definitions that every reader shares, here and nowhere else:
 
 from __future__ import annotations
 
+import gc
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -426,6 +428,19 @@ def parse_event(line: str | bytes | dict[str, Any]) -> Event:
         raise EventError(f"{where}: {first['msg']}") from None
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a whole log is parsed or reduced, on again after: a long log makes tens of
+    thousands of objects that all live on, and every collection on the way walks them all again."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def dump_event(event: Event) -> str:
     return json.dumps(event.model_dump(mode="json", exclude_defaults=False), default=str)
 
@@ -438,6 +453,7 @@ class CycleRecord:
     cycle_id: str
     node_id: str
     attempts: list[Attempt] = field(default_factory=list)
+    by_round: dict[int, Attempt] = field(default_factory=dict, repr=False)  # the first attempt of each round
     steps: set[str] = field(default_factory=set)
     ended: bool = False
     stop_reason: str | None = None
@@ -568,8 +584,9 @@ class RunView:
     @classmethod
     def of(cls, events: Iterable[Event], solution_exists: Callable[[str], bool] = lambda _s: True) -> RunView:
         view = cls(solution_exists=solution_exists)
-        for event in events:
-            view.apply(event)
+        with gc_paused():
+            for event in events:
+                view.apply(event)
         return view
 
     # --- derived facts -----------------------------------------------------------------------------
@@ -722,7 +739,9 @@ class RunView:
             new = Attempt(round=e.round, kind=e.attempt_kind, solution_id=e.solution_id, error=e.error,
                           reply_start=e.reply_start)
             if e.cycle is not None and e.cycle in self.cycles:
-                self.cycles[e.cycle].attempts.append(new)
+                record = self.cycles[e.cycle]
+                record.attempts.append(new)
+                record.by_round.setdefault(e.round, new)
             else:
                 self.attempts[e.round] = new
             if e.solution_id is None:
@@ -799,7 +818,7 @@ class RunView:
         """The attempt of a round: in its cycle, or among the cycle-less attempts."""
         record = self.cycles.get(cycle or "")
         if record is not None:
-            return next((a for a in record.attempts if a.round == round_), None)
+            return record.by_round.get(round_)
         return self.attempts.get(round_)
 
     def _clock(self, e: _Event) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ksearch_ray.events import SCHEMA, Event, EventError, dump_event, parse_event
+from ksearch_ray.events import SCHEMA, Event, EventError, dump_event, gc_paused, parse_event
 from ksearch_ray.models import Solution
 from ksearch_ray.text import Redactor
 
@@ -262,19 +262,20 @@ class RunStore:
         lines = raw.splitlines(keepends=True)
         events: list[Event] = []
         good_bytes = 0
-        for number, line in enumerate(lines, start=1):
-            try:
-                events.append(parse_event(line))
-            except (EventError, ValueError) as exc:
-                if number == len(lines):
-                    self._torn_tail(number, line, good_bytes, repair)
-                    break
-                raise RunDirError(
-                    f"{self.events_path}: line {number} of {len(lines)} is not an event of this version ({exc}) and is "
-                    f"not the last one, so it is no torn write: repair or remove that line by hand, or keep the run up to "
-                    f"it with `head -n {number - 1} {self.events_path} > events.cut && mv events.cut {self.events_path}` "
-                    "(keep a copy first)") from None
-            good_bytes += len(line)
+        with gc_paused():  # events.gc_paused
+            for number, line in enumerate(lines, start=1):
+                try:
+                    events.append(parse_event(line))
+                except (EventError, ValueError) as exc:
+                    if number == len(lines):
+                        self._torn_tail(number, line, good_bytes, repair)
+                        break
+                    raise RunDirError(
+                        f"{self.events_path}: line {number} of {len(lines)} is not an event of this version ({exc}) and "
+                        f"is not the last one, so it is no torn write: repair or remove that line by hand, or keep the run "
+                        f"up to it with `head -n {number - 1} {self.events_path} > events.cut && mv events.cut "
+                        f"{self.events_path}` (keep a copy first)") from None
+                good_bytes += len(line)
         if repair and raw and not raw.endswith(b"\n") and self.torn is None:
             with open(self.events_path, "ab") as f:  # a whole last event that only lost its newline
                 f.write(b"\n")

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, get_args, get_origin
 
 import typer
 from rich.console import Console
@@ -21,6 +21,9 @@ from rich.text import Text
 
 from ksearch_ray.config import BUDGET_KEYS, field_info
 from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
+
+if TYPE_CHECKING:
+    from ksearch_ray.report.tables import Run
 
 # In a pipe, help is plain text (click's), which wraps without cutting: rich's tables end long defaults in "…".
 RICH_HELP = sys.stdout.isatty()
@@ -372,19 +375,17 @@ def show(
         if follow:
             _follow(run_dir)
             return
-        from ksearch_ray.report.tables import Run
+        with _loaded(run_dir) as run:
+            if run.torn:
+                err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
+            if as_json:
+                from ksearch_ray.report.summary import summarize
 
-        run = Run.load(run_dir)
-        if run.torn:
-            err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
-        if as_json:
-            from ksearch_ray.report.summary import summarize
+                print(summarize(run).model_dump_json(indent=2))
+                return
+            from ksearch_ray.report.console import print_run
 
-            print(summarize(run).model_dump_json(indent=2))
-            return
-        from ksearch_ray.report.console import print_run
-
-        print_run(out, run)
+            print_run(out, run)
     except RunDirError as exc:
         fail(str(exc))
 
@@ -407,7 +408,6 @@ def report(
 ) -> None:
     """Write one self-contained HTML file that tells the story of a run: open it anywhere, offline."""
     from ksearch_ray.report.html import write_report
-    from ksearch_ray.report.tables import Run
     from ksearch_ray.store import RunDirError
 
     run_dir = run_dir or _latest_run("report", "reporting on")
@@ -415,10 +415,10 @@ def report(
     if target.is_dir():
         fail(f"--out {target} is a directory; name the HTML file to write")
     try:
-        run = Run.load(run_dir)
-        if run.torn:
-            err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
-        write_report(run, target)
+        with _loaded(run_dir) as run:
+            if run.torn:
+                err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
+            write_report(run, target)
     except RunDirError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -591,6 +591,22 @@ def _session():
     from ksearch_ray import session
 
     return session
+
+
+@contextlib.contextmanager
+def _loaded(run_dir: Path) -> Iterator[Run]:
+    """A whole run, read for one command: while the command draws its tables and page, what was read is frozen out
+    of the cyclic collector, which would otherwise walk every event again each time new objects pile up."""
+    import gc
+
+    from ksearch_ray.report.tables import Run
+
+    run = Run.load(run_dir)
+    gc.freeze()
+    try:
+        yield run
+    finally:
+        gc.unfreeze()
 
 
 def _latest_run(command: str = "show", doing: str = "showing") -> Path:

@@ -200,10 +200,11 @@ class Run:
     @cached_property
     def timeline(self) -> pl.DataFrame:
         """One row per event: seq, t, kind, elapsed_s (active running time) and cost_usd (LLM spend so far)."""
-        rows = [{"seq": r.seq, "t": r.t, "kind": r.kind, "elapsed_s": r.active_s, "cost_usd": r.cost_usd}
-                for r in self.view.timeline]
-        return pl.DataFrame(rows, schema={"seq": pl.Int64, "t": pl.Float64, "kind": pl.Utf8, "elapsed_s": pl.Float64,
-                                          "cost_usd": pl.Float64})
+        rows = self.view.timeline
+        return pl.DataFrame({"seq": [r.seq for r in rows], "t": [r.t for r in rows], "kind": [r.kind for r in rows],
+                             "elapsed_s": [r.active_s for r in rows], "cost_usd": [r.cost_usd for r in rows]},
+                            schema={"seq": pl.Int64, "t": pl.Float64, "kind": pl.Utf8, "elapsed_s": pl.Float64,
+                                    "cost_usd": pl.Float64})
 
     @cached_property
     def evaluations(self) -> pl.DataFrame:

@@ -624,7 +624,7 @@ def _run_search(go) -> None:
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(getattr(exc, "cause", None) or exc))  # a Ray actor's error (a snapshot on a full disk): its own line
     # Plain lines: paths and ids are never wrapped or cut.
-    print("\n".join(outcome_lines(search.view, search.store.root, search.policy_name)))
+    print("\n".join(outcome_lines(search.view, search.store.root, search.llm.policy_name)))
     if nothing_evaluated(search.view) is not None:
         raise typer.Exit(NOTHING_EVALUATED_EXIT)
 

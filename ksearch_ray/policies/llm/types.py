@@ -12,10 +12,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from ksearch_ray.config import LLMConfig
 from ksearch_ray.text import clip
-
-__all__ = ["LLMConfig"]  # the run configuration's llm section
 
 Message = dict[str, Any]
 

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.text import Text
 
 from ksearch_ray.config import BUDGET_KEYS, field_info
-from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
+from ksearch_ray.taskspec.spec import TaskError
+from ksearch_ray.taskspec.task import find_task, solution_from_file
 
 # In a pipe, help is plain text (click's), which wraps without cutting: rich's tables end long defaults in "…".
 RICH_HELP = sys.stdout.isatty()

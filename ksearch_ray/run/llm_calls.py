@@ -38,7 +38,7 @@ from ksearch_ray.run.errors import SearchError
 from ksearch_ray.run.evaluations import Evaluations
 from ksearch_ray.run.faults import BUGS_DIR, FAULT_LIMIT, one_line, reply_problem, write_bug_report
 from ksearch_ray.store import RunStore
-from ksearch_ray.taskspec.task import TaskError
+from ksearch_ray.taskspec.spec import TaskError
 from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.api import ApplyOps
 from ksearch_ray.worldmodel.ops import ApplyReport

@@ -146,8 +146,8 @@ class Search:
         if self.config.evaluation.profile.bests:
             self.evals.profiles.note_profiler()
         assert self.view.tree is not None
-        self.world.start(self.backends.world_model(self.view.tree),
-                         WorldModelState(self.view.tree, self.store.has_solution))
+        replica = WorldModelState(self.view.tree, self.store.has_solution)
+        self.world.start(self.backends.world_model(self.view.tree), replica)
 
     async def run(self) -> RunView:
         profiles = self.evals.profiles

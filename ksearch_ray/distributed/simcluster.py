@@ -30,7 +30,10 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ksearch_ray.run.engine import Search
 
 HERE = Path(__file__).resolve().parent
 TOY_TASKS = HERE.parents[1] / "tests" / "data"  # in a checkout; an installed package has none: pass task_dirs
@@ -181,7 +184,7 @@ def start_cluster(s: SimSettings) -> Any:
     return cluster
 
 
-async def _search(search: Any, s: SimSettings) -> list[Sample]:
+async def _search(search: Search, s: SimSettings) -> list[Sample]:
     samples: list[Sample] = []
     t0 = time.monotonic()
 

@@ -148,7 +148,8 @@ def report(out: Path) -> None:
     """Parquet, results.md and the plots, from the run directories under `out` and the final check."""
     import polars as pl
 
-    from ksearch_ray.analysis.runs import find_runs, read_runs
+    from ksearch_ray.analysis.records import find_runs
+    from ksearch_ray.analysis.runs import read_runs
 
     run_dirs = find_runs(out / "runs")
     if not run_dirs:

@@ -78,7 +78,8 @@ def report(out: Path, target_flag: float | None) -> None:
     import polars as pl
 
     from ksearch_ray.analysis.plots import progress_figure, width_figure
-    from ksearch_ray.analysis.runs import find_runs, read_runs
+    from ksearch_ray.analysis.records import find_runs
+    from ksearch_ray.analysis.runs import read_runs
     from ksearch_ray.analysis.summary import curves, width_table
     from ksearch_ray.analysis.tables import width_markdown
 

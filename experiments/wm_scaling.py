@@ -16,10 +16,10 @@ import platform
 import statistics
 import time
 
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.models import Status
 from ksearch_ray.policies.contract import PlanRequest
 from ksearch_ray.policies.llm.policy import LLMPolicy
-from ksearch_ray.policies.llm.types import LLMConfig
 from ksearch_ray.taskspec.task import find_task
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.render import render_world_model

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.text import Text
 
 from ksearch_ray.config import BUDGET_KEYS, field_info
-from ksearch_ray.taskspec.task import TaskError, find_task, solution_from_file
+from ksearch_ray.taskspec.spec import TaskError
+from ksearch_ray.taskspec.task import find_task, solution_from_file
 
 if TYPE_CHECKING:
     from ksearch_ray.report.tables import Run
@@ -640,7 +641,7 @@ def _run_search(go) -> None:
     except (ConfigError, TaskError, SearchError, RunDirError, SandboxError) as exc:
         fail(str(getattr(exc, "cause", None) or exc))  # a Ray actor's error (a snapshot on a full disk): its own line
     # Plain lines: paths and ids are never wrapped or cut.
-    print("\n".join(outcome_lines(search.view, search.store.root, search.policy_name)))
+    print("\n".join(outcome_lines(search.view, search.store.root, search.llm.policy_name)))
     if nothing_evaluated(search.view) is not None:
         raise typer.Exit(NOTHING_EVALUATED_EXIT)
 

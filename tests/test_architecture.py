@@ -157,3 +157,151 @@ def test_the_boundary_checks_find_what_they_look_for():
                        '    return dict(op="record_outcome", node="n1")\n')
     assert len(string_calls_into_the_world_model({"m": source})) == 2
     assert len(dict_literal_ops({"m": source})) == 2
+
+
+# --- the engine carved along its seams (issue 41) ---------------------------------------------------------
+
+SERVICE_MEMBERS = 12
+"""Members one service a method sees may have (a method, or an attribute it reads)."""
+ENGINE_METHODS, ENGINE_ATTRIBUTES = 20, 25
+"""`Search` is the run's life (its log, budget, start and end), not everything: the rest is in its services."""
+
+
+def _class(module: str, name: str) -> ast.ClassDef:
+    tree = ast.parse(modules()[module].read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _members(cls: ast.ClassDef) -> list[str]:
+    """A class's methods and annotated attributes."""
+    out = []
+    for n in cls.body:
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.append(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.append(n.target.id)
+    return out
+
+
+def context_services(cls: ast.ClassDef, protocols: dict[str, ast.ClassDef]) -> dict[str, list[str]]:
+    """The services `SearchContext` is made of, each with its members; a field that is no protocol of the
+    module (or a method of the context itself) is a service named "" that holds it."""
+    out: dict[str, list[str]] = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            kind = node.annotation.id if isinstance(node.annotation, ast.Name) else ""
+            out[node.target.id] = _members(protocols[kind]) if kind in protocols else [""]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.setdefault("", []).append(node.name)
+    return out
+
+
+def test_a_method_sees_its_run_as_a_few_narrow_services():
+    tree = ast.parse(modules()["ksearch_ray.methods.context"].read_text())
+    protocols = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)
+                 and any(getattr(b, "id", None) == "Protocol" for b in n.bases)}
+    services = context_services(_class("ksearch_ray.methods.context", "SearchContext"), protocols)
+    assert "" not in services and 2 <= len(services) <= 5, services
+    too_wide = {name: len(members) for name, members in services.items() if len(members) > SERVICE_MEMBERS}
+    assert not too_wide
+
+
+def _a_stub(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A protocol's `...` or an abstract method's `raise NotImplementedError`, after its docstring."""
+    body = [n for n in fn.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    return not body or all(isinstance(n, ast.Raise) for n in body)
+
+
+def whole_context_users(trees: dict[str, ast.Module], context: str = "SearchContext") -> list[str]:
+    """Functions that take the whole context and use one service of it (or none): they should take that one."""
+    found = []
+    for module, tree in trees.items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            names = {a.arg for a in fn.args.args + fn.args.kwonlyargs
+                     if isinstance(a.annotation, ast.Name) and a.annotation.id == context
+                     or isinstance(a.annotation, ast.Constant) and a.annotation.value == context}
+            if _a_stub(fn):
+                continue
+            for name in names:
+                reads = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+                         and isinstance(n.value, ast.Name) and n.value.id == name]
+                used = {n.attr for n in reads}
+                whole = sum(isinstance(n, ast.Name) and n.id == name for n in ast.walk(fn)) > len(reads)
+                if len(used) < 2 and not whole:  # (whole: passed on or kept as it is)
+                    found.append(f"{module}:{fn.lineno}: {fn.name}({name}) uses {sorted(used) or 'nothing'} of it")
+    return found
+
+
+def test_a_part_of_a_method_takes_only_the_services_it_uses():
+    methods = {m: ast.parse(p.read_text()) for m, p in modules().items() if m.startswith("ksearch_ray.methods.")}
+    assert not whole_context_users(methods)
+
+
+def test_the_whole_context_check_finds_a_function_that_uses_one_service():
+    source = ast.parse("def f(ctx: SearchContext):\n    return ctx.evals.solution('x')\n"
+                       "def g(ctx: SearchContext):\n    return ctx.run.view, ctx.evals.noise()\n")
+    assert len(whole_context_users({"m": source})) == 1
+
+
+def test_the_engine_is_the_runs_life_and_hands_the_rest_to_its_services():
+    search = _class("ksearch_ray.run.engine", "Search")
+    methods = [n.name for n in search.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    attributes = {t.attr for n in ast.walk(search) if isinstance(n, ast.Assign | ast.AnnAssign)
+                  for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assert len(methods) <= ENGINE_METHODS, methods
+    assert len(attributes) <= ENGINE_ATTRIBUTES, sorted(attributes)
+
+
+REEXPORTS_LEFT = {("ksearch_ray.evaluation.evaluator", "TimingPolicy")}
+"""Names still taken from a module that only imports them (issue 41: to go, not to grow)."""
+
+
+def _defined_and_imported(tree: ast.Module) -> tuple[set[str], set[str]]:
+    defined, imported = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            imported |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+    return defined, imported
+
+
+def reexports_used(package: dict[str, ast.Module], importers: dict[str, ast.Module]) -> set[tuple[str, str]]:
+    """(module, name) for every `from module import name` where the module does not define the name but
+    imports it from elsewhere: a re-export someone still leans on."""
+    names = {m: _defined_and_imported(tree) for m, tree in package.items()}
+    found = set()
+    for tree in importers.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in names:
+                defined, imported = names[node.module]
+                found |= {(node.module, a.name) for a in node.names if a.name in imported and a.name not in defined
+                          and f"{node.module}.{a.name}" not in package}
+    return found
+
+
+def _parsed(paths: list[Path]) -> dict[str, ast.Module]:
+    out = {}
+    for path in paths:
+        try:
+            out[str(path)] = ast.parse(path.read_text())
+        except SyntaxError:  # test data: kernels that do not compile on purpose
+            continue
+    return out
+
+
+def test_a_name_is_imported_from_the_module_that_defines_it():
+    package = {m: ast.parse(p.read_text()) for m, p in modules().items()}
+    importers = _parsed([p for d in ("ksearch_ray", "actors", "tests", "experiments") for p in (ROOT / d).rglob("*.py")])
+    assert reexports_used(package, importers) <= REEXPORTS_LEFT
+
+
+def test_the_reexport_check_finds_a_name_taken_from_a_module_that_only_imports_it():
+    package = {"a": ast.parse("X = 1\n"), "b": ast.parse("from a import X\nY = X\n")}
+    importer = {"c": ast.parse("from b import X, Y\n")}
+    assert reexports_used(package, importer) == {("b", "X")}

@@ -159,14 +159,14 @@ def test_a_lease_whose_cycle_stopped_expires_through_the_driver(tmp_path):
 
     async def go() -> None:
         await search.setup()
-        await search.wm(ApplyOps(ops=[insert("root", "a")]))
-        await search.wm(SelectAndLease(k=1, holder="c9", now=now["t"], ttl=60.0, max_difficulty=4, relax_at=None))
-        assert search.tree().nodes["n1"].status is NodeStatus.LEASED
+        await search.world.wm(ApplyOps(ops=[insert("root", "a")]))
+        await search.world.wm(SelectAndLease(k=1, holder="c9", now=now["t"], ttl=60.0, max_difficulty=4, relax_at=None))
+        assert search.world.tree().nodes["n1"].status is NodeStatus.LEASED
         now["t"] += 61
-        await KSearch()._expire_leases(search)
+        await KSearch()._expire_leases(search.context)
 
     asyncio.run(go())
-    assert search.tree().nodes["n1"].status is NodeStatus.OPEN and not search.tree().leases
+    assert search.world.tree().nodes["n1"].status is NodeStatus.OPEN and not search.world.tree().leases
     # The expiry is in the log, so a replay agrees.
     state = RunView.of(search.store.read_events(), search.store.has_solution)
     assert state.tree.nodes["n1"].status is NodeStatus.OPEN
@@ -177,11 +177,11 @@ def test_renewing_a_lease_keeps_the_version(tmp_path):
 
     async def go() -> None:
         await search.setup()
-        await search.wm(ApplyOps(ops=[insert("root", "a")]))
-        await search.wm(SelectAndLease(k=1, holder="c1", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None))
-        version = search.tree().version
-        await search.wm(Renew(ids=["n1"], holder="c1", now=30.0, ttl=60.0))
-        assert search.tree().version == version and search.tree().leases["n1"].expires_at == 90.0
+        await search.world.wm(ApplyOps(ops=[insert("root", "a")]))
+        await search.world.wm(SelectAndLease(k=1, holder="c1", now=0.0, ttl=60.0, max_difficulty=4, relax_at=None))
+        version = search.world.tree().version
+        await search.world.wm(Renew(ids=["n1"], holder="c1", now=30.0, ttl=60.0))
+        assert search.world.tree().version == version and search.world.tree().leases["n1"].expires_at == 90.0
 
     asyncio.run(go())
 
@@ -300,4 +300,4 @@ def test_ops_rejected_because_the_tree_moved_on_are_told_to_the_planner_in_its_n
     run(search)
     told = [line for p in plans.plans for line in p.rejected]
     assert any("n3" in line and "REJECTED" in line and "changed" in line for line in told), told
-    assert search.tree().nodes["n3"].score == 0.7  # the stale edit did not apply
+    assert search.world.tree().nodes["n3"].score == 0.7  # the stale edit did not apply

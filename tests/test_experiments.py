@@ -16,7 +16,8 @@ from types import ModuleType
 import polars as pl
 import pytest
 
-from ksearch_ray.analysis.runs import EVALUATION_SCHEMA, RUN_SCHEMA, read_run
+from ksearch_ray.analysis.records import read_run
+from ksearch_ray.analysis.runs import EVALUATION_SCHEMA, RUN_SCHEMA
 from ksearch_ray.config import validate_config
 from ksearch_ray.events import Resume, RunEnd
 from ksearch_ray.experiments.driver import grid_from

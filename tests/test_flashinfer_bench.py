@@ -31,7 +31,8 @@ from ksearch_ray.taskspec.flashinfer_format import (
     workload_from_trace,
 )
 from ksearch_ray.taskspec.flashinfer_traces import Environment, Evaluated, trace_records, write_dataset
-from ksearch_ray.taskspec.task import Task, TaskError, load_solution_dir, read_workloads
+from ksearch_ray.taskspec.spec import TaskError
+from ksearch_ray.taskspec.task import Task, load_solution_dir, read_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "tasks" / "flashinfer"

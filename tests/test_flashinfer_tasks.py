@@ -51,7 +51,8 @@ from ksearch_ray.taskspec.flashinfer_inputs import (  # noqa: E402
     resolve_axes,
     split_lengths,
 )
-from ksearch_ray.taskspec.task import Task, TaskError, Workload, load_module_file  # noqa: E402
+from ksearch_ray.taskspec.spec import TaskError, Workload
+from ksearch_ray.taskspec.task import Task, load_module_file
 from ksearch_ray.taskspec.tunables import read_tunables, rewrite_tunables  # noqa: E402
 
 TASKS = Path(__file__).resolve().parent.parent / "tasks" / "flashinfer"

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
 
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.policies.llm.client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, extract_ops
 from ksearch_ray.policies.llm.prompting import CALL_KINDS, PromptError, format_sources, render
 from ksearch_ray.policies.llm.store import ResponseCache
-from ksearch_ray.policies.llm.types import LLMConfig, LLMError
+from ksearch_ray.policies.llm.types import LLMError
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
 KEY_ENV = "KSEARCH_TEST_LLM_KEY"

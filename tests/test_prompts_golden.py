@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.evaluation.describe import DATASHEETS, EvaluatorInfo
 from ksearch_ray.evaluation.settings import TimingPolicy
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
@@ -29,7 +30,7 @@ from ksearch_ray.policies.contract import (
     WorkloadTime,
 )
 from ksearch_ray.policies.llm.policy import LLMPolicy
-from ksearch_ray.policies.llm.types import LLMCall, LLMConfig, LLMReply
+from ksearch_ray.policies.llm.types import LLMCall, LLMReply
 from ksearch_ray.taskspec.task import Task, find_task
 from ksearch_ray.taskspec.tunables import rewrite_tunables
 from ksearch_ray.worldmodel.ops import apply_ops

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from ksearch_ray.policies.llm.client import LiteLLMClient, LLMConfig, LLMError
+from ksearch_ray.config import LLMConfig
+from ksearch_ray.policies.llm.client import LiteLLMClient
 from ksearch_ray.policies.llm.ratelimit import SLACK, LocalLimiter, RateBook
+from ksearch_ray.policies.llm.types import LLMError
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.policies.standin.server import StandIn
 

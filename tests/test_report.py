@@ -29,8 +29,8 @@ import pytest
 from cli_runner import ksearch as cli
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, RecordedRequest
 
+from ksearch_ray.events import NO_CODE
 from ksearch_ray.models import Status
-from ksearch_ray.report.tables import NO_CODE
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"

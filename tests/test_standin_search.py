@@ -15,15 +15,17 @@ import pytest
 from local_backends import settings
 
 from ksearch_ray.analysis.replay import replay_world_model
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.evaluation.compare import compare_outputs
 from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.events import RunView
 from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.policies.contract import CodeRequest, FailedAttempt
 from ksearch_ray.policies.llm.policy import LLMPolicy
-from ksearch_ray.policies.llm.types import LLMCall, LLMConfig, LLMReply
+from ksearch_ray.policies.llm.types import LLMCall, LLMReply
 from ksearch_ray.policies.standin.code import break_code
-from ksearch_ray.policies.standin.player import Habits, Player
+from ksearch_ray.policies.standin.habits import Habits
+from ksearch_ray.policies.standin.player import Player
 from ksearch_ray.policies.standin.server import StandIn
 from ksearch_ray.session import start
 from ksearch_ray.store import RunStore

@@ -20,7 +20,8 @@ from types import ModuleType  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ksearch_ray.taskspec.task import Task, Workload, load_module_file, read_workloads  # noqa: E402
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import Task, load_module_file, read_workloads
 from ksearch_ray.taskspec.tunables import read_tunables, rewrite_tunables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "tasks" / "trimul"

@@ -31,7 +31,8 @@ from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Status
 from ksearch_ray.private_dir import PrivateDirError, cache_dir, check_private, manifest_matches, private_dir
 from ksearch_ray.taskspec.flashinfer_format import default_cache_dir, load_dataset
-from ksearch_ray.taskspec.task import Task, TaskError, bundled_tasks_dir, find_task, solution_from_file
+from ksearch_ray.taskspec.spec import TaskError, bundled_tasks_dir
+from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 
 DATA = Path(__file__).parent / "data"
 CANARY = "sk-canary-7f3a9e1b2c"

@@ -9,9 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from ksearch_ray.analysis.records import find_runs, read_run
-
-__all__ = ["EVALUATION_SCHEMA", "RUN_SCHEMA", "find_runs", "read_run", "read_runs"]
+from ksearch_ray.analysis.records import read_run
 
 EVALUATION_SCHEMA: dict[str, Any] = {
     "run": pl.Utf8,  # the run directory's name

@@ -30,7 +30,10 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ksearch_ray.run.engine import Search
 
 HERE = Path(__file__).resolve().parent
 TOY_TASKS = HERE.parents[1] / "tests" / "data"  # in a checkout; an installed package has none: pass task_dirs
@@ -181,7 +184,7 @@ def start_cluster(s: SimSettings) -> Any:
     return cluster
 
 
-async def _search(search: Any, s: SimSettings) -> list[Sample]:
+async def _search(search: Search, s: SimSettings) -> list[Sample]:
     samples: list[Sample] = []
     t0 = time.monotonic()
 
@@ -189,9 +192,9 @@ async def _search(search: Any, s: SimSettings) -> list[Sample]:
         while True:
             await asyncio.sleep(s.sample_s * s.time_factor)
             cycles = sum(1 for key in search.working_on if key.startswith("c"))
-            coder = sum(1 for role, _k, _t in search.llm_in_flight.values() if role == "coder")
-            samples.append(Sample(t=(time.monotonic() - t0) / s.time_factor, evaluators_busy=len(search.pool.in_flight),
-                                  cycles=cycles, attempts=coder + len(search.pool.in_flight),
+            coder = sum(1 for role, _k, _t in search.llm.in_flight.values() if role == "coder")
+            samples.append(Sample(t=(time.monotonic() - t0) / s.time_factor, evaluators_busy=len(search.evals.pool.in_flight),
+                                  cycles=cycles, attempts=coder + len(search.evals.pool.in_flight),
                                   rounds=search.view.rounds_used))
 
     sampler = asyncio.create_task(sample())
@@ -231,7 +234,7 @@ def simulate(s: SimSettings, run_dir: Path) -> dict[str, Any]:
             statuses = [e.status for e in provider.exchanges]
         result = figures(s, run_dir, samples, wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
                          statuses)
-        result["evaluator_nodes"] = len({info.node for info in search.infos})
+        result["evaluator_nodes"] = len({info.node for info in search.evals.infos})
         return result
     finally:
         ray.shutdown()

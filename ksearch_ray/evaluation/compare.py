@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ksearch_ray.models import Status
-from ksearch_ray.taskspec.task import Tolerance
+from ksearch_ray.taskspec.spec import Tolerance
 
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,

@@ -59,7 +59,8 @@ from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.models import EvalResult, Objective, Solution, Status, WorkloadResult
-from ksearch_ray.taskspec.task import Task, TaskError, Workload
+from ksearch_ray.taskspec.spec import TaskError, Workload
+from ksearch_ray.taskspec.task import Task
 from ksearch_ray.text import Redactor, clip
 
 Mode = Literal["fresh", "reuse"]

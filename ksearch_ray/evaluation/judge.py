@@ -32,7 +32,8 @@ import torch
 from ksearch_ray.evaluation.compare import Comparison, compare_outputs
 from ksearch_ray.evaluation.reference import ReferenceFailure, SandboxedReference
 from ksearch_ray.models import Status
-from ksearch_ray.taskspec.task import Task, Workload
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import Task
 
 log = logging.getLogger(__name__)
 

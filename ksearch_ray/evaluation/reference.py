@@ -41,7 +41,8 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Taken,
     parse_report,
 )
-from ksearch_ray.taskspec.task import Task, Workload
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import Task
 from ksearch_ray.text import clip
 
 M = TypeVar("M", bound=BaseModel)

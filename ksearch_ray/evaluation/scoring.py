@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ksearch_ray.models import EvalResult
-from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.taskspec.spec import TaskDefinition
 
 
 def speedup(task: TaskDefinition, baseline: EvalResult, candidate: EvalResult) -> float | None:

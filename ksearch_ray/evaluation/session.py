@@ -43,7 +43,8 @@ from ksearch_ray.evaluation.sandbox.resources import (
     read_tail,
 )
 from ksearch_ray.models import Objective, Solution, Status, WorkloadResult
-from ksearch_ray.taskspec.task import Task, Workload
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import Task
 from ksearch_ray.text import clip
 
 M = TypeVar("M", bound=BaseModel)

@@ -35,7 +35,7 @@ from ksearch_ray.evaluation.seeds import call_seed
 from ksearch_ray.evaluation.session import Failure, RunSpec, Session
 from ksearch_ray.evaluation.settings import TimingPolicy
 from ksearch_ray.models import Status, Timing
-from ksearch_ray.taskspec.task import Workload
+from ksearch_ray.taskspec.spec import Workload
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from ksearch_ray.evaluation.scoring import speedup as ratio
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.taskspec.task import Task, TaskError, find_task, solution_from_file
+from ksearch_ray.taskspec.spec import TaskError
+from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 from ksearch_ray.text import clip
 
 

@@ -1,9 +1,9 @@
-"""What a search method may use of the run it runs in: a narrow context, not the run's insides.
+"""What a search method may use of the run it runs in: four narrow services, not the run's insides.
 
-`run.engine.Search` implements it. A method spends rounds (`take_round`), asks the planner and the
-coder, edits the world model, has candidates evaluated and reads the run's state through the live
-read model (`view`, read only: it changes only by `record`). Everything a method learns is an
-event it records, so a resumed run rebuilds it by replay.
+`SearchContext` holds them: `run` (the log, the live read model, the budget: `run.engine.Search`), `world`
+(the world model: `run.mirror`), `llm` (planner and coder calls: `run.llm_calls`) and `evals` (measuring and
+judging kernels: `run.evaluations`). A method reads the run's state through `run.view` (read only: it changes
+only by `record`); everything it learns is an event it records, so a resumed run rebuilds it by replay.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ksearch_ray.events import Event, RunView
     from ksearch_ray.measure import Noise
     from ksearch_ray.models import EvalResult, Solution
-    from ksearch_ray.policies.contract import Attempt, CodeRequest, Facts, PlanReply, PlanRequest
+    from ksearch_ray.policies.contract import Attempt, CodeRequest, PlanReply, PlanRequest
     from ksearch_ray.taskspec.task import Task
     from ksearch_ray.worldmodel.ops import ApplyReport
     from ksearch_ray.worldmodel.tree import Tree
@@ -49,7 +49,9 @@ class Where:
         return {"cycle": self.cycle, "node": self.node, "method": self.method, "lane": self.lane}
 
 
-class SearchContext(Protocol):
+class RunRecord(Protocol):
+    """The run's log, its life and its budget: what every method uses."""
+
     config: RunConfig
     task: Task
     view: RunView
@@ -81,11 +83,23 @@ class SearchContext(Protocol):
         """A round to spend (its number), or None when the budget is spent."""
         ...
 
+    def give_back_round(self, round_: int) -> None:
+        """A round taken and not spent goes back to the budget."""
+        ...
+
+
+class WorldModel(Protocol):
+    """The world model as a method sees it: the tree (the read model's) and one typed command at a time."""
+
     def tree(self) -> Tree: ...
 
     async def wm(self, command: Command[R], *, tag: dict[str, Any] | None = None) -> R:
         """One change of the world model (applied, mirrored and logged); what the command returns."""
         ...
+
+
+class LlmCalls(Protocol):
+    """The planner and the coder: requests with the run's facts, and calls that outlast the provider's failures."""
 
     def plan_request(self, kind: str, **fields: Any) -> PlanRequest: ...
 
@@ -102,33 +116,42 @@ class SearchContext(Protocol):
         refuses the request however often it is asked."""
         ...
 
-    def give_back_round(self, round_: int) -> None:
-        """A round taken and not spent goes back to the budget."""
-        ...
 
-    def facts(self) -> Facts:
-        """What prompts state of the device, the timing and the workloads."""
-        ...
+class Evaluations(Protocol):
+    """Kernels measured and judged: the solutions by id, verdicts, the noise, the best."""
 
-    async def evaluate(self, attempt: Attempt, where: Where) -> None:
-        """Evaluate an attempt's code, record it, tune it (--autotune) and note a new best."""
+    def solution(self, solution_id: str) -> Solution: ...
+
+    def save_solution(self, solution: Solution) -> str: ...
+
+    async def judge(self, attempt: Attempt, where: Where) -> None:
+        """Measure an attempt's code and record its `evaluation` event (the attempt in `view` carries it)."""
         ...
 
     async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
         """A verdict from whichever evaluator is free, which one, and the speedup; nothing recorded."""
         ...
 
+    async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
+        """A candidate becomes the best only beyond the noise and once an independent re-timing agrees."""
+        ...
+
     def gpu_name(self, evaluator: int) -> str | None: ...
-
-    def solution(self, solution_id: str) -> Solution: ...
-
-    def save_solution(self, solution: Solution) -> str: ...
-
-    def seeds(self) -> dict[str, Solution]: ...
 
     def noise(self, evaluator: int | None = None) -> Noise | None: ...
 
     def baseline_for(self, evaluator: int | None) -> EvalResult | None: ...
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """All a method sees of its run, as four services; a part of a method takes only those it uses
+    (the tuner: `run` and `evals`)."""
+
+    run: RunRecord
+    world: WorldModel
+    llm: LlmCalls
+    evals: Evaluations
 
 
 class Method(Protocol):

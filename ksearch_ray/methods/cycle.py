@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from ksearch_ray.config import KSearchConfig
 from ksearch_ray.events import CycleEnd, CycleRecord, CycleStep, CycleStop
+from ksearch_ray.methods.attempts import evaluate
 from ksearch_ray.methods.context import Refused, SearchContext, Where
 from ksearch_ray.methods.evidence import attempt_evidence, eval_summary, failure_digest, workload_times
 from ksearch_ray.models import Solution
@@ -106,12 +107,12 @@ class ActionCycle:
 
     @property
     def config(self) -> KSearchConfig:
-        return self.ctx.config.search.ksearch
+        return self.ctx.run.config.search.ksearch
 
     async def run(self) -> None:
         ctx, rec = self.ctx, self.rec
-        node = ctx.tree().nodes[rec.node_id]
-        ctx.working(rec.cycle_id, node.title)
+        node = ctx.world.tree().nodes[rec.node_id]
+        ctx.run.working(rec.cycle_id, node.title)
         try:
             if not rec.steps:
                 stop = asyncio.Event()
@@ -121,9 +122,9 @@ class ActionCycle:
                 finally:
                     stop.set()
                     await keeper
-            await self._finish(ctx.tree().nodes.get(rec.node_id, node))
+            await self._finish(ctx.world.tree().nodes.get(rec.node_id, node))
         finally:
-            ctx.working(rec.cycle_id, None)
+            ctx.run.working(rec.cycle_id, None)
 
     # --- the lease --------------------------------------------------------------------------------
 
@@ -142,21 +143,21 @@ class ActionCycle:
         if self.lost:
             return
         rec = self.rec
-        lost = await self.ctx.wm(Renew(ids=[rec.node_id], holder=rec.cycle_id, now=self.ctx.now(),
+        lost = await self.ctx.world.wm(Renew(ids=[rec.node_id], holder=rec.cycle_id, now=self.ctx.run.now(),
                                        ttl=self.config.lease_ttl_s))
         if lost:
             self.lost = True
-            self.ctx.say(f"{rec.cycle_id}: its lease on {rec.node_id} expired before it could renew it; the cycle stops "
+            self.ctx.run.say(f"{rec.cycle_id}: its lease on {rec.node_id} expired before it could renew it; the cycle stops "
                          "(its results are kept, and attached only where the node is free and they are faster)")
 
     # --- attempts -----------------------------------------------------------------------------
 
     def _parent(self, node: ActionNode) -> tuple[Solution | None, float | None]:
-        parent = self.ctx.tree().get(node.parent)
+        parent = self.ctx.world.tree().get(node.parent)
         ref = parent.solution if parent is not None else None
         if ref is None:
             return None, None
-        return self.ctx.solution(ref.solution_id), ref.evaluation.speedup
+        return self.ctx.evals.solution(ref.solution_id), ref.evaluation.speedup
 
     def _should_stop(self, parent_speedup: float | None) -> str | None:
         """The stop rules over the settled attempts; with several lanes, each lane has the rules' patience (a
@@ -174,7 +175,7 @@ class ActionCycle:
         for attempt in [a for a in self.rec.attempts if a.solution_id and a.result is None]:
             # Candidates the last session generated and did not evaluate: evaluated first, before the stop rules
             # look at the attempts (a candidate with code is always evaluated, once).
-            await self.ctx.evaluate(attempt, self.where)
+            await evaluate(self.ctx.run, self.ctx.evals, attempt, self.where)
         in_flight: set[asyncio.Task[str | None]] = set()
         stop: str | None = None
         while True:
@@ -182,7 +183,7 @@ class ActionCycle:
                 stop = self._should_stop(base_speedup)
                 if stop is not None:
                     break
-                round_ = await self.ctx.take_round()
+                round_ = await self.ctx.run.take_round()
                 if round_ is None:
                     stop = "budget"
                     break
@@ -197,19 +198,19 @@ class ActionCycle:
             self.refused = True
         elif stop == "budget":
             self.budget_cut = True
-        self.ctx.record(CycleStop(cycle=self.rec.cycle_id, reason=stop))
+        self.ctx.run.record(CycleStop(cycle=self.rec.cycle_id, reason=stop))
 
     async def _one(self, node: ActionNode, base: Solution | None, base_speedup: float | None, round_: int) -> str | None:
         """One attempt: its code, its evaluation, the lease renewed; a reason the cycle must stop, if any."""
         try:
             attempt = await self._generate(node, base, base_speedup, round_)
         except Refused as exc:
-            self.ctx.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
+            self.ctx.run.say(f"{self.rec.cycle_id} on {node.id}: {exc}; the action goes back unjudged")
             return REFUSED
         if attempt is None:  # the budget ran out (perhaps while the provider was failing)
             return "budget"
         if attempt.solution_id is not None and not self.lost:
-            await self.ctx.evaluate(attempt, self.where)
+            await evaluate(self.ctx.run, self.ctx.evals, attempt, self.where)
         await self._renew()
         return LEASE_LOST if self.lost else None
 
@@ -219,10 +220,10 @@ class ActionCycle:
         attempts = settled(rec.attempts)  # (the cycle's other lanes' attempts in flight are not evidence yet)
         kind = next_kind(attempts, base is not None)
         current = current_attempt(attempts)
-        sols = {a.solution_id: ctx.solution(a.solution_id) for a in attempts if a.solution_id}
-        base_result = ctx.view.results.get(base.id) if base else None
+        sols = {a.solution_id: ctx.evals.solution(a.solution_id) for a in attempts if a.solution_id}
+        base_result = ctx.run.view.results.get(base.id) if base else None
         current_result = current.result if current else None
-        baseline = ctx.baseline_for(current.evaluator if current else None)
+        baseline = ctx.evals.baseline_for(current.evaluator if current else None)
         # The attempt before this one, when it failed, is shown with its code and evidence even after an
         # earlier one passed; beside it, the last code that passed (the cycle's best, else the parent's).
         last = attempts[-1] if attempts else None
@@ -231,9 +232,9 @@ class ActionCycle:
             failure = FailedAttempt(round=last.round, kind=last.kind, solution=sols.get(last.solution_id or ""),
                                     result=last.result, error=last.error, reply_start=last.reply_start)
         best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
-        request = ctx.code_request(
+        request = ctx.llm.code_request(
             kind, node_id=node.id, base=base, base_speedup=base_speedup,
-            base_times=workload_times(base_result, None, ctx.baseline_for(None)),
+            base_times=workload_times(base_result, None, ctx.evals.baseline_for(None)),
             current=sols.get(current.solution_id) if current and current.solution_id else None,
             current_result=current_result, current_speedup=current.speedup if current else None,
             current_times=workload_times(current_result, base_result, baseline),
@@ -241,18 +242,18 @@ class ActionCycle:
             passed=sols[best.solution_id] if best and best.solution_id else base,
             passed_speedup=best.speedup if best else base_speedup,
         )
-        return await ctx.generate(request, round_, self.where)
+        return await ctx.llm.generate(request, round_, self.where)
 
     # --- the end of the cycle -----------------------------------------------------------------
 
     def evidence(self, node: ActionNode) -> list[AttemptEvidence]:
         ctx = self.ctx
         base, base_speedup = self._parent(node)
-        parent_result = ctx.view.results.get(base.id) if base else None
+        parent_result = ctx.run.view.results.get(base.id) if base else None
         out = []
         for a in self.rec.attempts:
-            change = ctx.solution(a.solution_id).description if a.solution_id else ""
-            out.append(attempt_evidence(a, change, parent_result, ctx.baseline_for(a.evaluator), base_speedup))
+            change = ctx.evals.solution(a.solution_id).description if a.solution_id else ""
+            out.append(attempt_evidence(a, change, parent_result, ctx.evals.baseline_for(a.evaluator), base_speedup))
         return out
 
     def outcome(self, node: ActionNode, evidence: list[AttemptEvidence]) -> Outcome:
@@ -282,7 +283,7 @@ class ActionCycle:
             return
         if not rec.attempts:
             # The budget ran out before the first attempt: the action goes back to the frontier untouched.
-            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
+            await ctx.world.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._end(passed=False)
             return
         evidence = self.evidence(node)
@@ -290,31 +291,31 @@ class ActionCycle:
             await self._finish_without_lease(node, evidence, best)
             return
         if "recorded" not in rec.steps:
-            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+            await ctx.world.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
                                                        outcome=self.outcome(node, evidence))]), tag=tag)
             self._step("recorded")
         if passed and "attached" not in rec.steps:
             assert best is not None and best.result is not None and best.solution_id is not None
-            await ctx.wm(ApplyOps(ops=[AttachSolutionOp(
+            await ctx.world.wm(ApplyOps(ops=[AttachSolutionOp(
                 op="attach_solution", node=rec.node_id, solution_id=best.solution_id,
                 evaluation=eval_summary(best.result, best.speedup),
             )]), tag=tag)
             self._step("attached")
         elif not passed and self.budget_cut and "released" not in rec.steps:
             # Cut short by the budget, not judged: back to the frontier, its outcome kept.
-            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
+            await ctx.world.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._step("released")
         elif not passed and not self.budget_cut and "marked" not in rec.steps:
-            await ctx.wm(ApplyOps(ops=[MarkTooHardOp(
+            await ctx.world.wm(ApplyOps(ops=[MarkTooHardOp(
                 op="mark_too_hard", node=rec.node_id,
                 reason=f"no passing attempt in {len(rec.attempts)}: {failure_digest(evidence)[:300] or 'no code came back'}",
             )]), tag=tag)
             self._step("marked")
         judged = passed or not self.budget_cut
-        if judged and "planned" not in rec.steps and ctx.budget_left() != "cost":
+        if judged and "planned" not in rec.steps and ctx.run.budget_left() != "cost":
             kind = "refine" if passed else "too_hard"
-            request = ctx.plan_request(kind, node_id=rec.node_id, attempts=rec.attempts, evidence=evidence)
-            await ctx.plan(request, cycle=rec.cycle_id)
+            request = ctx.llm.plan_request(kind, node_id=rec.node_id, attempts=rec.attempts, evidence=evidence)
+            await ctx.llm.plan(request, cycle=rec.cycle_id)
             self._step("planned")
         self._end(passed=passed)
 
@@ -325,18 +326,18 @@ class ActionCycle:
         ctx, rec = self.ctx, self.rec
         tag = {"cycle": rec.cycle_id}
         if rec.attempts and "recorded" not in rec.steps:
-            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+            await ctx.world.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
                                                        outcome=self.outcome(node, self.evidence(node)))]), tag=tag)
             self._step("recorded")
         if "released" not in rec.steps:
-            await ctx.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
+            await ctx.world.wm(Release(ids=[rec.node_id], holder=rec.cycle_id), tag=tag)
             self._step("released")
-        refused = sum(c.node_id == rec.node_id and c.stop_reason == REFUSED for c in ctx.view.cycles.values())
+        refused = sum(c.node_id == rec.node_id and c.stop_reason == REFUSED for c in ctx.run.view.cycles.values())
         why = "the provider refused the coder's calls for this action (a content policy or a rejected request)"
         if "noted" not in rec.steps:
             op = (CloseOp(op="close", target=rec.node_id, reason=f"{why}, in {refused} cycles") if refused >= 2
                   else AnnotateOp(op="annotate", target=rec.node_id, text=why))
-            await ctx.wm(ApplyOps(ops=[op]), tag=tag)
+            await ctx.world.wm(ApplyOps(ops=[op]), tag=tag)
             self._step("noted")
         self._end(passed=False)
 
@@ -347,25 +348,25 @@ class ActionCycle:
         ctx, rec = self.ctx, self.rec
         tag = {"cycle": rec.cycle_id}
         if "recorded" not in rec.steps:
-            await ctx.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
+            await ctx.world.wm(ApplyOps(ops=[RecordOutcomeOp(op="record_outcome", node=rec.node_id,
                                                        outcome=self.outcome(node, evidence))]), tag=tag)
             self._step("recorded")
         passed = best is not None and best.passed
-        free = rec.node_id not in ctx.tree().leases
+        free = rec.node_id not in ctx.world.tree().leases
         if passed and free and "attached" not in rec.steps:
             assert best is not None and best.result is not None and best.solution_id is not None
-            await ctx.wm(ApplyOps(ops=[AttachSolutionOp(
+            await ctx.world.wm(ApplyOps(ops=[AttachSolutionOp(
                 op="attach_solution", node=rec.node_id, solution_id=best.solution_id,
                 evaluation=eval_summary(best.result, best.speedup),
             )]), tag=tag)
             self._step("attached")
-        self.ctx.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
+        self.ctx.run.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
                                  budget_cut=self.budget_cut, abandoned="its lease expired"))
 
     def _step(self, step: str) -> None:
-        self.ctx.record(CycleStep(cycle=self.rec.cycle_id, step=step))
+        self.ctx.run.record(CycleStep(cycle=self.rec.cycle_id, step=step))
 
     def _end(self, *, passed: bool) -> None:
-        self.ctx.record(CycleEnd(cycle=self.rec.cycle_id, node=self.rec.node_id, passed=passed,
+        self.ctx.run.record(CycleEnd(cycle=self.rec.cycle_id, node=self.rec.node_id, passed=passed,
                                  attempts=len(self.rec.attempts), budget_cut=self.budget_cut))
 

@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 
 from ksearch_ray.events import Evaluation, Event, EvolveMigrate, Seed, Tuned
+from ksearch_ray.methods.attempts import evaluate
 from ksearch_ray.methods.context import SearchContext
 from ksearch_ray.methods.lanes import Lanes
 from ksearch_ray.methods.programs import ProgramDatabase
@@ -54,14 +55,14 @@ class Evolve(Lanes):
 
     async def step(self, ctx: SearchContext, lane: str, round_: int) -> None:
         island = (round_ - 1) % len(self.db.islands)
-        rng = random.Random(f"{ctx.config.search.random_seed}:{round_}")
-        parent, shown = self.db.sample(island, rng, ctx.config.search.evolve.inspirations)
-        current = ctx.solution(parent.solution_id) if parent else None
-        inspirations = [Inspiration(ctx.solution(p.solution_id), p.speedup, "PASSED", why) for p, why in shown]
-        ctx.working(lane, f"a child of {parent.name if parent else 'nothing yet'} on island {island}")
+        rng = random.Random(f"{ctx.run.config.search.random_seed}:{round_}")
+        parent, shown = self.db.sample(island, rng, ctx.run.config.search.evolve.inspirations)
+        current = ctx.evals.solution(parent.solution_id) if parent else None
+        inspirations = [Inspiration(ctx.evals.solution(p.solution_id), p.speedup, "PASSED", why) for p, why in shown]
+        ctx.run.working(lane, f"a child of {parent.name if parent else 'nothing yet'} on island {island}")
         request = self.request(ctx, "evolve", current=current, current_speedup=parent.speedup if parent else None,
                                base=current, base_speedup=parent.speedup if parent else None, inspirations=inspirations)
-        attempt = await self.generate(ctx, request, lane, round_, island=island,
+        attempt = await self.generate(ctx.llm, request, lane, round_, island=island,
                                       parent=parent.solution_id if parent else None,
                                       inspirations=[p.solution_id for p, _ in shown])
         if attempt is not None and attempt.solution_id is not None:
@@ -69,9 +70,9 @@ class Evolve(Lanes):
 
     async def finish(self, ctx: SearchContext, attempt: Attempt) -> None:
         candidate = self.candidates[attempt.round]
-        await ctx.evaluate(attempt, self.where(candidate.lane or "", node=f"island {candidate.island}"))
-        while self.db.migration_due(ctx.config.search.evolve.migration_interval):
+        await evaluate(ctx.run, ctx.evals, attempt, self.where(candidate.lane or "", node=f"island {candidate.island}"))
+        while self.db.migration_due(ctx.run.config.search.evolve.migration_interval):
             moves = self.db.plan_migration()
-            ctx.record(EvolveMigrate(moves=moves))  # applied to the database by `observe`
+            ctx.run.record(EvolveMigrate(moves=moves))  # applied to the database by `observe`
             if moves:
-                ctx.say("migration: " + ", ".join(f"island {m['from']}'s best to island {m['to']}" for m in moves))
+                ctx.run.say("migration: " + ", ".join(f"island {m['from']}'s best to island {m['to']}" for m in moves))

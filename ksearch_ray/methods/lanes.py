@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 
 from ksearch_ray.events import Candidate, Event
-from ksearch_ray.methods.context import Refused, SearchContext, Where
+from ksearch_ray.methods.attempts import evaluate
+from ksearch_ray.methods.context import Evaluations, LlmCalls, Refused, RunRecord, SearchContext, Where
 from ksearch_ray.methods.evidence import workload_times
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import (
@@ -33,12 +34,12 @@ from ksearch_ray.worldmodel.tree import ROOT_ID
 NO_CODE_LIMIT = 5
 
 
-def failed_attempt(ctx: SearchContext, attempt: Attempt | None) -> FailedAttempt | None:
+def failed_attempt(evals: Evaluations, attempt: Attempt | None) -> FailedAttempt | None:
     """An attempt that failed, as the next coder call is shown it (None for one that passed or is pending)."""
     if attempt is None or attempt.passed or (attempt.solution_id is not None and attempt.result is None):
         return None
     return FailedAttempt(round=attempt.round, kind=attempt.kind,
-                         solution=ctx.solution(attempt.solution_id) if attempt.solution_id else None,
+                         solution=evals.solution(attempt.solution_id) if attempt.solution_id else None,
                          result=attempt.result, error=attempt.error, reply_start=attempt.reply_start)
 
 
@@ -69,24 +70,24 @@ class Lanes:
 
     async def finish(self, ctx: SearchContext, attempt: Attempt) -> None:
         """Evaluate a candidate that has code."""
-        await ctx.evaluate(attempt, self.where(self.candidates[attempt.round].lane or ""))
+        await evaluate(ctx.run, ctx.evals, attempt, self.where(self.candidates[attempt.round].lane or ""))
 
     # --- the loop ----------------------------------------------------------------------------------
 
     async def run(self, ctx: SearchContext) -> str:
-        pending = [a for a in self.attempts(ctx) if a.solution_id and a.result is None]
+        pending = [a for a in self.attempts(ctx.run) if a.solution_id and a.result is None]
         if pending:
-            ctx.set_phase(f"evaluating {len(pending)} candidate(s) left unmeasured by the last session")
+            ctx.run.set_phase(f"evaluating {len(pending)} candidate(s) left unmeasured by the last session")
             await asyncio.gather(*(self.finish(ctx, a) for a in pending))
-        ctx.set_phase("searching")
-        await asyncio.gather(*(self._lane(ctx, f"{self.lane_prefix}{i + 1}") for i in range(ctx.config.search.width)))
-        return self.stopped or ctx.budget_left() or "done"
+        ctx.run.set_phase("searching")
+        await asyncio.gather(*(self._lane(ctx, f"{self.lane_prefix}{i + 1}") for i in range(ctx.run.config.search.width)))
+        return self.stopped or ctx.run.budget_left() or "done"
 
     async def _lane(self, ctx: SearchContext, lane: str) -> None:
         refused = 0
         try:
             while self.stopped is None:
-                round_ = await ctx.take_round()
+                round_ = await ctx.run.take_round()
                 if round_ is None:
                     return
                 try:
@@ -94,17 +95,17 @@ class Lanes:
                     refused = 0
                 except Refused as exc:  # no round spent; the same prompt next time would be refused again
                     refused += 1
-                    ctx.say(f"lane {lane}: {exc}")
+                    ctx.run.say(f"lane {lane}: {exc}")
                     if refused >= NO_CODE_LIMIT and self.stopped is None:
                         self.stopped = f"the provider refused the coder {refused} times in a row (last: {exc})"
         finally:
-            ctx.working(lane, None)
+            ctx.run.working(lane, None)
 
     # --- one attempt -------------------------------------------------------------------------------
 
-    def attempts(self, ctx: SearchContext) -> list[Attempt]:
+    def attempts(self, run: RunRecord) -> list[Attempt]:
         """This run's attempts outside cycles, oldest first (in flight included)."""
-        return [ctx.view.attempts[r] for r in sorted(ctx.view.attempts)]
+        return [run.view.attempts[r] for r in sorted(run.view.attempts)]
 
     def request(self, ctx: SearchContext, kind: CodeKind, *, current: Solution | None = None,
                 current_speedup: float | None = None, base: Solution | None = None, base_speedup: float | None = None,
@@ -112,29 +113,29 @@ class Lanes:
                 failed: Attempt | None = None) -> CodeRequest:
         """A coder request; `failed`: the lane's last attempt when it failed, shown with its code and evidence
         (the best so far is shown beside it as the last code that passed)."""
-        history = self.attempts(ctx)
-        best = ctx.view.best
-        result = ctx.view.results.get(current.id) if current else None
-        base_result = ctx.view.results.get(base.id) if base else None
-        return ctx.code_request(
+        history = self.attempts(ctx.run)
+        best = ctx.run.view.best
+        result = ctx.run.view.results.get(current.id) if current else None
+        base_result = ctx.run.view.results.get(base.id) if base else None
+        return ctx.llm.code_request(
             kind, node_id=ROOT_ID, base=base, base_speedup=base_speedup,
-            base_times=workload_times(base_result, None, ctx.baseline_for(None)), current=current,
+            base_times=workload_times(base_result, None, ctx.evals.baseline_for(None)), current=current,
             current_result=result, current_speedup=current_speedup,
-            current_times=self._times(ctx, result, base_result),
-            history=history, solutions={a.solution_id: ctx.solution(a.solution_id) for a in history if a.solution_id},
-            action_text=action_text, inspirations=inspirations or [], failure=failed_attempt(ctx, failed),
-            passed=ctx.solution(best.solution_id) if best else None, passed_speedup=best.speedup if best else None,
+            current_times=self._times(ctx.evals, result, base_result),
+            history=history, solutions={a.solution_id: ctx.evals.solution(a.solution_id) for a in history if a.solution_id},
+            action_text=action_text, inspirations=inspirations or [], failure=failed_attempt(ctx.evals, failed),
+            passed=ctx.evals.solution(best.solution_id) if best else None, passed_speedup=best.speedup if best else None,
         )
 
     @staticmethod
-    def _times(ctx: SearchContext, result: EvalResult | None, parent: EvalResult | None) -> list[WorkloadTime]:
-        return workload_times(result, parent, ctx.baseline_for(None)) if result is not None and result.passed else []
+    def _times(evals: Evaluations, result: EvalResult | None, parent: EvalResult | None) -> list[WorkloadTime]:
+        return workload_times(result, parent, evals.baseline_for(None)) if result is not None and result.passed else []
 
-    async def generate(self, ctx: SearchContext, request: CodeRequest, lane: str, round_: int, **tags: object
+    async def generate(self, llm: LlmCalls, request: CodeRequest, lane: str, round_: int, **tags: object
                        ) -> Attempt | None:
         """Ask the coder (the candidate is logged with `tags`), and count replies without code. None: the
         budget ran out while the provider was failing (the round was given back)."""
-        attempt = await ctx.generate(request, round_, self.where(lane, **tags))
+        attempt = await llm.generate(request, round_, self.where(lane, **tags))
         if attempt is None:
             return None
         if attempt.solution_id is None:

@@ -43,27 +43,27 @@ class Refine(Lanes):
             self.lanes.setdefault(event.lane, []).append(event.round)
 
     async def step(self, ctx: SearchContext, lane: str, round_: int) -> None:
-        mine = [ctx.view.attempts[r] for r in self.lanes.get(lane, [])]
+        mine = [ctx.run.view.attempts[r] for r in self.lanes.get(lane, [])]
         last = mine[-1] if mine else None
-        best = ctx.view.best
+        best = ctx.run.view.best
         if last is not None and last.result is not None and not last.passed and \
-                failed_in_a_row(mine) < ctx.config.search.refine.debug_window:
+                failed_in_a_row(mine) < ctx.run.config.search.refine.debug_window:
             assert last.solution_id is not None
             parent = self.candidates[last.round].parent
-            base = ctx.solution(parent) if parent else None
-            ctx.working(lane, f"debugging round {last.round}")
-            request = self.request(ctx, "debug", current=ctx.solution(last.solution_id), base=base,
+            base = ctx.evals.solution(parent) if parent else None
+            ctx.run.working(lane, f"debugging round {last.round}")
+            request = self.request(ctx, "debug", current=ctx.evals.solution(last.solution_id), base=base,
                                    action_text=IMPROVE_BEST, failed=last)
         elif best is not None:
             parent = best.solution_id
-            ctx.working(lane, f"improving the best ({best.speedup:.3g}x, round {best.round})")
-            current = ctx.solution(parent)
+            ctx.run.working(lane, f"improving the best ({best.speedup:.3g}x, round {best.round})")
+            current = ctx.evals.solution(parent)
             request = self.request(ctx, "improve", current=current, current_speedup=best.speedup, base=current,
                                    base_speedup=best.speedup, action_text=IMPROVE_BEST, failed=last)
         else:
             parent = None
-            ctx.working(lane, "writing a first kernel from the specification")
+            ctx.run.working(lane, "writing a first kernel from the specification")
             request = self.request(ctx, "generate_from_spec", action_text=IMPROVE_BEST)
-        attempt = await self.generate(ctx, request, lane, round_, parent=parent)
+        attempt = await self.generate(ctx.llm, request, lane, round_, parent=parent)
         if attempt is not None and attempt.solution_id is not None:
             await self.finish(ctx, attempt)

@@ -23,7 +23,7 @@ import asyncio
 from typing import Any
 
 from ksearch_ray.events import Tune, Tuned
-from ksearch_ray.methods.context import SearchContext, Where
+from ksearch_ray.methods.context import Evaluations, RunRecord, Where
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.contract import Attempt
 from ksearch_ray.taskspec.tunables import TunableError, declared_tunables, with_values
@@ -52,13 +52,13 @@ def variant(solution: Solution, values: dict[str, Any], changed: dict[str, Any])
 _Measured = tuple[Solution, EvalResult, int, float | None, dict[str, Any]]
 
 
-async def autotune(ctx: SearchContext, attempt: Attempt, where: Where) -> None:
+async def autotune(run: RunRecord, evals: Evaluations, attempt: Attempt, where: Where) -> None:
     """Tune a passed attempt's tunables (see the module's docstring); the `tuned` event updates the attempt."""
-    budget = ctx.config.search.autotune_variants
+    budget = run.config.search.autotune_variants
     if budget <= 0 or not attempt.passed or attempt.speedup is None or attempt.evaluator is None:
         return
     assert attempt.solution_id is not None and attempt.result is not None
-    original = ctx.solution(attempt.solution_id)
+    original = evals.solution(attempt.solution_id)
     try:
         start = {name: t.value for name, t in declared_tunables(original).items()}
     except TunableError:
@@ -67,41 +67,41 @@ async def autotune(ctx: SearchContext, attempt: Attempt, where: Where) -> None:
         return
     best: tuple[Solution, EvalResult, int, float] = (original, attempt.result, attempt.evaluator, attempt.speedup)
     point, tried, spent = dict(start), {repr(sorted(start.items()))}, 0
-    ctx.say(f"round {attempt.round}: tuning {len(start)} tunable(s) of {original.name} (up to {budget} variants)")
-    while spent < budget and ctx.budget_left() in (None, "rounds"):  # rounds count kernels written, not variants
+    run.say(f"round {attempt.round}: tuning {len(start)} tunable(s) of {original.name} (up to {budget} variants)")
+    while spent < budget and run.budget_left() in (None, "rounds"):  # rounds count kernels written, not variants
         batch = [v for v in neighbours(original, point) if repr(sorted(v.items())) not in tried][: budget - spent]
         if not batch:
             break
         tried |= {repr(sorted(v.items())) for v in batch}
         spent += len(batch)
-        measured = await asyncio.gather(*(_measure(ctx, attempt, original, start, values, where) for values in batch))
+        measured = await asyncio.gather(*(_measure(run, evals, attempt, original, start, values, where) for values in batch))
         passing = [(sol, res, ev, value, vals) for sol, res, ev, value, vals in measured if value is not None]
         if not passing:
             break
         fastest = max(passing, key=lambda m: m[3] or 0.0)
         assert fastest[3] is not None
-        noise = ctx.noise(fastest[2])
+        noise = evals.noise(fastest[2])
         if fastest[3] <= best[3] * (1.0 + (noise.value if noise else 0.0)):
             break
         best, point = (fastest[0], fastest[1], fastest[2], fastest[3]), fastest[4]
     tuned, _result, evaluator, speedup = best
     values = {k: v for k, v in point.items() if start[k] != v}
     before = attempt.speedup
-    ctx.record(Tuned(round=attempt.round, original=original.id, solution_id=tuned.id, values=values, variants=spent,
+    run.record(Tuned(round=attempt.round, original=original.id, solution_id=tuned.id, values=values, variants=spent,
                      speedup_before=before, speedup=speedup, evaluator=evaluator, **where.fields()))
     if tuned.id == original.id:
-        ctx.say(f"round {attempt.round}: tuning found nothing faster in {spent} variant(s)")
+        run.say(f"round {attempt.round}: tuning found nothing faster in {spent} variant(s)")
         return
-    ctx.say(f"round {attempt.round}: tuned {', '.join(f'{k}={v!r}' for k, v in values.items())}: "
+    run.say(f"round {attempt.round}: tuned {', '.join(f'{k}={v!r}' for k, v in values.items())}: "
             f"{before:.3g}x -> {speedup:.3g}x ({spent} variant(s))")
 
 
-async def _measure(ctx: SearchContext, attempt: Attempt, original: Solution, start: dict[str, Any],
+async def _measure(run: RunRecord, evals: Evaluations, attempt: Attempt, original: Solution, start: dict[str, Any],
                    values: dict[str, Any], where: Where) -> _Measured:
     changed = {k: v for k, v in values.items() if start[k] != v}
     solution = variant(original, values, changed)
-    ctx.save_solution(solution)
-    result, evaluator, value = await ctx.measure(solution)
-    ctx.record(Tune(round=attempt.round, original=original.id, solution_id=solution.id, values=changed,
-                    evaluator=evaluator, gpu=ctx.gpu_name(evaluator), result=result, speedup=value, **where.fields()))
+    evals.save_solution(solution)
+    result, evaluator, value = await evals.measure(solution)
+    run.record(Tune(round=attempt.round, original=original.id, solution_id=solution.id, values=changed,
+                    evaluator=evaluator, gpu=evals.gpu_name(evaluator), result=result, speedup=value, **where.fields()))
     return solution, result, evaluator, value, values

@@ -22,7 +22,7 @@ from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies.llm.types import LLMCall
-from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.taskspec.spec import TaskDefinition
 from ksearch_ray.worldmodel.tree import Tree
 
 PlanKind = Literal["initialize_tree", "propose_actions", "refine", "too_hard"]

@@ -17,8 +17,8 @@ from rich.live import Live
 
 from ksearch_ray.events import Event, EventError, RunView, parse_event
 from ksearch_ray.report.console import event_line, live_view, say
-from ksearch_ray.report.tables import Run, read_manifest
-from ksearch_ray.store import RunDirError, RunStore
+from ksearch_ray.report.tables import Run
+from ksearch_ray.store import RunDirError, RunStore, read_manifest
 
 POLL_S = 0.5
 REDRAW_S = 1.0

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ksearch_ray.taskspec.task import TaskError, discover, find_task
+from ksearch_ray.taskspec.spec import TaskError
+from ksearch_ray.taskspec.task import discover, find_task
 
 
 class WorkloadSetEntry(BaseModel):

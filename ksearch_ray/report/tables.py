@@ -17,13 +17,11 @@ from typing import Any
 import polars as pl
 from pydantic import ValidationError
 
-from ksearch_ray.events import NO_CODE, Best, Event, RunView, Seed
+from ksearch_ray.events import Best, Event, RunView, Seed
 from ksearch_ray.measure import Noise
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.store import RunDirError, RunStore, read_manifest
 from ksearch_ray.worldmodel.tree import Tree
-
-__all__ = ["NO_CODE", "Origin", "Run", "read_manifest"]
 
 WORLD_MODEL_METHOD = "ksearch"
 """The search method that keeps a world model."""

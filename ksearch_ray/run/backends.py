@@ -1,8 +1,8 @@
 """What a run needs from the world model, the planner, the coder and the evaluators: small interfaces.
 
-`run.engine.Search` calls only these. `run.local` implements them in this process (the world model's
-state machine, the policies, an evaluator pool of threads around `Evaluator`s); `distributed`
-implements them with Ray actors. The engine never knows which.
+`run.engine.Search` and its services (`run.mirror`, `run.llm_calls`, `run.evaluations`) call only
+these. `run.local` implements them in this process (the world model's state machine, the policies,
+an evaluator pool of threads around `Evaluator`s); `distributed` implements them with Ray actors. The engine never knows which.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 A policy (the offline one, the LLM one, or a user's) answers every request with its reply type; why
 it has no code or no plan is the reply's `error`, never an exception. A policy that raises, or that
-replies with something else, has a bug. The run must not die of it: `Search._policy_call` records a
-`PolicyFault` event, writes a bug report into the run directory's `bugs/` and asks again (no round is
-spent); only `FAULT_LIMIT` faults of one role in a row stop the run (resumable, exit 3).
+replies with something else, has a bug. The run must not die of it: `LlmCalls._policy_call`
+(`run/llm_calls.py`) records a `PolicyFault` event, writes a bug report into the run directory's
+`bugs/` and asks again (no round is spent); only `FAULT_LIMIT` faults of one role in a row stop the run (resumable, exit 3).
 """
 
 from __future__ import annotations

@@ -42,26 +42,26 @@ class Reporter(Protocol):
 def waiting(search: Search) -> list[tuple[str, float]]:
     """(what, seconds) for every LLM call and evaluation in flight, oldest first."""
     now = time.monotonic()
-    items = [(f"{role} {kind}", now - t0) for role, kind, t0 in search.llm_in_flight.values()]
-    items += [(f"evaluator {i}: {name}", now - t0) for i, (name, t0) in sorted(search.pool.in_flight.items())]
+    items = [(f"{role} {kind}", now - t0) for role, kind, t0 in search.llm.in_flight.values()]
+    items += [(f"evaluator {i}: {name}", now - t0) for i, (name, t0) in sorted(search.evals.pool.in_flight.items())]
     return sorted(items, key=lambda item: -item[1])
 
 
 def outage_line(search: Search) -> str | None:
     """While the LLM provider is failing: for how long, and how long the run will wait."""
-    if search.outage_since is None:
+    if search.llm.outage_since is None:
         return None
-    lasted = time.monotonic() - search.outage_since
+    lasted = time.monotonic() - search.llm.outage_since
     return (f"the LLM provider has been failing for {lasted:.0f} s (the run waits up to {search.config.llm.outage_s:g} s; "
             "no round is spent on failed calls)")
 
 
 def render(search: Search) -> Group:
     view, cfg = search.view, search.config
-    minutes = max(search.wall_s() / 60.0, 1e-9)
+    minutes = max(search.budget.wall_s() / 60.0, 1e-9)
     best = view.best
     head = Table.grid(padding=(0, 2))
-    head.add_row(Text(f"{cfg.task}", style="bold"), Text(search.policy_name, style="cyan"), Text(search.hardware, style="dim"))
+    head.add_row(Text(f"{cfg.task}", style="bold"), Text(search.llm.policy_name, style="cyan"), Text(search.evals.hardware, style="dim"))
     session_min = (time.monotonic() - search.started) / 60
     candidates = view.evaluations - search.evaluations_before
     rate = f" ({candidates / session_min:.1f}/min)" if candidates and session_min > 0 else ""
@@ -69,7 +69,7 @@ def render(search: Search) -> Group:
     stats.add_row(
         f"rounds {view.rounds_used}/{cfg.budget.rounds}",
         f"evaluations {view.evaluations}{rate}",
-        f"best {with_noise(best.speedup, search.noise())} ({best.node}, round {best.round})" if best else "best —",
+        f"best {with_noise(best.speedup, search.evals.noise())} ({best.node}, round {best.round})" if best else "best —",
         f"LLM ${view.llm_cost_usd:.2f}, {view.llm_tokens} tokens, {len(view.llm_calls)} calls" if cfg.llm.model else "no LLM",
         f"{minutes:.1f} min",
     )

@@ -40,7 +40,8 @@ from ksearch_ray.taskspec.flashinfer_format import (
     workload_to_trace,
 )
 from ksearch_ray.taskspec.flashinfer_inputs import SynthesisError, drawn_inputs
-from ksearch_ray.taskspec.task import Task, TaskError, Workload
+from ksearch_ray.taskspec.spec import TaskError, Workload
+from ksearch_ray.taskspec.task import Task
 
 BLOB_SEED = 0
 """The seed of the page tables (and MoE routing) an export writes as its workloads' blobs."""

@@ -31,17 +31,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ksearch_ray.models import Solution
 from ksearch_ray.taskspec import flashinfer_format
-
-# The records of a bundle live in spec.py (a leaf, so that flashinfer_format.py needs nothing from
-# here); they are named here too, where every caller has always found them.
-from ksearch_ray.taskspec.spec import CostModel as CostModel
-from ksearch_ray.taskspec.spec import ScoreRule as ScoreRule
-from ksearch_ray.taskspec.spec import TaskDefinition as TaskDefinition
-from ksearch_ray.taskspec.spec import TaskError as TaskError
-from ksearch_ray.taskspec.spec import TensorSpec as TensorSpec
-from ksearch_ray.taskspec.spec import Tolerance as Tolerance
-from ksearch_ray.taskspec.spec import Workload as Workload
-from ksearch_ray.taskspec.spec import bundled_tasks_dir as bundled_tasks_dir
+from ksearch_ray.taskspec.spec import (  # the records of a bundle (a leaf: flashinfer_format needs nothing from here)
+    TaskDefinition,
+    TaskError,
+    Workload,
+    bundled_tasks_dir,
+)
 
 
 def load_module_file(path: Path, module_name: str) -> ModuleType:

@@ -35,7 +35,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     parse_command,
 )
 from ksearch_ray.models import Status
-from ksearch_ray.taskspec.task import Workload
+from ksearch_ray.taskspec.spec import Workload
 from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter

@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ksearch_ray.models import Language, Status
-from ksearch_ray.taskspec.task import Workload
+from ksearch_ray.taskspec.spec import Workload
 
 Transport = Literal["cuda_vmm", "memfd"]
 TimingMethod = Literal["graph_replay", "calls"]

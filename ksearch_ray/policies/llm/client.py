@@ -38,16 +38,10 @@ from typing import Any, Literal
 
 import tenacity
 
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.policies.llm.ratelimit import Limiter, take_slot
 from ksearch_ray.policies.llm.store import CachedReply, ResponseCache
-from ksearch_ray.policies.llm.types import (
-    ErrorKind,
-    LLMCall,
-    LLMConfig,
-    LLMError,
-    LLMReply,
-    Message,
-)
+from ksearch_ray.policies.llm.types import ErrorKind, LLMCall, LLMError, LLMReply, Message
 from ksearch_ray.text import clip as clip_line
 
 __all__ = ["LiteLLMClient", "classify_error", "request_hash"]

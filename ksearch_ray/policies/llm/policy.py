@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ksearch_ray.config import LLMConfig
 from ksearch_ray.models import Solution
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
 from ksearch_ray.policies.llm.client import LiteLLMClient
@@ -29,7 +30,7 @@ from ksearch_ray.policies.llm.parsing import ParseError, extract_code, read_plan
 from ksearch_ray.policies.llm.prompting import format_sources, render
 from ksearch_ray.policies.llm.ratelimit import Limiter
 from ksearch_ray.policies.llm.store import ResponseCache
-from ksearch_ray.policies.llm.types import LLMCall, LLMClient, LLMConfig, LLMError, LLMReply, error_class
+from ksearch_ray.policies.llm.types import LLMCall, LLMClient, LLMError, LLMReply, error_class
 from ksearch_ray.policies.llm.views import (
     CHARS_PER_TOKEN,
     code_against,

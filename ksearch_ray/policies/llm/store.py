@@ -2,8 +2,6 @@
 
 The run's ledger of calls (tokens, cost, errors) is its event log: every call is an `llm_call`
 event, and budgets are counted from those.
-
-Split out of `ksearch_ray.policies.llm.client`, which re-exports every name here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The LLM call interface: the per-call record, replies, errors and the client protocol (the model's
 settings are the run configuration's `llm` section, `config.LLMConfig`).
 
-Split out of `ksearch_ray.policies.llm.client`, which re-exports every name here; the cache and ledger
-(`ksearch_ray.policies.llm.store`) and the litellm client (`ksearch_ray.policies.llm.client`) both build on it.
+The cache and ledger (`ksearch_ray.policies.llm.store`) and the litellm client
+(`ksearch_ray.policies.llm.client`) both build on it; import these names from here.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from ksearch_ray.config import LLMConfig
 from ksearch_ray.text import clip
-
-__all__ = ["LLMConfig"]  # the run configuration's llm section
 
 Message = dict[str, Any]
 

@@ -20,8 +20,7 @@ from ksearch_ray.policies.contract import (
 )
 from ksearch_ray.policies.failure import decisive_text
 from ksearch_ray.policies.llm.prompting import format_sources
-from ksearch_ray.taskspec.spec import TensorSpec
-from ksearch_ray.taskspec.task import TaskDefinition
+from ksearch_ray.taskspec.spec import TaskDefinition, TensorSpec
 from ksearch_ray.worldmodel.render import format_speedup, render_hypotheses, render_summary
 from ksearch_ray.worldmodel.tree import Tree
 

@@ -20,7 +20,6 @@ from ksearch_ray.policies.offline.configs import (
     _Space,
     change_key,
     parse_action,
-    with_values,
 )
 from ksearch_ray.policies.offline.model import (
     _attempt_speedups,
@@ -30,7 +29,7 @@ from ksearch_ray.policies.offline.model import (
     _Ranker,
     _tree_speedups,
 )
-from ksearch_ray.taskspec.tunables import Tunable
+from ksearch_ray.taskspec.tunables import Tunable, with_values
 
 AUTHOR = "offline-policy"
 

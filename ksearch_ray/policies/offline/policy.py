@@ -31,34 +31,8 @@ attempts, seeds), so a resumed run gets the same replies; nothing here is random
 from __future__ import annotations
 
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.offline.coding import AUTHOR, _cycle_space, _debug, _evolve, _generate, _improve
-from ksearch_ray.policies.offline.configs import (
-    ActionSpec,
-    Config,
-    change_key,
-    declared_tunables,
-    parse_action,
-    with_values,
-)
-from ksearch_ray.policies.offline.model import FAILURE_LOG_GAIN, PRIOR_LOG_GAIN, PRIOR_WEIGHT, SCORE_SCALE
-from ksearch_ray.policies.offline.planning import REFINE_CHILDREN, _plan_ops
-
-__all__ = [
-    "AUTHOR",
-    "FAILURE_LOG_GAIN",
-    "POLICY_NAME",
-    "PRIOR_LOG_GAIN",
-    "PRIOR_WEIGHT",
-    "REFINE_CHILDREN",
-    "SCORE_SCALE",
-    "ActionSpec",
-    "Config",
-    "OfflinePolicy",
-    "change_key",
-    "declared_tunables",
-    "parse_action",
-    "with_values",
-]
+from ksearch_ray.policies.offline.coding import _cycle_space, _debug, _evolve, _generate, _improve
+from ksearch_ray.policies.offline.planning import _plan_ops
 
 POLICY_NAME = "offline policy (tunable search, no LLM)"
 

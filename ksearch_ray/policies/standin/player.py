@@ -25,8 +25,6 @@ from ksearch_ray.policies.standin.code import break_code, fix_code, from_referen
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.taskspec.tunables import TunableError, read_tunables, rewrite_tunables
 
-__all__ = ["Habits", "Player", "section"]
-
 PLAN_KINDS = ("initialize_tree", "propose_actions", "refine", "too_hard")
 SET_ACTION = re.compile(r"Set (\w+) to (.+?)\s*$", re.MULTILINE)
 BOLD = "bold rewrite"

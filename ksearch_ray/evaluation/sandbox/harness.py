@@ -32,6 +32,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Output,
     Progress,
     Taken,
+    Tick,
     parse_command,
 )
 from ksearch_ray.models import Status
@@ -40,6 +41,10 @@ from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter
 _sync = torch.cuda.synchronize
+# A quiet worker still reports timed calls this often; far below any wait limit (evaluation/settings.py,
+# hang_floor: 20 s), and well within the stopwatch pipe's 64 KiB (1,638 records the evaluator drains per message).
+TICK_EVERY_S = 0.25
+TICK_EVERY_CALLS = 512
 
 
 class CandidateFailure(Exception):
@@ -79,11 +84,21 @@ class Worker:
         self.prepare: Any = None  # a trusted baseline's untimed setup function (see set_up)
         self.current: str | None = None  # workload being run, for failure messages
         self.exporter: Exporter | None = None  # made once CUDA is up (serve)
+        self._quiet_since, self._quiet_calls = _perf(), 0  # since the last message sent (tick)
 
     # --- messages -----------------------------------------------------------------------------
 
     def send(self, message: BaseModel) -> None:
         self.chan.send(message)
+
+    def tick(self, n: int) -> None:
+        """A timed call is done: say so (progress; the evaluator drains the stopwatch's pipe on it) only when
+        TICK_EVERY_S passed or TICK_EVERY_CALLS calls were made since the last tick or hand-over. A message
+        per call woke the evaluator's Python right before the next timed call, which GPUMode's loop does not."""
+        self._quiet_calls += 1
+        if self._quiet_calls >= TICK_EVERY_CALLS or _perf() - self._quiet_since >= TICK_EVERY_S:
+            self.chan.send(Tick(n=n))
+            self._quiet_since, self._quiet_calls = _perf(), 0
 
     def receive(self) -> CommandMessage:
         return parse_command(self.chan.recv())
@@ -114,6 +129,7 @@ class Worker:
         finally:
             for fd in fds:
                 os.close(fd)
+        self._quiet_since, self._quiet_calls = _perf(), 0  # the evaluator drains the stopwatch's pipe on it too
         # A device buffer is memory this process can still write: no candidate code runs until the
         # evaluator says it holds its own copy.
         if handover.transport == "cuda_vmm" and not isinstance(self.receive(), Taken):
@@ -154,18 +170,22 @@ class Worker:
 
     def call(self, inputs: dict[str, Any], function: Any = None) -> Any:
         try:
-            return self.task.call(function or self.entry, inputs)
-        except CandidateFailure:
-            raise
-        except SystemExit as exc:
-            raise CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning") from None
-        except Exception as exc:  # the candidate boundary: any exception becomes a status
-            compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
-            status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
-            if "out of memory" in str(exc).lower():
-                status = Status.RUNTIME_ERROR
-            first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
-            raise CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src)) from None
+            return (function or self.entry)(*self.task.arguments(inputs))
+        except (Exception, SystemExit) as exc:  # the candidate boundary: any exception becomes a status
+            raise self.failure(exc) from None
+
+    def failure(self, exc: BaseException) -> CandidateFailure:
+        """What an exception out of the candidate's call means (the timed calls catch it themselves)."""
+        if isinstance(exc, CandidateFailure):
+            return exc
+        if isinstance(exc, SystemExit):
+            return CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning")
+        compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
+        status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
+        if "out of memory" in str(exc).lower():
+            status = Status.RUNTIME_ERROR
+        first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
+        return CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src))
 
     def check_outputs(self, result: Any, inputs: dict[str, Any],
                       pristine: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:

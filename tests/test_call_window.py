@@ -196,14 +196,12 @@ def test_the_evaluator_is_not_woken_after_every_timed_call(evaluator, tmp_path, 
     monkeypatch.setattr(Session, "recv", counting)
     path = tmp_path / "axpy.py"
     path.write_text("def run(x, a, b):\n    return a * x + b\n")
-    started = time.monotonic()
     result = evaluator.evaluate(toy, solution_from_file(path, toy))
-    seconds = time.monotonic() - started
     assert result.passed, result.message
     calls = sum(w.call_timing.count for w in result.workloads if w.call_timing)
     assert calls == 40 * len(result.workloads)
     ticks = sum(isinstance(m, Tick) for m in received)
-    assert ticks <= len(result.workloads) * 2 + seconds / harness.TICK_EVERY_S, (ticks, calls, seconds)
+    assert ticks * 10 <= calls, (ticks, calls)  # before: one a call
     assert all(w.call_timing and w.call_timing.host_median_ms is not None for w in result.workloads)
 
 

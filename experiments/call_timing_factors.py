@@ -18,6 +18,11 @@ call first on each loop's first inputs):
     gpu_busy   plain, and --busy-ms of unrelated GPU work (matmuls) after each call
     cpu_busy   plain, and --busy-ms of Python spinning after each call (the GPU idle)
     idle       plain, and a --busy-ms sleep after each call
+    remote_check  plain, and after each call the reference for new inputs of the workload computed in another
+               process (a second CUDA context, as the evaluator's judge) while this one waits for its answer
+               asleep in a blocking read, as the evaluator's worker waits for `go` under recheck
+    remote_spin   the same, waiting for the answer on the CPU (polling), as eval.py's process stays on it
+               while it checks an output
     harness    plain, and the evaluator worker's own work after each call: its integrity checks (the worker
                no longer sends a message after every call: a tick a quarter second at most)
     ksclock    plain, timed by the evaluator's native stopwatch (sandbox/ksclock.c) instead of torch events
@@ -81,11 +86,30 @@ class Loop:
 
 
 LOOPS = [  # the likeliest factors first: a run cut short by its budget loses the others
-    Loop("plain"), Loop("gpumode", keep_old=True, clone=True, check=True), Loop("same", fresh=False),
+    Loop("plain"), Loop("gpumode", keep_old=True, clone=True, check=True), Loop("remote_check", after="remote"),
+    Loop("remote_spin", after="remote_spin"), Loop("same", fresh=False),
     Loop("check", check=True), Loop("keep_old", keep_old=True), Loop("harness", after="harness"),
     Loop("ksclock", clock="ksclock"), Loop("gpu_busy", after="gpu_busy"), Loop("idle", after="idle"),
     Loop("cpu_busy", after="cpu_busy"), Loop("flush", flush=True), Loop("nogc", nogc=True), Loop("plain2"),
 ]
+
+
+# The remote loops' other process: for each workload named on its standard input, the reference on new
+# inputs (a second CUDA context, like the evaluator's judge), then a line back.
+_HELPER = """
+import sys
+import torch
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import find_task
+task, device, seed = find_task("trimul"), sys.argv[1], 0
+for line in sys.stdin:
+    seed += 1
+    task.reference(task.generate_inputs(Workload.model_validate_json(line), seed, device))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    sys.stdout.write("ok\\n")
+    sys.stdout.flush()
+"""
 
 
 class Collections:
@@ -178,7 +202,8 @@ class Between:
         self.flush_buf = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device=device) if self.cuda else None
         self.matmuls = self.calibrate() if self.cuda else 1
         self.guard: Any = None
-        self.chan: Any = None
+        self.helper: subprocess.Popen[bytes] | None = None  # the remote loops' reference process
+        self.workload: Any = None  # the workload being timed
 
     def calibrate(self) -> int:
         """Matmuls of 2048^2 in fp16 that take about busy_ms on this GPU."""
@@ -208,6 +233,33 @@ class Between:
             time.sleep(self.busy_ms / 1e3)
         elif kind == "harness":
             self.harness()
+        elif kind in ("remote", "remote_spin"):
+            self.remote(spin=kind == "remote_spin")
+
+    def remote(self, spin: bool) -> None:
+        """A reference computed by another process for new inputs of `self.workload`, this one waiting."""
+        if self.helper is None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+            self.helper = subprocess.Popen([sys.executable, "-c", _HELPER, self.device], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, bufsize=0, env=env)
+        assert self.helper.stdin is not None and self.helper.stdout is not None
+        self.helper.stdin.write((self.workload.model_dump_json() + "\n").encode())
+        fd = self.helper.stdout.fileno()
+        os.set_blocking(fd, not spin)
+        got = b""
+        while not got.endswith(b"\n"):
+            try:
+                chunk = os.read(fd, 64)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise RuntimeError("the reference process ended")
+            got += chunk
+
+    def close(self) -> None:
+        if self.helper is not None and self.helper.stdin is not None:
+            self.helper.stdin.close()
+            self.helper.wait(timeout=30)
 
     def harness(self) -> None:
         """The evaluator worker's work after a timed call (sandbox/timer.py): its integrity checks."""
@@ -249,6 +301,7 @@ def run_loop(task: Task, kernel: Any, workload: Any, device: str, loop: Loop, be
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     clock = Clock(device, loop.clock, gcs)
     seed = int(workload.params.get("seed", 0)) * 7919 + len(loop.name)  # each loop its own inputs
+    between.workload = workload
     data: dict[str, Any] | None = task.generate_inputs(workload, seed, device)
     assert data is not None
     copy = clone(data) if loop.clone else data
@@ -325,6 +378,7 @@ def in_process(task: Task, solution: str, device: str, workloads: list[Any], arg
                 torch.cuda.empty_cache()
         print(f"  {workload.name}: " + ", ".join(
             f"{k} {r['mean_ms']:.4g}" if "mean_ms" in r else f"{k} -" for k, r in rows.items()), flush=True)
+    between.close()
     return out
 
 

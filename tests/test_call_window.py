@@ -1,13 +1,16 @@
 """What happens around a timed call in the worker (issue 39's reproduction check): between the
 stopwatch's begin and end nothing of the harness's runs, only the candidate's call, as in GPUMode's
 eval.py (start event, `custom_kernel(data)`, end event); the evaluator is not woken after every timed
-call; and the collector of a worker forked from the zygote does not walk the zygote's imports.
+call; the collector of a worker forked from the zygote does not walk the zygote's imports; and a worker
+that waits for a timed call's verdict can wait on the CPU, as eval.py's process does while it checks.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 
 from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox import clock, harness, integrity, timer
+from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.handover import Exporter
 from ksearch_ray.evaluation.sandbox.protocol import Tick, TimeCmd, WorkItem
 from ksearch_ray.evaluation.session import Session
@@ -218,3 +222,24 @@ def toy_frozen_probe(evaluator, tmp_path):
     path = tmp_path / "probe.py"
     path.write_text("import gc\nraise RuntimeError(f'frozen={gc.get_freeze_count()} ')\n\ndef run(x, a, b):\n    return x\n")
     return evaluator.evaluate(toy, solution_from_file(path, toy))
+
+
+def test_a_spinning_receive_waits_on_the_cpu_and_a_plain_one_asleep():
+    """Under recheck on a GPU the worker waits for the evaluator's verdict on the CPU (Worker.receive(spin=True)),
+    as eval.py's process stays on it while it checks an output."""
+    ours, theirs = socket.socketpair()
+    key = os.urandom(32)
+    chan, peer = Channel(ours, key), Channel(theirs, key)
+    cpu = {}
+    try:
+        for spin in (True, False):
+            sender = threading.Timer(0.3, lambda: peer.send({"type": "go"}))
+            sender.start()
+            t0 = time.thread_time()
+            assert chan.recv(5.0, spin=spin) == {"type": "go"}
+            cpu[spin] = time.thread_time() - t0
+            sender.join()
+    finally:
+        chan.close()
+        peer.close()
+    assert cpu[True] > 0.03 and cpu[False] < 0.01, cpu

@@ -100,8 +100,8 @@ class Worker:
             self.chan.send(Tick(n=n))
             self._quiet_since, self._quiet_calls = _perf(), 0
 
-    def receive(self) -> CommandMessage:
-        return parse_command(self.chan.recv())
+    def receive(self, spin: bool = False) -> CommandMessage:
+        return parse_command(self.chan.recv(spin=spin))
 
     def progress(self, what: str) -> None:
         """Tell the evaluator that work goes on (a compiled kernel, a warm-up): it resets the wait limit."""
@@ -117,8 +117,9 @@ class Worker:
         if runtime is not None and hasattr(runtime, "jit_post_compile_hook"):
             runtime.jit_post_compile_hook = lambda **kw: self.progress(f"compiled {str(kw.get('repr', 'a kernel'))[:120]}")
 
-    def deliver(self, make: Callable[[Handover], BaseModel], outputs: dict[str, torch.Tensor]) -> None:
-        """Hand `outputs` over with the message `make` builds; returns once the evaluator holds them."""
+    def deliver(self, make: Callable[[Handover], BaseModel], outputs: dict[str, torch.Tensor], spin: bool = False) -> None:
+        """Hand `outputs` over with the message `make` builds; returns once the evaluator holds them
+        (waiting for that on the CPU with `spin`: Worker.receive)."""
         assert self.exporter is not None
         try:
             handover, fds = self.exporter.export(outputs)
@@ -132,10 +133,23 @@ class Worker:
         self._quiet_since, self._quiet_calls = _perf(), 0  # the evaluator drains the stopwatch's pipe on it too
         # A device buffer is memory this process can still write: no candidate code runs until the
         # evaluator says it holds its own copy.
-        if handover.transport == "cuda_vmm" and not isinstance(self.receive(), Taken):
+        if handover.transport == "cuda_vmm" and not isinstance(self.receive(spin), Taken):
             raise RuntimeError("the evaluator answered a hand-over with something other than `taken`")
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def task_functions(self) -> dict[str, tuple[Any, str]]:
+        """The task's code that the harness runs in this process between timed calls (input generation,
+        the calling convention's packing): replaced by a candidate, it could do the candidate's work
+        untimed, so the integrity guard watches it as it watches the clocks."""
+        from ksearch_ray.taskspec.task import Task
+
+        out: dict[str, tuple[Any, str]] = {
+            f"Task.{name}": (Task, name) for name in ("generate_inputs", "arguments", "call", "normalize_outputs")}
+        for name in ("generate_inputs", "pack_data"):
+            if hasattr(self.task.module, name):
+                out[f"the task's {name}"] = (self.task.module, name)
+        return out
 
     def sync(self) -> None:
         if self.cuda:

@@ -251,10 +251,14 @@ def _time_calls(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
             break
         if cmd.recheck and fresh:
             # Judged by the evaluator before the next call (its reference on the GPU, as eval.py's check).
+            # On a GPU the worker waits for the verdict on the CPU, as eval.py's process stays on it while it
+            # checks; asleep, its CPU was free for the evaluator's judge, and the next call's host work
+            # found it idle or its caches full of the judge's.
             checked = w.check_outputs(result, inputs)
-            w.deliver(lambda h: CallOutput(index=item.index, seed_index=seed_index, handover=h), checked)  # noqa: B023
+            w.deliver(lambda h: CallOutput(index=item.index, seed_index=seed_index, handover=h), checked,  # noqa: B023
+                      spin=w.cuda)
             del checked
-            if not isinstance(w.receive(), Go):
+            if not isinstance(w.receive(spin=w.cuda), Go):
                 raise RuntimeError("the evaluator answered a timed call's output with something other than `go`")
     assert inputs is not None
     outputs = w.check_outputs(result, inputs)

@@ -5,7 +5,8 @@ N256_B2_D384 with mask), both well above the 0.946 ms an independent harness mea
 between two evaluations in one process. This script times the same solution on the same shapes under
 loops that differ in one factor each, side by side:
 
-in this process (CUDA events around one call after torch.cuda.synchronize(), GPUMode's stop rule: 3 to
+in this process (CUDA events around one call after torch.cuda.synchronize(), the call's arguments in the
+task's calling convention made before (eval.py's `data`), GPUMode's stop rule: 3 to
 `--max-calls` calls, until the standard error is below 0.1 % of the mean or 10 s of calls; an untimed
 call first on each loop's first inputs):
 
@@ -17,8 +18,13 @@ call first on each loop's first inputs):
     gpu_busy   plain, and --busy-ms of unrelated GPU work (matmuls) after each call
     cpu_busy   plain, and --busy-ms of Python spinning after each call (the GPU idle)
     idle       plain, and a --busy-ms sleep after each call
-    harness    plain, and the evaluator worker's own work after each call: its integrity checks and a Tick
-               sent over an HMAC channel (a socket pair)
+    remote_check  plain, and after each call the reference for new inputs of the workload computed in another
+               process (a second CUDA context, as the evaluator's judge) while this one waits for its answer
+               asleep in a blocking read, as the evaluator's worker waits for `go` under recheck
+    remote_spin   the same, waiting for the answer on the CPU (polling), as eval.py's process stays on it
+               while it checks an output
+    harness    plain, and the evaluator worker's own work after each call: its integrity checks (the worker
+               no longer sends a message after every call: a tick a quarter second at most)
     ksclock    plain, timed by the evaluator's native stopwatch (sandbox/ksclock.c) instead of torch events
     flush      plain, and a 128 MiB write before each call (the evaluator's L2 flush)
     nogc       plain with Python's garbage collector off during the loop
@@ -48,7 +54,6 @@ import gc
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -81,11 +86,30 @@ class Loop:
 
 
 LOOPS = [  # the likeliest factors first: a run cut short by its budget loses the others
-    Loop("plain"), Loop("gpumode", keep_old=True, clone=True, check=True), Loop("same", fresh=False),
+    Loop("plain"), Loop("gpumode", keep_old=True, clone=True, check=True), Loop("remote_check", after="remote"),
+    Loop("remote_spin", after="remote_spin"), Loop("same", fresh=False),
     Loop("check", check=True), Loop("keep_old", keep_old=True), Loop("harness", after="harness"),
     Loop("ksclock", clock="ksclock"), Loop("gpu_busy", after="gpu_busy"), Loop("idle", after="idle"),
     Loop("cpu_busy", after="cpu_busy"), Loop("flush", flush=True), Loop("nogc", nogc=True), Loop("plain2"),
 ]
+
+
+# The remote loops' other process: for each workload named on its standard input, the reference on new
+# inputs (a second CUDA context, like the evaluator's judge), then a line back.
+_HELPER = """
+import sys
+import torch
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import find_task
+task, device, seed = find_task("trimul"), sys.argv[1], 0
+for line in sys.stdin:
+    seed += 1
+    task.reference(task.generate_inputs(Workload.model_validate_json(line), seed, device))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    sys.stdout.write("ok\\n")
+    sys.stdout.flush()
+"""
 
 
 class Collections:
@@ -178,7 +202,8 @@ class Between:
         self.flush_buf = torch.empty(128 * 1024 * 1024 // 4, dtype=torch.int32, device=device) if self.cuda else None
         self.matmuls = self.calibrate() if self.cuda else 1
         self.guard: Any = None
-        self.chan: Any = None
+        self.helper: subprocess.Popen[bytes] | None = None  # the remote loops' reference process
+        self.workload: Any = None  # the workload being timed
 
     def calibrate(self) -> int:
         """Matmuls of 2048^2 in fp16 that take about busy_ms on this GPU."""
@@ -208,25 +233,43 @@ class Between:
             time.sleep(self.busy_ms / 1e3)
         elif kind == "harness":
             self.harness()
+        elif kind in ("remote", "remote_spin"):
+            self.remote(spin=kind == "remote_spin")
+
+    def remote(self, spin: bool) -> None:
+        """A reference computed by another process for new inputs of `self.workload`, this one waiting."""
+        if self.helper is None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+            self.helper = subprocess.Popen([sys.executable, "-c", _HELPER, self.device], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, bufsize=0, env=env)
+        assert self.helper.stdin is not None and self.helper.stdout is not None
+        self.helper.stdin.write((self.workload.model_dump_json() + "\n").encode())
+        fd = self.helper.stdout.fileno()
+        os.set_blocking(fd, not spin)
+        got = b""
+        while not got.endswith(b"\n"):
+            try:
+                chunk = os.read(fd, 64)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise RuntimeError("the reference process ended")
+            got += chunk
+
+    def close(self) -> None:
+        if self.helper is not None and self.helper.stdin is not None:
+            self.helper.stdin.close()
+            self.helper.wait(timeout=30)
 
     def harness(self) -> None:
-        """The evaluator worker's work after a timed call (sandbox/timer.py): integrity checks, a Tick."""
+        """The evaluator worker's work after a timed call (sandbox/timer.py): its integrity checks."""
         from ksearch_ray.evaluation.sandbox import integrity
-        from ksearch_ray.evaluation.sandbox.channel import Channel
-        from ksearch_ray.evaluation.sandbox.protocol import Tick
 
         if self.guard is None:
             self.guard = integrity.Guard()
-            ours, theirs = socket.socketpair()
-            key = os.urandom(32)
-            self.chan, self.peer = Channel(ours, key), Channel(theirs, key)
-            self.ticks = 0
         problems = self.guard.check_and_restore() + self.guard.lingering_threads()
         if problems:
             raise RuntimeError(f"integrity: {problems}")
-        self.ticks += 1
-        self.chan.send(Tick(n=self.ticks))
-        self.peer.recv(1.0)
 
 
 def clone(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -258,6 +301,7 @@ def run_loop(task: Task, kernel: Any, workload: Any, device: str, loop: Loop, be
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     clock = Clock(device, loop.clock, gcs)
     seed = int(workload.params.get("seed", 0)) * 7919 + len(loop.name)  # each loop its own inputs
+    between.workload = workload
     data: dict[str, Any] | None = task.generate_inputs(workload, seed, device)
     assert data is not None
     copy = clone(data) if loop.clone else data
@@ -281,9 +325,9 @@ def run_loop(task: Task, kernel: Any, workload: Any, device: str, loop: Loop, be
                 copy = clone(data) if loop.clone else data
             if loop.flush:
                 between.flush()
+            args = task.arguments(data)
             sync()
-            inputs = data
-            out, ms, host = clock.time(lambda: task.call(kernel, inputs))  # noqa: B023
+            out, ms, host = clock.time(lambda: kernel(*args))  # noqa: B023
             if loop.check:
                 check(task, copy, out)
             del out
@@ -334,6 +378,7 @@ def in_process(task: Task, solution: str, device: str, workloads: list[Any], arg
                 torch.cuda.empty_cache()
         print(f"  {workload.name}: " + ", ".join(
             f"{k} {r['mean_ms']:.4g}" if "mean_ms" in r else f"{k} -" for k, r in rows.items()), flush=True)
+    between.close()
     return out
 
 
@@ -378,6 +423,7 @@ def through_evaluator(task: Task, solution: str, device: str, workload_set: str,
                              "call_mean_ms": w.call_timing.mean_ms if w.call_timing else None,
                              "call_median_ms": w.call_timing.median_ms if w.call_timing else None,
                              "call_min_ms": w.call_timing.min_ms if w.call_timing else None,
+                             "call_host_median_ms": w.call_timing.host_median_ms if w.call_timing else None,
                              "call_n": w.call_timing.count if w.call_timing else None,
                              "kernel_mean_ms": w.kernel_timing.mean_ms if w.kernel_timing else None}
                              for w in r.workloads}}
@@ -413,15 +459,16 @@ def report(result: dict[str, Any]) -> str:
                 columns.setdefault(f"fresh_process_{i + 1}", {})[workload] = m["mean_ms"]
                 ratio = f"{m['mean_ms'] / ref:.3f}" if ref else "-"
                 lines.append(f"  {f'fresh_process_{i + 1}':<20} {m['count']:>4} {m['mean_ms']:>8.4f} {m['median_ms']:>8.4f} "
-                             f"{'':>8} {m['max_ms']:>8.3f} {'':>9} {'':>11} {ratio:>7}")
+                             f"{'':>8} {m['max_ms']:>8.3f} {m.get('host_median_ms') or 0:>9.4f} {'':>11} {ratio:>7}")
         for name, ev in result.get("evaluator", {}).items():
             w = ev.get("workloads", {}).get(workload)
             if w and w["call_mean_ms"]:
                 columns.setdefault(f"evaluator_{name}", {})[workload] = w["call_mean_ms"]
                 ratio = f"{w['call_mean_ms'] / ref:.3f}" if ref else "-"
                 kernel = f"kernel {w['kernel_mean_ms']:.4f}" if w["kernel_mean_ms"] else ""
+                host = w.get("call_host_median_ms")
                 lines.append(f"  {f'evaluator_{name}':<20} {w['call_n']:>4} {w['call_mean_ms']:>8.4f} "
-                             f"{w['call_median_ms']:>8.4f} {kernel:>18} {'':>9} {'':>11} {ratio:>7}")
+                             f"{w['call_median_ms']:>8.4f} {kernel:>17} {host or 0:>9.4f} {'':>11} {ratio:>7}")
     lines.append("\ngeomean over the workloads each has (ms), and its ratio to gpumode's over the same workloads")
     ref_col = columns.get("gpumode", {})
     for name, col in columns.items():

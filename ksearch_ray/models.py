@@ -85,6 +85,11 @@ class Timing(BaseModel):
     std_ms: float
     count: int = Field(description="Number of timed calls.")
     wall_median_ms: float = Field(description="Median host wall-clock per call (sync to sync), the cross-check.")
+    host_median_ms: float | None = Field(
+        default=None,
+        description="Median host time of a timed call, from its start event's record to its return: the host's "
+        "launch work (for graph replays, the replay's launch). A call figure near it is bound by the host.",
+    )
     clock: Literal["cuda_events", "host_wall"] = Field(
         description="cuda_events on a GPU; host_wall on the CPU path, where numbers are not GPU latencies."
     )

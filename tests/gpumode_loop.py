@@ -6,14 +6,17 @@ sharing nothing with the evaluator but the task's own input generator and refere
 * warm-up: calls on the first benchmark's inputs, unchecked, until 10 ms of timed calls (at least 3);
 * per benchmark: one untimed call on its inputs, checked; then up to 100 timed calls, each on new
   inputs (seed + 13 each time) generated while the last ones are still alive, with a clone kept for
-  the check; torch.cuda.synchronize(), CUDA events around the one call, synchronize; the output
-  checked against the reference on the clone before the next call; no L2 clearing;
+  the check, and packed into eval.py's `data` tuple; torch.cuda.synchronize(), CUDA events around the
+  one call, synchronize; the output checked against the reference on the clone before the next call;
+  no L2 clearing;
 * stop after at least 3 calls once the standard error is below 0.1 % of the mean, or the calls add
   up to 30 s, or 120 s of wall time passed; the figure is the mean.
 
     python tests/gpumode_loop.py --task trimul --solution triton_fused [--workload-set benchmarks]
 
-prints one JSON object: workload name -> {"mean_ms", "count", "median_ms", "min_ms", "max_ms"}.
+prints one JSON object: workload name -> {"mean_ms", "count", "median_ms", "min_ms", "max_ms", "host_median_ms"}
+(the host time of a call: from just before its start event's record to its return, as the evaluator's
+`Timing.host_median_ms`).
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def stop(durations: list[float], started: float, max_total_ms: float) -> bool:
     return err / mean < 1e-3 or mean * n > max_total_ms or time.perf_counter() - started > 120
 
 
-def benchmark(task: Any, kernel: Any, workload: Any, recheck: bool, max_total_ms: float) -> list[float]:
+def benchmark(task: Any, kernel: Any, workload: Any, recheck: bool, max_total_ms: float,
+              hosts: list[float] | None = None) -> list[float]:
+    """The timed calls' durations (ms); their host times go into `hosts`."""
+    hosts = [] if hosts is None else hosts
     seed = int(workload.params.get("seed", 0))
     data = task.generate_inputs(workload, seed, "cuda")
     copy = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in data.items()}
@@ -78,13 +84,17 @@ def benchmark(task: Any, kernel: Any, workload: Any, recheck: bool, max_total_ms
             seed += 13
             data = task.generate_inputs(workload, seed, "cuda")
             copy = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in data.items()}
+        args = task.arguments(data)  # eval.py's `data` tuple, made before its clock starts
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
         start.record()
-        output = task.call(kernel, data)
+        output = kernel(*args)
+        t1 = time.perf_counter()  # the call's host time (one clock read inside the window, tens of ns)
         end.record()
         torch.cuda.synchronize()
         durations.append(start.elapsed_time(end))
+        hosts.append((t1 - t0) * 1e3)
         if recheck:
             check(task, copy, output)
         del output
@@ -109,9 +119,10 @@ def main() -> None:
         benchmark(task, kernel, workloads[0], recheck=False, max_total_ms=10.0)  # eval.py's warm-up
         out = {}
         for workload in workloads:
-            d = benchmark(task, kernel, workload, recheck=True, max_total_ms=30e3)
+            hosts: list[float] = []
+            d = benchmark(task, kernel, workload, recheck=True, max_total_ms=30e3, hosts=hosts)
             out[workload.name] = {"mean_ms": statistics.fmean(d), "count": len(d), "median_ms": statistics.median(d),
-                                  "min_ms": min(d), "max_ms": max(d)}
+                                  "min_ms": min(d), "max_ms": max(d), "host_median_ms": statistics.median(hosts)}
     print(json.dumps(out))
 
 

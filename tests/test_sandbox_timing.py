@@ -53,6 +53,16 @@ def test_python_reach_into_the_harness_finds_no_timings_to_rescale(evaluator, to
         assert c.timing.mean_ms > h.timing.mean_ms / 5, (h.timing, c.timing)
 
 
+@pytest.mark.parametrize("target", ["generate_inputs", "arguments"])
+def test_moving_work_into_the_harness_untimed_task_code_is_caught(evaluator, toy, tmp_path, target):
+    """The harness generates each timed call's inputs and packs its arguments in the candidate's process,
+    outside the timed window (as eval.py does); a candidate that replaces that task code to compute its
+    answers there is an integrity violation, as one that replaces the clocks is."""
+    result = evaluator.evaluate(toy, candidate(toy, "work_in_the_generator", target, tmp_path))
+    assert result.status is Status.INTEGRITY_VIOLATION, result.message
+    assert f"replaced Task.{target}" in result.message, result.message
+
+
 def test_replacing_the_harness_module_globals_is_caught(evaluator, toy):
     result = evaluator.evaluate(toy, solution_from_file(CANDIDATES / "module_globals.py", toy))
     assert result.status is Status.INTEGRITY_VIOLATION, result.message

@@ -169,6 +169,7 @@ class TimedStage:
         return Timing(
             mean_ms=mean, median_ms=median, min_ms=min(times), std_ms=std, count=len(times),
             wall_median_ms=statistics.median(r.wall_ms for r in records), clock="cuda_events" if cuda else "host_wall",
+            host_median_ms=statistics.median(r.host_ms for r in records),
             method="graph_replay" if method == "graph_replay" else "calls",
             rel_err=std / math.sqrt(len(times)) / mean if mean > 0 and len(times) > 1 else None,
             robust_rel_err=MAD_TO_SIGMA * mad / math.sqrt(len(times)) / median if median > 0 and len(times) > 1 else None,

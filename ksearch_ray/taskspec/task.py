@@ -102,11 +102,16 @@ class Task:
     def reference(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return self.normalize_outputs(self.module.reference(inputs))
 
+    def arguments(self, inputs: dict[str, Any]) -> tuple[Any, ...]:
+        """The positional arguments of a call on `inputs` in the task's calling convention: GPUMode's one
+        `data` tuple, or the inputs in order. Made before a timed call's clock starts, as eval.py's `data` is."""
+        if self.definition.interface == "gpumode":
+            return (self.module.pack_data(inputs),)
+        return tuple(inputs.values())
+
     def call(self, entry: Callable[..., Any], inputs: dict[str, Any]) -> Any:
         """Call a candidate's entry point with the task's calling convention."""
-        if self.definition.interface == "gpumode":
-            return entry(self.module.pack_data(inputs))
-        return entry(*inputs.values())
+        return entry(*self.arguments(inputs))
 
     def normalize_outputs(self, result: Any) -> dict[str, Any]:
         """A single tensor, a tuple in output order, or a dict by name -> dict by name."""

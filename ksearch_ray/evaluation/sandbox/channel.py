@@ -72,8 +72,9 @@ class Channel:
             raise ChannelForgery(f"a frame announced {count} descriptors, {len(self._fds)} arrived")
         return [self._fds.popleft() for _ in range(count)]
 
-    def recv(self, timeout: float | None = None) -> dict[str, Any]:
-        """Next message; raises ChannelTimeout, ChannelClosed or ChannelForgery."""
+    def recv(self, timeout: float | None = None, *, spin: bool = False) -> dict[str, Any]:
+        """Next message; raises ChannelTimeout, ChannelClosed or ChannelForgery. `spin`: wait on the CPU
+        (polling) rather than asleep, for waits of milliseconds that the next timed call follows."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             frame = self._take_frame()
@@ -82,8 +83,10 @@ class Channel:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise ChannelTimeout()
-            ready, _, _ = select.select([self.sock], [], [], remaining)
-            if not ready:
+            if spin:
+                if not select.select([self.sock], [], [], 0)[0]:
+                    continue
+            elif not select.select([self.sock], [], [], remaining)[0]:
                 raise ChannelTimeout()
             try:
                 chunk, ancillary, flags, _ = self.sock.recvmsg(1 << 20, _FD_SPACE)

@@ -32,6 +32,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Output,
     Progress,
     Taken,
+    Tick,
     parse_command,
 )
 from ksearch_ray.models import Status
@@ -40,6 +41,10 @@ from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter
 _sync = torch.cuda.synchronize
+# A quiet worker still reports timed calls this often; far below any wait limit (evaluation/settings.py,
+# hang_floor: 20 s), and well within the stopwatch pipe's 64 KiB (1,638 records the evaluator drains per message).
+TICK_EVERY_S = 0.25
+TICK_EVERY_CALLS = 512
 
 
 class CandidateFailure(Exception):
@@ -79,14 +84,24 @@ class Worker:
         self.prepare: Any = None  # a trusted baseline's untimed setup function (see set_up)
         self.current: str | None = None  # workload being run, for failure messages
         self.exporter: Exporter | None = None  # made once CUDA is up (serve)
+        self._quiet_since, self._quiet_calls = _perf(), 0  # since the last message sent (tick)
 
     # --- messages -----------------------------------------------------------------------------
 
     def send(self, message: BaseModel) -> None:
         self.chan.send(message)
 
-    def receive(self) -> CommandMessage:
-        return parse_command(self.chan.recv())
+    def tick(self, n: int) -> None:
+        """A timed call is done: say so (progress; the evaluator drains the stopwatch's pipe on it) only when
+        TICK_EVERY_S passed or TICK_EVERY_CALLS calls were made since the last tick or hand-over. A message
+        per call woke the evaluator's Python right before the next timed call, which GPUMode's loop does not."""
+        self._quiet_calls += 1
+        if self._quiet_calls >= TICK_EVERY_CALLS or _perf() - self._quiet_since >= TICK_EVERY_S:
+            self.chan.send(Tick(n=n))
+            self._quiet_since, self._quiet_calls = _perf(), 0
+
+    def receive(self, spin: bool = False) -> CommandMessage:
+        return parse_command(self.chan.recv(spin=spin))
 
     def progress(self, what: str) -> None:
         """Tell the evaluator that work goes on (a compiled kernel, a warm-up): it resets the wait limit."""
@@ -102,8 +117,9 @@ class Worker:
         if runtime is not None and hasattr(runtime, "jit_post_compile_hook"):
             runtime.jit_post_compile_hook = lambda **kw: self.progress(f"compiled {str(kw.get('repr', 'a kernel'))[:120]}")
 
-    def deliver(self, make: Callable[[Handover], BaseModel], outputs: dict[str, torch.Tensor]) -> None:
-        """Hand `outputs` over with the message `make` builds; returns once the evaluator holds them."""
+    def deliver(self, make: Callable[[Handover], BaseModel], outputs: dict[str, torch.Tensor], spin: bool = False) -> None:
+        """Hand `outputs` over with the message `make` builds; returns once the evaluator holds them
+        (waiting for that on the CPU with `spin`: Worker.receive)."""
         assert self.exporter is not None
         try:
             handover, fds = self.exporter.export(outputs)
@@ -114,12 +130,26 @@ class Worker:
         finally:
             for fd in fds:
                 os.close(fd)
+        self._quiet_since, self._quiet_calls = _perf(), 0  # the evaluator drains the stopwatch's pipe on it too
         # A device buffer is memory this process can still write: no candidate code runs until the
         # evaluator says it holds its own copy.
-        if handover.transport == "cuda_vmm" and not isinstance(self.receive(), Taken):
+        if handover.transport == "cuda_vmm" and not isinstance(self.receive(spin), Taken):
             raise RuntimeError("the evaluator answered a hand-over with something other than `taken`")
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def task_functions(self) -> dict[str, tuple[Any, str]]:
+        """The task's code that the harness runs in this process between timed calls (input generation,
+        the calling convention's packing): replaced by a candidate, it could do the candidate's work
+        untimed, so the integrity guard watches it as it watches the clocks."""
+        from ksearch_ray.taskspec.task import Task
+
+        out: dict[str, tuple[Any, str]] = {
+            f"Task.{name}": (Task, name) for name in ("generate_inputs", "arguments", "call", "normalize_outputs")}
+        for name in ("generate_inputs", "pack_data"):
+            if hasattr(self.task.module, name):
+                out[f"the task's {name}"] = (self.task.module, name)
+        return out
 
     def sync(self) -> None:
         if self.cuda:
@@ -154,18 +184,22 @@ class Worker:
 
     def call(self, inputs: dict[str, Any], function: Any = None) -> Any:
         try:
-            return self.task.call(function or self.entry, inputs)
-        except CandidateFailure:
-            raise
-        except SystemExit as exc:
-            raise CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning") from None
-        except Exception as exc:  # the candidate boundary: any exception becomes a status
-            compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
-            status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
-            if "out of memory" in str(exc).lower():
-                status = Status.RUNTIME_ERROR
-            first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
-            raise CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src)) from None
+            return (function or self.entry)(*self.task.arguments(inputs))
+        except (Exception, SystemExit) as exc:  # the candidate boundary: any exception becomes a status
+            raise self.failure(exc) from None
+
+    def failure(self, exc: BaseException) -> CandidateFailure:
+        """What an exception out of the candidate's call means (the timed calls catch it themselves)."""
+        if isinstance(exc, CandidateFailure):
+            return exc
+        if isinstance(exc, SystemExit):
+            return CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning")
+        compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
+        status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
+        if "out of memory" in str(exc).lower():
+            status = Status.RUNTIME_ERROR
+        first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
+        return CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src))
 
     def check_outputs(self, result: Any, inputs: dict[str, Any],
                       pristine: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:

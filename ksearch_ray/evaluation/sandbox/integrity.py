@@ -107,8 +107,8 @@ def harness_numerics() -> Iterator[None]:
 class Guard:
     """Snapshot of the functions the harness relies on; `check_and_restore` reports and undoes patches."""
 
-    def __init__(self) -> None:
-        self._patchable = _patchable()
+    def __init__(self, extra: dict[str, tuple[Any, str]] | None = None) -> None:
+        self._patchable = {**_patchable(), **(extra or {})}
         self.baseline = self._read()
         self.threads = {t.ident for t in threading.enumerate()}
 

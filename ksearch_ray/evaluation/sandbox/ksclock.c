@@ -33,6 +33,7 @@ struct record {
     double time_ms;
     double wall_ms;
     double tail_ms;
+    double host_ms; /* from the start event's record to ks_end: the call's host time (its launch work) */
     uint32_t flags;
     uint32_t status; /* nonzero: a CUDA driver call failed (its CUresult) */
 };
@@ -98,6 +99,7 @@ int ks_begin(void) {
 }
 
 int ks_end(void) {
+    double returned = now_ms();
     struct record r;
     memset(&r, 0, sizeof r);
     if (!in_call)
@@ -123,6 +125,7 @@ int ks_end(void) {
         r.wall_ms = now_ms() - (wall_start.tv_sec * 1e3 + wall_start.tv_nsec / 1e6);
         r.time_ms = r.wall_ms;
     }
+    r.host_ms = returned - (wall_start.tv_sec * 1e3 + wall_start.tv_nsec / 1e6);
     r.magic = KS_MAGIC;
     r.seq = seq++;
     r.flags = flags;

@@ -39,7 +39,6 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     Ran,
     RetimeCmd,
     RunCmd,
-    Tick,
     TimeCmd,
     Timed,
     Warmed,
@@ -187,7 +186,7 @@ def _time_kernel(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
         if watch.end() != 0:
             raise CandidateFailure(Status.RUNTIME_ERROR, f"a CUDA error surfaced while replaying call {i} of {name}")
         n = i + 1
-        w.send(Tick(n=n))
+        w.tick(n)
         if _enough(watch, n, cmd, start):
             break
     outputs = w.check_outputs(replay.outputs, replay.inputs)
@@ -219,6 +218,12 @@ def _time_calls(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
     assert inputs is not None
     w.set_up(inputs)
     result: Any = None
+    entry = w.entry
+    # Between the stopwatch's begin and end: the candidate's call and nothing of the harness's (GPUMode's
+    # eval.py records its start event, calls custom_kernel(data) and records its end event). The arguments
+    # in the task's calling convention are made before, and the stopwatch's own C functions are called
+    # directly (clock.NativeStopwatch), without a Python frame of the harness's around them.
+    begin, end = watch.begin, watch.end
     seed_index, n, start = 0, 0, _perf()
     for i in range(cmd.max_calls):
         if fresh and i > 0:  # new inputs and weights for every call, generated outside the timed region
@@ -226,25 +231,34 @@ def _time_calls(w: Worker, item: WorkItem, cmd: TimeCmd, flush: Any) -> None:
             inputs = w.inputs_for(item.workload, call_seed(item.seed, i))
             w.set_up(inputs)
             seed_index = i
+        assert inputs is not None
+        args = w.task.arguments(inputs)
         if flush is not None:
             flush()
         w.sync()
-        watch.begin()
-        assert inputs is not None
-        result = w.call(inputs)
-        if watch.end() != 0:
+        begin()
+        try:
+            result = entry(*args)
+        except (Exception, SystemExit) as exc:  # the candidate boundary, as Worker.call's
+            raise w.failure(exc) from None
+        if end() != 0:
             raise CandidateFailure(Status.RUNTIME_ERROR, f"a CUDA error surfaced while timing call {i} of {name}")
+        del args
         n = i + 1
         w.integrity_check(f"timed call {i} of {name}")
-        w.send(Tick(n=n))
+        w.tick(n)
         if _enough(watch, n, cmd, start):
             break
         if cmd.recheck and fresh:
             # Judged by the evaluator before the next call (its reference on the GPU, as eval.py's check).
+            # On a GPU the worker waits for the verdict on the CPU, as eval.py's process stays on it while it
+            # checks; asleep, its CPU was free for the evaluator's judge, and the next call's host work
+            # found it idle or its caches full of the judge's.
             checked = w.check_outputs(result, inputs)
-            w.deliver(lambda h: CallOutput(index=item.index, seed_index=seed_index, handover=h), checked)  # noqa: B023
+            w.deliver(lambda h: CallOutput(index=item.index, seed_index=seed_index, handover=h), checked,  # noqa: B023
+                      spin=w.cuda)
             del checked
-            if not isinstance(w.receive(), Go):
+            if not isinstance(w.receive(spin=w.cuda), Go):
                 raise RuntimeError("the evaluator answered a timed call's output with something other than `go`")
     assert inputs is not None
     outputs = w.check_outputs(result, inputs)

@@ -111,7 +111,7 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
             return 98  # before "ready": the evaluator reports a sandbox fault, not a candidate failure
         worker.exporter = Exporter(worker.device, device_handover=worker.job.device_handover,
                                    expect_bytes=worker.job.handover_bytes)
-        worker.guard = integrity.Guard()
+        worker.guard = integrity.Guard(worker.task_functions())
         if worker.cuda:
             worker.report_compiles()
         chan.send(Ready(setup_s=_perf() - t0))

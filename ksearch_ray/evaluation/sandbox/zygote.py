@@ -24,6 +24,7 @@ The first message, unasked: {"ready": true, "pid": N, "isolated": bool, "isolati
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -307,6 +308,12 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
             problem = str(exc)
         if problem is not None:
             jail = Jail(device, isolated=False, pids=pids)
+    # Everything imported so far (torch, Triton, pydantic, this package) out of the collector's reach: a
+    # worker's collections then walk the candidate's objects only, as in a process that imported less, and
+    # never write to the pages it shares with this process (a full collection after a fork copied each of
+    # them, inside whichever timed call it fell in). Python's documentation advises freezing before a fork.
+    gc.collect()
+    gc.freeze()
     _reply(ctrl, {"ready": True, "pid": os.getpid(), "isolated": jail.isolated, "isolation_problem": problem,
                   "clock_problem": clock.problem, "root_candidates": jail.root_candidates(),
                   "pids_cgroup": str(pids.home) if pids is not None else None, "pids_problem": pids_problem})

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall s, CPU s) of one child process."""
+def timed(argv: list[str], cwd: str) -> tuple[float, float]:
+    """(wall s, CPU s) of one child process, run in `cwd` (not a checkout: `-m` would import the code there)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    done = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -38,19 +38,19 @@ def main() -> None:
     parser.add_argument("run_dirs", type=Path, nargs="+")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    import ksearch_ray
+    import ksearch_ray  # as the children will find it: PYTHONPATH, then the installed package
 
     load = os.getloadavg()[0]
     print(f"machine: {platform.node()} ({os.cpu_count()} CPUs, load {load:.1f}), Python {platform.python_version()}, "
           f"ksearch_ray from {Path(ksearch_ray.__file__).parent}")
     print("| run | events | show wall s | show CPU s | report wall s | report CPU s |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for run in args.run_dirs:
+        for run in (p.resolve() for p in args.run_dirs):
             events = sum(1 for _ in (run / "events.jsonl").open("rb"))
             best: dict[str, tuple[float, float]] = {}
             for _ in range(args.repeat):
                 for command, extra in (("show", []), ("report", ["--out", str(Path(tmp) / "r.html")])):
-                    wall, cpu = timed([sys.executable, "-m", "ksearch_ray", command, str(run), *extra])
+                    wall, cpu = timed([sys.executable, "-m", "ksearch_ray", command, str(run), *extra], tmp)
                     old = best.get(command)
                     best[command] = (min(wall, old[0]), min(cpu, old[1])) if old else (wall, cpu)
             print(f"| {run} | {events} | {best['show'][0]:.2f} | {best['show'][1]:.2f} | {best['report'][0]:.2f} | "

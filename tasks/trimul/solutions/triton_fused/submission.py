@@ -24,6 +24,8 @@ tests (tests/test_trimul_task.py runs each one in Triton's interpreter). Measure
 H200 (docs/benchmarks.md): all five projections in one program (five accumulators, 255 registers),
 row-major [rows x channels] tiles, and LayerNorm computed inside the projection kernel."""
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -65,39 +67,152 @@ OUT_TMA = True  # tunable: [False, True]
 # with the same key call the compiled kernel directly, skipping Triton's per-launch argument
 # binding and cache lookup. False: every launch goes through Triton's JIT entry point.
 DIRECT_LAUNCH = True  # tunable: [False, True]
+# Host work. True (with DIRECT_LAUNCH, on Triton 3.6's launcher): a TMA descriptor is built once per
+# (compiled kernel, argument, address, shape, strides) and handed to the compiled launcher as it is
+# later: those are all a descriptor encodes, so it is right for any tensor at that address, whatever
+# it holds. False: TensorDescriptor objects are made on every call and Triton's launcher encodes them
+# on every launch.
+DESC_CACHE = True  # tunable: [False, True]
 
 EPS = 1e-5
-_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel
+_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
+_DESC_CACHE_SIZE = 32  # descriptors kept per kernel argument (addresses seen); past it the cache starts over
+
+
+class _Desc(NamedTuple):
+    """A TMA descriptor argument as the call describes it: a view of `base` (its data pointer) with
+    these shape and strides, in boxes of `block`. Made into a TensorDescriptor only where one is
+    needed (Triton's own entry point, or a descriptor not seen at this address before)."""
+
+    base: torch.Tensor
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    block: tuple[int, ...]
+
+    def descriptor(self) -> TensorDescriptor:
+        return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block))
+
+
+class _Address:
+    """A data pointer and dtype standing in for a tensor in a TensorDescriptor that is cached: the
+    cache keeps no tensor alive (outputs and scratch are freed as usual)."""
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
 
 
 def _spec(a):
     """What of one launch argument decides which compiled kernel serves it (never its contents)."""
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.get_device(), a.data_ptr() % 16 == 0)
-    if isinstance(a, TensorDescriptor):
-        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape))
+    if isinstance(a, _Desc):
+        return (a.base.dtype, a.base.data_ptr() % 16 == 0, a.shape, a.strides, a.block)
     return (type(a), a)
+
+
+def _jit_args(args):
+    return [a.descriptor() if isinstance(a, _Desc) else a for a in args]
+
+
+def _triton_36_launcher(kernel, n_desc: int):
+    """(compiled launcher, descriptor metadata) of a compiled kernel with n_desc descriptor arguments
+    when Triton wraps its launcher as Triton 3.6 does (`kernel.run.launch` is the launcher itself
+    when there is no descriptor, else a wrapper that expands each descriptor with
+    make_tensordesc_arg(desc, meta) on every launch); None for any other layout, and the kernel is
+    then launched through `kernel.run` as before."""
+    import triton.backends.nvidia.driver as nv
+
+    run = kernel.run
+    if getattr(nv, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO" or run.global_scratch_size or run.profile_scratch_size:
+        return None
+    launch = run.launch
+    code = getattr(launch, "__code__", None)
+    if getattr(launch, "__qualname__", "") == "wrap_handle_tensordesc.<locals>.inner" and code is not None \
+            and set(code.co_freevars) == {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__), strict=True))
+        return cells["launcher"], list(cells["tensordesc_meta"])
+    return (launch, []) if n_desc == 0 else None
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: Triton's knobs hold an empty HookChain when none is."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class _Compiled:
+    """One compiled kernel and how this file launches it after its first launch through Triton."""
+
+    def __init__(self, kernel, args) -> None:
+        self.kernel = kernel
+        n_desc = sum(isinstance(a, _Desc) for a in args)
+        self.direct = _triton_36_launcher(kernel, n_desc) if DESC_CACHE else None
+        if self.direct is not None:
+            import triton.backends.nvidia.driver as nv
+
+            self.expand = nv.make_tensordesc_arg
+            meta = self.direct[1] or [None] * n_desc
+            if len(meta) != n_desc:
+                raise RuntimeError(f"{kernel.name}: {n_desc} descriptor arguments, Triton's launcher expects {len(meta)}")
+            self.meta = meta
+            self.cache: list[dict] = [{} for _ in range(n_desc)]
+            run = kernel.run
+            self.fixed = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                          kernel.packed_metadata, None, None, None)
+
+    def _expanded(self, i: int, d: _Desc) -> list:
+        """Descriptor i of the launch as the compiled launcher takes it, built once per address."""
+        cache = self.cache[i]
+        key = (d.base.data_ptr(), d.shape, d.strides)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= _DESC_CACHE_SIZE:
+                cache.clear()
+            desc = TensorDescriptor(_Address(key[0], d.base.dtype), list(d.shape), list(d.strides), list(d.block))
+            hit = cache[key] = self.expand(desc, self.meta[i])
+        return hit
+
+    def launch(self, grid, stream, args) -> None:
+        hooks = triton.knobs.runtime
+        g = (*grid, 1, 1)
+        if self.direct is None or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            jit = _jit_args(args)
+            kernel = self.kernel
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                       kernel.launch_metadata(grid, stream, *jit), hooks.launch_enter_hook, hooks.launch_exit_hook,
+                       *jit)
+            return
+        flat = []
+        i = 0
+        for a in args:
+            if isinstance(a, _Desc):
+                flat.extend(self._expanded(i, a))
+                i += 1
+            else:
+                flat.append(a)
+        self.direct[0](g[0], g[1], g[2], stream, *self.fixed, *flat)
 
 
 def _launch(fn, grid, args, **meta):
     """fn[grid](*args, **meta). `args` are every parameter of fn in order, constexprs included (the
-    compiled kernel takes the bound arguments in signature order); `meta` holds only launch options
-    (num_warps, num_stages). Through Triton's own entry point the first time a key is seen, when
-    DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers) see both paths."""
+    compiled kernel takes the bound arguments in signature order), TMA descriptors as _Desc; `meta`
+    holds only launch options (num_warps, num_stages). Through Triton's own entry point the first
+    time a key is seen, when DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks
+    (profilers) see every launch."""
     if not DIRECT_LAUNCH or not isinstance(fn, JITFunction):
-        fn[grid](*args, **meta)
+        fn[grid](*_jit_args(args), **meta)
         return
     key = (fn, *map(_spec, args), *sorted(meta.items()))
-    kernel = _COMPILED.get(key)
-    if kernel is None:
-        _COMPILED[key] = fn[grid](*args, **meta)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        _COMPILED[key] = fn[grid](*_jit_args(args), **meta)  # wrapped at its second launch (it has run once)
         return
-    g = (*grid, 1, 1)
+    if not isinstance(compiled, _Compiled):
+        compiled = _COMPILED[key] = _Compiled(compiled, args)
     driver = triton.runtime.driver.active
-    stream = driver.get_current_stream(driver.get_current_device())
-    hooks = triton.knobs.runtime
-    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(grid, stream, *args), hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+    compiled.launch(grid, driver.get_current_stream(driver.get_current_device()), args)
 
 
 @triton.jit
@@ -333,9 +448,6 @@ def custom_kernel(data):
     emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
     x = x.contiguous()
 
-    def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
-        return TensorDescriptor.from_tensor(t, shape)
-
     # The five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
     pack = torch.empty(6 * hd, device=x.device, dtype=torch.float16)
     w_in = pack[: 5 * hd].view(5 * h, d)
@@ -355,8 +467,9 @@ def custom_kernel(data):
     jobs = 2 * (h // block_h) + h // (2 * block_h)
     tma = PROJ_TMA and (d * 2) % 16 == 0
     tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
-    descs = (box(xn, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None)
-    descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
+    descs = ((_Desc(xn, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
+              _Desc(w_in, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
+    descs += tuple(_Desc(t, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
                    for t in (left, right, gate))
     _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
             (xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
@@ -368,7 +481,7 @@ def custom_kernel(data):
     grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
     if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
         def desc(t, rows, cols):
-            return box(t.view(bsz * h, n, n), [1, rows, cols])
+            return _Desc(t, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
                 (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
                  BLOCK_M, BLOCK_N, BLOCK_K, emulate), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -379,8 +492,8 @@ def custom_kernel(data):
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
-    descs = ((box(o.view(bsz * h, nn), [h, OUT_BLOCK_M]), box(gate.view(bsz * h, nn), [h, OUT_BLOCK_M]),
-              box(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
+    descs = ((_Desc(o, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)), _Desc(gate, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(y, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
     _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
             (o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS, *descs,
              h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), num_warps=OUT_WARPS)

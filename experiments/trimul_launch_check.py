@@ -5,10 +5,12 @@ The seed's kernels are compiled for sm_90 (as experiments/compile_sm90.py does: 
 and a stand-in driver); each compiled kernel then gets Triton's own launcher object (its CudaLauncher
 and descriptor wrapper, Triton's code) around a recorder in place of the C launcher, and the one
 driver call in that path (encoding a TMA descriptor) returns its inputs. The solution is called
-three times: the first call goes through Triton's JIT entry point, the later ones through the seed's
-direct path. For every direct launch, Triton's own path is run on the same call's arguments, and the
-two recorded argument lists must be equal (a tensor counts as its data pointer, which is what the
-launcher reads of it). It needs Triton 3.6's launcher layout, the one the seed launches directly;
+on a CPU workload `--calls` times, then twice on another shape, twice with x 4 bytes off a 16-byte
+boundary (another specialization) and once on the first again: a new shape or specialization goes
+through Triton's JIT entry point, the later calls through the seed's direct path. For every direct
+launch, Triton's own path is run on the same call's arguments, and the two recorded argument lists
+must be equal (a tensor counts as its data pointer, which is what the launcher reads of it); and the
+compiled kernel launched must be the one Triton's JIT picks for those arguments. It needs Triton 3.6's launcher layout, the one the seed launches directly;
 with another Triton it says so and exits 2.
 
     python experiments/trimul_launch_check.py [--set NAME=VALUE ...]
@@ -97,14 +99,26 @@ def check(values: dict[str, Any], calls: int = 3) -> dict[str, Any]:
         kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *seed._jit_args(args))
         theirs = recorded[before + len(ours):]
-        checked.append({"kernel": kernel.name, "args": len(theirs[0]) if theirs else 0,
+        # The compiled kernel Triton's JIT picks for these arguments, by its hash (the options named here
+        # make another in-memory cache entry than the launch's defaults, of the same compiled kernel).
+        picked = jit_run(kernel.src.fn, *seed._jit_args(args), grid=grid, warmup=True,
+                         num_warps=kernel.metadata.num_warps, num_stages=kernel.metadata.num_stages)
+        checked.append({"kernel": kernel.name, "args": len(theirs[0]) if theirs else 0, "call": call_no[0],
+                        "same_kernel": picked.hash == kernel.hash,
                         "direct": self.direct is not None, "encoded": ours_encoded,
                         "equal": len(ours) == len(theirs) == 1 and ours[0] == theirs[0]})
 
     seed._Compiled.launch = compared
-    workload = task.workloads("smoke" if "smoke" in task.definition.workload_sets else "feedback", "cpu")[0]
-    inputs = task.generate_inputs(workload, 0, "cpu")
-    for _ in range(calls):
+    import torch
+
+    smoke = task.generate_inputs(task.workloads("smoke", "cpu")[0], 0, "cpu")
+    other = task.generate_inputs(next(w for w in task.workloads("tests-cpu", "cpu") if w.name.startswith("N32_B1_D128")),
+                                 0, "cpu")
+    shifted = dict(smoke)  # x one element past a 16-byte boundary: another specialization of its pointer
+    shifted["x"] = torch.empty(smoke["x"].numel() + 1)[1:].view_as(smoke["x"]).copy_(smoke["x"])
+    call_no = [0]
+    for inputs in [smoke] * calls + [other] * 2 + [shifted] * 2 + [smoke]:
+        call_no[0] += 1
         task.call(seed.custom_kernel, inputs)
     return {"first_call": first_launches, "launches": checked}
 
@@ -126,11 +140,12 @@ def main() -> None:
             print(f"Triton {triton.__version__}: not Triton 3.6's launcher layout; nothing to check")
         raise
     for row in out["launches"]:
-        print(f"{row['kernel']}: {'direct' if row['direct'] else 'through kernel.run'}, {row['args']} arguments, "
+        print(f"call {row['call']} {row['kernel']}: {'direct' if row['direct'] else 'through kernel.run'}, {row['args']} arguments, "
               f"{'equal to' if row['equal'] else 'DIFFERENT FROM'} Triton's own path; "
-              f"descriptors encoded {row['encoded']}")
+              f"descriptors encoded {row['encoded']}; "
+              f"{'the kernel' if row['same_kernel'] else 'NOT the kernel'} Triton's JIT picks")
     print(f"first call (Triton's entry point): {', '.join(out['first_call'])}")
-    bad = not out["launches"] or not all(r["equal"] and r["direct"] for r in out["launches"])
+    bad = not out["launches"] or not all(r["equal"] and r["direct"] and r["same_kernel"] for r in out["launches"])
     sys.exit(1 if bad else 0)
 
 

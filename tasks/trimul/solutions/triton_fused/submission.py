@@ -73,6 +73,11 @@ DIRECT_LAUNCH = True  # tunable: [False, True]
 # it holds. False: TensorDescriptor objects are made on every call and Triton's launcher encodes them
 # on every launch.
 DESC_CACHE = True  # tunable: [False, True]
+# Host work. True (with DIRECT_LAUNCH): a call finds its compiled kernels by one key made once per call
+# (the shapes, and each input tensor's dtype, device and 16-byte alignment: everything the launches'
+# specializations follow from, since the rest is this file's own allocations and constants). False:
+# each launch's key is made from every one of its arguments.
+CALL_KEY = True  # tunable: [False, True]
 
 EPS = 1e-5
 _COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
@@ -195,16 +200,19 @@ class _Compiled:
         self.direct[0](g[0], g[1], g[2], stream, *self.fixed, *flat)
 
 
-def _launch(fn, grid, args, **meta):
+def _launch(fn, grid, args, key=None, **meta):
     """fn[grid](*args, **meta). `args` are every parameter of fn in order, constexprs included (the
     compiled kernel takes the bound arguments in signature order), TMA descriptors as _Desc; `meta`
-    holds only launch options (num_warps, num_stages). Through Triton's own entry point the first
-    time a key is seen, when DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks
-    (profilers) see every launch."""
+    holds only launch options (num_warps, num_stages). `key`, when given, decides which compiled
+    kernel serves the launch (it must follow from everything Triton specializes on: see CALL_KEY);
+    else it is made from every argument. Through Triton's own entry point the first time a key is
+    seen, when DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers)
+    see every launch."""
     if not DIRECT_LAUNCH or not isinstance(fn, JITFunction):
         fn[grid](*_jit_args(args), **meta)
         return
-    key = (fn, *map(_spec, args), *sorted(meta.items()))
+    if key is None:
+        key = (fn, *map(_spec, args), *sorted(meta.items()))
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = fn[grid](*_jit_args(args), **meta)  # wrapped at its second launch (it has run once)
@@ -213,6 +221,18 @@ def _launch(fn, grid, args, **meta):
         compiled = _COMPILED[key] = _Compiled(compiled, args)
     driver = triton.runtime.driver.active
     compiled.launch(grid, driver.get_current_stream(driver.get_current_device()), args)
+
+
+def _call_key(tensors, *sizes):
+    """One key for a call's launches: its sizes and each input tensor's dtype, device and 16-byte
+    alignment (what Triton specializes a pointer on); None when CALL_KEY is off."""
+    if not CALL_KEY:
+        return None
+    return (*sizes, *[(t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in tensors])
+
+
+def _key(fn, call_key):
+    return None if call_key is None else (fn, call_key)
 
 
 @triton.jit
@@ -455,10 +475,12 @@ def custom_kernel(data):
     mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
     xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
     ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
+    weights = [w[name].contiguous() for name in _PACKED]
+    norms = (w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
+    call_key = _call_key((x, mask_rows, *weights, *norms), bsz, n, d, h)
     _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
-            (x, w["norm.weight"], w["norm.bias"], xn, m_rows, d, EPS, ln_programs,
-             *(w[name].contiguous() for name in _PACKED), pack, hd,
-             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), num_warps=LN_WARPS)
+            (x, norms[0], norms[1], xn, m_rows, d, EPS, ln_programs, *weights, pack, hd,
+             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), _key(_layernorm_kernel, call_key), num_warps=LN_WARPS)
 
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
@@ -474,7 +496,7 @@ def custom_kernel(data):
     _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
             (xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
              h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
-            num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
+            _key(_project_kernel, call_key), num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
     del xn
 
     o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
@@ -484,10 +506,11 @@ def custom_kernel(data):
             return _Desc(t, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
                 (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
-                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key(_contract_tma_kernel, call_key),
+                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
         _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
-                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                _key(_contract_kernel, call_key), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     del left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
@@ -495,6 +518,6 @@ def custom_kernel(data):
     descs = ((_Desc(o, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)), _Desc(gate, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
               _Desc(y, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
     _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
-            (o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS, *descs,
-             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), num_warps=OUT_WARPS)
+            (o, gate, norms[2], norms[3], w_out, y, m_rows, nn, d, EPS, *descs,
+             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key(_output_kernel, call_key), num_warps=OUT_WARPS)
     return y

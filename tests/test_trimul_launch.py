@@ -71,11 +71,12 @@ def _kernel(launches: list[tuple]) -> SimpleNamespace:
 
 def _plain(call: tuple) -> tuple:
     """A recorded launch with each tensor as its data pointer (what the launcher reads of it)."""
-    return tuple(("tensor", a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in call)
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in call)
 
 
 def _args(seed: ModuleType, a: torch.Tensor, b: torch.Tensor) -> tuple:
-    return (a, seed._Desc(a, (64, 96), (96, 1), (64, 32)), 7, 16, seed._Desc(b, (2, 64, 64), (4096, 64, 1), (1, 64, 64)))
+    return (a, seed._Desc(a, a.dtype, (64, 96), (96, 1), (64, 32)), 7, 16,
+            seed._Desc(b, b.dtype, (2, 64, 64), (4096, 64, 1), (1, 64, 64)))
 
 
 @needs_36
@@ -91,6 +92,11 @@ def test_the_compiled_launcher_gets_what_tritons_own_launch_path_gives_it(seed, 
     # Pointers: Triton passes the tensor (its launcher reads data_ptr()); both descriptors expanded alike.
     assert _plain(ours[0]) == _plain(tritons[0])
     assert [c[0] for c in encodes] == [a.data_ptr(), b.data_ptr()] * 2
+    # RAW_POINTERS: the same launch with every pointer an integer reaches the launcher unchanged.
+    raw = (a.data_ptr(), *(seed._Desc(d.base.data_ptr(), *d[1:]) for d in (args[1],)), 7, 16,
+           seed._Desc(b.data_ptr(), *args[4][1:]))
+    seed._Compiled(_kernel(ours), raw).launch((3, 2), 99, raw)
+    assert _plain(ours[1]) == _plain(tritons[0])
 
 
 @needs_36
@@ -111,7 +117,7 @@ def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(seed, encode
     moved = _args(seed, store[64 * 96:], b)
     compiled.launch((1,), 0, moved)
     assert len(encodes) == 3 and encodes[-1][0] == store[64 * 96:].data_ptr()
-    reshaped = (*first[:4], seed._Desc(b, (1, 64, 64), (4096, 64, 1), (1, 64, 64)))
+    reshaped = (*first[:4], seed._Desc(b, b.dtype, (1, 64, 64), (4096, 64, 1), (1, 64, 64)))
     compiled.launch((1,), 0, reshaped)
     assert len(encodes) == 4 and encodes[-1][5] == [1, 64, 64]
 
@@ -147,14 +153,17 @@ def test_with_another_triton_launcher_the_kernel_is_launched_through_kernel_run(
 
 
 @needs_36
-def test_every_launch_of_a_seed_call_hands_the_launcher_what_tritons_own_path_does():
-    # The seed's kernels compiled for sm_90 and called on three kinds of input (experiments/trimul_launch_check.py).
+@pytest.mark.parametrize("settings", [(), ("--set", "RAW_POINTERS=False")], ids=["defaults", "tensor-pointers"])
+def test_every_launch_of_a_seed_call_hands_the_launcher_what_tritons_own_path_does(settings):
+    # The seed's kernels compiled for sm_90 and called on three kinds of input (experiments/trimul_launch_check.py);
+    # with tensors for pointers, each launch's compiled kernel is also checked against the one Triton's JIT picks.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([*env.get("PYTHONPATH", "").split(os.pathsep), str(ROOT)])
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "trimul_launch_check.py")], capture_output=True,
-                          text=True, env=env, timeout=600, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "trimul_launch_check.py"), *settings],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     # 5 of its 8 calls direct (the others are a new shape or specialization), 4 launches each
-    assert sum("direct" in ln and "equal to Triton's own path" in ln and "the kernel Triton's JIT picks" in ln
-               for ln in lines) == 20, proc.stdout
+    assert sum("direct" in ln and "equal to Triton's own path" in ln for ln in lines) == 20, proc.stdout
+    picked = sum("the kernel Triton's JIT picks" in ln for ln in lines)
+    assert picked == (20 if settings else 5), proc.stdout  # by default only the contraction has no raw pointer

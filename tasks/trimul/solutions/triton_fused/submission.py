@@ -78,24 +78,36 @@ DESC_CACHE = True  # tunable: [False, True]
 # specializations follow from, since the rest is this file's own allocations and constants). False:
 # each launch's key is made from every one of its arguments.
 CALL_KEY = True  # tunable: [False, True]
+# Host work. True (with CALL_KEY): once a call key's kernels have all been launched, later calls with it
+# pass every pointer as an integer (no tensor views, no per-pointer check in the launcher: the first
+# call's launches through Triton checked these inputs' kind) and look the stream up once per call.
+# False: tensors, as Triton's entry point takes them.
+RAW_POINTERS = True  # tunable: [False, True]
 
 EPS = 1e-5
 _COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
+_READY: set[tuple] = set()  # call keys whose every kernel has been launched once (RAW_POINTERS)
 _DESC_CACHE_SIZE = 32  # descriptors kept per kernel argument (addresses seen); past it the cache starts over
 
 
 class _Desc(NamedTuple):
-    """A TMA descriptor argument as the call describes it: a view of `base` (its data pointer) with
-    these shape and strides, in boxes of `block`. Made into a TensorDescriptor only where one is
-    needed (Triton's own entry point, or a descriptor not seen at this address before)."""
+    """A TMA descriptor argument as the call describes it: elements of `dtype` from `base` (a tensor
+    or, with RAW_POINTERS, its data pointer) with these shape and strides, in boxes of `block`. Made
+    into a TensorDescriptor only where one is needed (Triton's own entry point, or a descriptor not
+    seen at this address before)."""
 
-    base: torch.Tensor
+    base: torch.Tensor | int
+    dtype: torch.dtype
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     block: tuple[int, ...]
 
+    def ptr(self) -> int:
+        return self.base if isinstance(self.base, int) else self.base.data_ptr()
+
     def descriptor(self) -> TensorDescriptor:
-        return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block))
+        base = _Address(self.base, self.dtype) if isinstance(self.base, int) else self.base
+        return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block))
 
 
 class _Address:
@@ -114,7 +126,7 @@ def _spec(a):
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.get_device(), a.data_ptr() % 16 == 0)
     if isinstance(a, _Desc):
-        return (a.base.dtype, a.base.data_ptr() % 16 == 0, a.shape, a.strides, a.block)
+        return (a.dtype, a.ptr() % 16 == 0, a.shape, a.strides, a.block)
     return (type(a), a)
 
 
@@ -170,12 +182,12 @@ class _Compiled:
     def _expanded(self, i: int, d: _Desc) -> list:
         """Descriptor i of the launch as the compiled launcher takes it, built once per address."""
         cache = self.cache[i]
-        key = (d.base.data_ptr(), d.shape, d.strides)
+        key = (d.ptr(), d.shape, d.strides)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _DESC_CACHE_SIZE:
                 cache.clear()
-            desc = TensorDescriptor(_Address(key[0], d.base.dtype), list(d.shape), list(d.strides), list(d.block))
+            desc = TensorDescriptor(_Address(key[0], d.dtype), list(d.shape), list(d.strides), list(d.block))
             hit = cache[key] = self.expand(desc, self.meta[i])
         return hit
 
@@ -200,12 +212,14 @@ class _Compiled:
         self.direct[0](g[0], g[1], g[2], stream, *self.fixed, *flat)
 
 
-def _launch(fn, grid, args, key=None, **meta):
+def _launch(fn, grid, args, key=None, stream=None, **meta):
     """fn[grid](*args, **meta). `args` are every parameter of fn in order, constexprs included (the
     compiled kernel takes the bound arguments in signature order), TMA descriptors as _Desc; `meta`
     holds only launch options (num_warps, num_stages). `key`, when given, decides which compiled
     kernel serves the launch (it must follow from everything Triton specializes on: see CALL_KEY);
-    else it is made from every argument. Through Triton's own entry point the first time a key is
+    else it is made from every argument. `stream`, when given, is the current stream, and the key's
+    kernel must have been launched before (the pointers may be integers, which Triton's entry point
+    would compile a kernel for as such). Through Triton's own entry point the first time a key is
     seen, when DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers)
     see every launch."""
     if not DIRECT_LAUNCH or not isinstance(fn, JITFunction):
@@ -215,12 +229,28 @@ def _launch(fn, grid, args, key=None, **meta):
         key = (fn, *map(_spec, args), *sorted(meta.items()))
     compiled = _COMPILED.get(key)
     if compiled is None:
+        if stream is not None:
+            raise RuntimeError(f"{fn.__name__}: a launch with raw pointers before the kernel was compiled")
         _COMPILED[key] = fn[grid](*_jit_args(args), **meta)  # wrapped at its second launch (it has run once)
         return
     if not isinstance(compiled, _Compiled):
         compiled = _COMPILED[key] = _Compiled(compiled, args)
+    if stream is None:
+        stream = _current_stream()
+    compiled.launch(grid, stream, args)
+
+
+def _current_stream():
     driver = triton.runtime.driver.active
-    compiled.launch(grid, driver.get_current_stream(driver.get_current_device()), args)
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _same(t):
+    return t
+
+
+def _data_ptr(t):
+    return t.data_ptr()
 
 
 def _call_key(tensors, *sizes):
@@ -468,19 +498,25 @@ def custom_kernel(data):
     emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
     x = x.contiguous()
 
+    mask_rows = (mask if mask.dtype == torch.float32 and mask.is_contiguous()  # the kernel reads it as [B*N*N]
+                 else mask.reshape(m_rows).to(torch.float32).contiguous())
+    weights = [w[name].contiguous() for name in _PACKED]
+    norms = (w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
+    call_key = _call_key((x, mask_rows, *weights, *norms), bsz, n, d, h)
+    # RAW_POINTERS: pointers as integers once this key's kernels have all been launched through Triton.
+    stream = _current_stream() if RAW_POINTERS and call_key is not None and call_key in _READY else None
+    P = _same if stream is None else _data_ptr
+
     # The five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
     pack = torch.empty(6 * hd, device=x.device, dtype=torch.float16)
     w_in = pack[: 5 * hd].view(5 * h, d)
     w_out = pack[5 * hd:].view(d, h)
-    mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
     xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
     ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
-    weights = [w[name].contiguous() for name in _PACKED]
-    norms = (w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
-    call_key = _call_key((x, mask_rows, *weights, *norms), bsz, n, d, h)
     _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
-            (x, norms[0], norms[1], xn, m_rows, d, EPS, ln_programs, *weights, pack, hd,
-             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), _key(_layernorm_kernel, call_key), num_warps=LN_WARPS)
+            (P(x), P(norms[0]), P(norms[1]), P(xn), m_rows, d, EPS, ln_programs, *map(P, weights), P(pack), hd,
+             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), _key(_layernorm_kernel, call_key), stream,
+            num_warps=LN_WARPS)
 
     left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
     right = torch.empty_like(left)
@@ -489,35 +525,39 @@ def custom_kernel(data):
     jobs = 2 * (h // block_h) + h // (2 * block_h)
     tma = PROJ_TMA and (d * 2) % 16 == 0
     tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
-    descs = ((_Desc(xn, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
-              _Desc(w_in, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
-    descs += tuple(_Desc(t, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
+    f16 = torch.float16
+    descs = ((_Desc(P(xn), f16, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
+              _Desc(P(w_in), f16, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
+    descs += tuple(_Desc(P(t), f16, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
                    for t in (left, right, gate))
     _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
-            (xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
+            (P(xn), P(mask_rows), P(w_in), P(left), P(right), P(gate), m_rows, nn, d, *descs,
              h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
-            _key(_project_kernel, call_key), num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
+            _key(_project_kernel, call_key), stream, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
     del xn
 
     o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
     grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
     if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
         def desc(t, rows, cols):
-            return _Desc(t, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
+            return _Desc(P(t), t.dtype, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
                 (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
-                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key(_contract_tma_kernel, call_key),
+                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key(_contract_tma_kernel, call_key), stream,
                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
-        _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
-                _key(_contract_kernel, call_key), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        _launch(_contract_kernel, grid, (P(left), P(right), P(o), n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
+                _key(_contract_kernel, call_key), stream, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     del left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
-    descs = ((_Desc(o, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)), _Desc(gate, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
-              _Desc(y, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
+    descs = ((_Desc(P(o), o.dtype, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(P(gate), f16, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(P(y), torch.float32, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
     _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
-            (o, gate, norms[2], norms[3], w_out, y, m_rows, nn, d, EPS, *descs,
-             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key(_output_kernel, call_key), num_warps=OUT_WARPS)
+            (P(o), P(gate), P(norms[2]), P(norms[3]), P(w_out), P(y), m_rows, nn, d, EPS, *descs,
+             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key(_output_kernel, call_key), stream, num_warps=OUT_WARPS)
+    if call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
+        _READY.add(call_key)
     return y

@@ -167,3 +167,15 @@ def test_every_launch_of_a_seed_call_hands_the_launcher_what_tritons_own_path_do
     assert sum("direct" in ln and "equal to Triton's own path" in ln for ln in lines) == 20, proc.stdout
     picked = sum("the kernel Triton's JIT picks" in ln for ln in lines)
     assert picked == (20 if settings else 5), proc.stdout  # by default only the contraction has no raw pointer
+
+
+def test_the_workspace_addresses_are_those_of_its_views(seed):
+    # RAW_POINTERS passes base + offset where the other path passes a view of the workspace.
+    keep, views = seed._intermediates(2, 24, 64, 128, torch.device("cpu"), False)
+    total, parts = seed._layout(2, 24, 64, 128)
+    assert keep.numel() == total
+    assert [v.data_ptr() - keep.data_ptr() for v in views] == [off for off, _, _ in parts]
+    assert [(v.dtype, tuple(v.shape)) for v in views] == [(dt, shape) for _, dt, shape in parts]
+    ends = [off + v.numel() * v.element_size() for (off, _, _), v in zip(parts, views, strict=True)]
+    assert all(end <= nxt for end, (nxt, _, _) in zip(ends, parts[1:], strict=False)) and ends[-1] <= total
+    assert all(off % 256 == 0 for off, _, _ in parts)

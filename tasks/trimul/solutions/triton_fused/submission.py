@@ -24,6 +24,7 @@ tests (tests/test_trimul_task.py runs each one in Triton's interpreter). Measure
 H200 (docs/benchmarks.md): all five projections in one program (five accumulators, 255 registers),
 row-major [rows x channels] tiles, and LayerNorm computed inside the projection kernel."""
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -83,6 +84,10 @@ CALL_KEY = True  # tunable: [False, True]
 # call's launches through Triton checked these inputs' kind) and look the stream up once per call.
 # False: tensors, as Triton's entry point takes them.
 RAW_POINTERS = True  # tunable: [False, True]
+# Host work. True: the call's intermediates (packed weights, x̂, left, right, the output gate, O) are
+# views of one allocation, made fresh on every call (nothing is returned from it); with RAW_POINTERS
+# they are addresses in it, without views. False: one allocation each.
+ONE_WORKSPACE = True  # tunable: [False, True]
 
 EPS = 1e-5
 _COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
@@ -487,6 +492,42 @@ _PACKED = ("left_proj.weight", "right_proj.weight", "left_gate.weight", "right_g
            "to_out.weight")
 
 
+_LAYOUTS: dict[tuple, tuple] = {}  # sizes -> the workspace's bytes and each intermediate's (offset, dtype, shape)
+
+
+def _layout(bsz, n, d, h):
+    """Where each intermediate lies in the workspace, 256-byte aligned: packed weights, x̂, left,
+    right, the output gate, O. A function of the sizes and this file's constants only."""
+    key = (bsz, n, d, h)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        f16 = torch.float16
+        o_dtype = f16 if O_DTYPE == "fp16" else torch.float32
+        hmaps = (bsz, h, n, n)
+        parts, total = [], 0
+        for dtype, shape in ((f16, (6 * h * d,)), (f16, (bsz * n * n, d)), (f16, hmaps), (f16, hmaps), (f16, hmaps),
+                             (o_dtype, hmaps)):
+            parts.append((total, dtype, shape))
+            total += -(-math.prod(shape) * dtype.itemsize // 256) * 256
+        hit = _LAYOUTS[key] = (total, parts)
+    return hit
+
+
+def _intermediates(bsz, n, d, h, device, raw):
+    """(what must stay alive until the call returns, [pack, xn, left, right, gate, o]): tensors, or with
+    `raw` their data pointers. Fresh on every call (ONE_WORKSPACE: one allocation, else one each)."""
+    total, parts = _layout(bsz, n, d, h)
+    if ONE_WORKSPACE:
+        ws = torch.empty(total, dtype=torch.uint8, device=device)
+        if raw:
+            base = ws.data_ptr()
+            return ws, [base + off for off, _, _ in parts]
+        return ws, [ws[off:off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+                    for off, dtype, shape in parts]
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for _, dtype, shape in parts]
+    return tensors, [t.data_ptr() for t in tensors] if raw else tensors
+
+
 @torch.no_grad()
 def custom_kernel(data):
     x, mask, w, config = data
@@ -507,57 +548,55 @@ def custom_kernel(data):
     stream = _current_stream() if RAW_POINTERS and call_key is not None and call_key in _READY else None
     P = _same if stream is None else _data_ptr
 
-    # The five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
-    pack = torch.empty(6 * hd, device=x.device, dtype=torch.float16)
-    w_in = pack[: 5 * hd].view(5 * h, d)
-    w_out = pack[5 * hd:].view(d, h)
-    xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
+    # pack: the five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
+    # xn: x̂ [B*N*N, D]. left, right, gate: [B, H, N, N] fp16. o: [B, H, N, N] in O_DTYPE.
+    keep, (pack, xn, left, right, gate, o) = _intermediates(bsz, n, d, h, x.device, stream is not None)
+    f16 = torch.float16
+    o_dtype = f16 if O_DTYPE == "fp16" else torch.float32
+    if stream is None:
+        w_in, w_out = pack[: 5 * hd].view(5 * h, d), pack[5 * hd:].view(d, h)
+    else:
+        w_in, w_out = pack, pack + 5 * hd * f16.itemsize
     ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
     _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
-            (P(x), P(norms[0]), P(norms[1]), P(xn), m_rows, d, EPS, ln_programs, *map(P, weights), P(pack), hd,
+            (P(x), P(norms[0]), P(norms[1]), xn, m_rows, d, EPS, ln_programs, *map(P, weights), pack, hd,
              LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), _key(_layernorm_kernel, call_key), stream,
             num_warps=LN_WARPS)
 
-    left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
-    right = torch.empty_like(left)
-    gate = torch.empty_like(left)
     block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
     jobs = 2 * (h // block_h) + h // (2 * block_h)
     tma = PROJ_TMA and (d * 2) % 16 == 0
     tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
-    f16 = torch.float16
-    descs = ((_Desc(P(xn), f16, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
-              _Desc(P(w_in), f16, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
-    descs += tuple(_Desc(P(t), f16, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
+    descs = ((_Desc(xn, f16, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
+              _Desc(w_in, f16, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
+    descs += tuple(_Desc(t, f16, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
                    for t in (left, right, gate))
     _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
-            (P(xn), P(mask_rows), P(w_in), P(left), P(right), P(gate), m_rows, nn, d, *descs,
+            (xn, P(mask_rows), w_in, left, right, gate, m_rows, nn, d, *descs,
              h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
             _key(_project_kernel, call_key), stream, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
-    del xn
 
-    o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
     grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
-    if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
-        def desc(t, rows, cols):
-            return _Desc(P(t), t.dtype, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
+    if CONTRACT_TMA and (n * f16.itemsize) % 16 == 0 and (n * o_dtype.itemsize) % 16 == 0:
+        def desc(t, dtype, rows, cols):
+            return _Desc(t, dtype, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
-                (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
+                (desc(left, f16, BLOCK_M, BLOCK_K), desc(right, f16, BLOCK_N, BLOCK_K), desc(o, o_dtype, BLOCK_M, BLOCK_N), n,
                  BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key(_contract_tma_kernel, call_key), stream,
                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
-        _launch(_contract_kernel, grid, (P(left), P(right), P(o), n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
+        _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
                 _key(_contract_kernel, call_key), stream, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    del left, right
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
-    tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
-    descs = ((_Desc(P(o), o.dtype, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
-              _Desc(P(gate), f16, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+    tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o_dtype.itemsize) % 16 == 0 and (d * 4) % 16 == 0
+    descs = ((_Desc(o, o_dtype, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(gate, f16, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
               _Desc(P(y), torch.float32, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
     _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
-            (P(o), P(gate), P(norms[2]), P(norms[3]), P(w_out), P(y), m_rows, nn, d, EPS, *descs,
+            (o, gate, P(norms[2]), P(norms[3]), w_out, P(y), m_rows, nn, d, EPS, *descs,
              h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key(_output_kernel, call_key), stream, num_warps=OUT_WARPS)
     if call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
         _READY.add(call_key)
+    del keep  # the intermediates are freed here, after every launch that uses them was queued
     return y

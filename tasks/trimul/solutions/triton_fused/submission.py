@@ -169,7 +169,8 @@ class _Compiled:
 
     def __init__(self, kernel, args) -> None:
         self.kernel = kernel
-        n_desc = sum(isinstance(a, _Desc) for a in args)
+        self.desc_at = [i for i, a in enumerate(args) if isinstance(a, _Desc)]  # the same in every launch of a key
+        n_desc = len(self.desc_at)
         self.direct = _triton_36_launcher(kernel, n_desc) if DESC_CACHE else None
         if self.direct is not None:
             import triton.backends.nvidia.driver as nv
@@ -206,14 +207,12 @@ class _Compiled:
                        kernel.launch_metadata(grid, stream, *jit), hooks.launch_enter_hook, hooks.launch_exit_hook,
                        *jit)
             return
-        flat = []
-        i = 0
-        for a in args:
-            if isinstance(a, _Desc):
-                flat.extend(self._expanded(i, a))
-                i += 1
-            else:
-                flat.append(a)
+        flat, prev = [], 0
+        for i, at in enumerate(self.desc_at):
+            flat += args[prev:at]
+            flat += self._expanded(i, args[at])
+            prev = at + 1
+        flat += args[prev:]
         self.direct[0](g[0], g[1], g[2], stream, *self.fixed, *flat)
 
 
@@ -250,24 +249,23 @@ def _current_stream():
     return driver.get_current_stream(driver.get_current_device())
 
 
-def _same(t):
-    return t
-
-
-def _data_ptr(t):
-    return t.data_ptr()
-
-
-def _call_key(tensors, *sizes):
+def _call_key(tensors, ptrs, *sizes):
     """One key for a call's launches: its sizes and each input tensor's dtype, device and 16-byte
-    alignment (what Triton specializes a pointer on); None when CALL_KEY is off."""
+    alignment (what Triton specializes a pointer on; `ptrs` are the tensors' data pointers); None when
+    CALL_KEY is off."""
     if not CALL_KEY:
         return None
-    return (*sizes, *[(t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in tensors])
+    return (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors], *[p % 16 == 0 for p in ptrs])
 
 
-def _key(fn, call_key):
-    return None if call_key is None else (fn, call_key)
+def _key(name, call_key):
+    """A launch's key under CALL_KEY: the kernel's name (a string hashes once; a JITFunction's hash is
+    recomputed from its source key on every lookup) and the call's key."""
+    return None if call_key is None else (name, call_key)
+
+
+def _cdiv(a, b):  # triton.cdiv is a constexpr function: several microseconds a call on the host
+    return -(-a // b)
 
 
 @triton.jit
@@ -528,8 +526,7 @@ def _intermediates(bsz, n, d, h, device, raw):
     return tensors, [t.data_ptr() for t in tensors] if raw else tensors
 
 
-@torch.no_grad()
-def custom_kernel(data):
+def custom_kernel(data):  # no autograd context: every output is a fresh tensor written by Triton kernels
     x, mask, w, config = data
     bsz, n, _, d = x.shape
     h = config["hidden_dim"]
@@ -541,12 +538,13 @@ def custom_kernel(data):
 
     mask_rows = (mask if mask.dtype == torch.float32 and mask.is_contiguous()  # the kernel reads it as [B*N*N]
                  else mask.reshape(m_rows).to(torch.float32).contiguous())
-    weights = [w[name].contiguous() for name in _PACKED]
-    norms = (w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
-    call_key = _call_key((x, mask_rows, *weights, *norms), bsz, n, d, h)
+    inputs = (x, mask_rows, *[w[name].contiguous() for name in _PACKED],
+              w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
+    ptrs = [t.data_ptr() for t in inputs]
+    call_key = _call_key(inputs, ptrs, bsz, n, d, h)
     # RAW_POINTERS: pointers as integers once this key's kernels have all been launched through Triton.
     stream = _current_stream() if RAW_POINTERS and call_key is not None and call_key in _READY else None
-    P = _same if stream is None else _data_ptr
+    x_, mask_, *weights, norm_w, norm_b, out_norm_w, out_norm_b = inputs if stream is None else ptrs
 
     # pack: the five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
     # xn: x̂ [B*N*N, D]. left, right, gate: [B, H, N, N] fp16. o: [B, H, N, N] in O_DTYPE.
@@ -557,10 +555,10 @@ def custom_kernel(data):
         w_in, w_out = pack[: 5 * hd].view(5 * h, d), pack[5 * hd:].view(d, h)
     else:
         w_in, w_out = pack, pack + 5 * hd * f16.itemsize
-    ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
-    _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
-            (P(x), P(norms[0]), P(norms[1]), xn, m_rows, d, EPS, ln_programs, *map(P, weights), pack, hd,
-             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), _key(_layernorm_kernel, call_key), stream,
+    ln_programs = _cdiv(m_rows, LN_BLOCK_M)
+    _launch(_layernorm_kernel, (ln_programs + 6 * _cdiv(hd, PACK_BLOCK),),
+            (x_, norm_w, norm_b, xn, m_rows, d, EPS, ln_programs, *weights, pack, hd,
+             LN_BLOCK_M, 1 << (d - 1).bit_length(), PACK_BLOCK), _key("layernorm", call_key), stream,
             num_warps=LN_WARPS)
 
     block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
@@ -571,31 +569,32 @@ def custom_kernel(data):
               _Desc(w_in, f16, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
     descs += tuple(_Desc(t, f16, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
                    for t in (left, right, gate))
-    _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
-            (xn, P(mask_rows), w_in, left, right, gate, m_rows, nn, d, *descs,
+    _launch(_project_kernel, (_cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
+            (xn, mask_, w_in, left, right, gate, m_rows, nn, d, *descs,
              h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
-            _key(_project_kernel, call_key), stream, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
+            _key("project", call_key), stream, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
 
-    grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
+    grid = (_cdiv(n, BLOCK_M), _cdiv(n, BLOCK_N), bsz * h)
     if CONTRACT_TMA and (n * f16.itemsize) % 16 == 0 and (n * o_dtype.itemsize) % 16 == 0:
         def desc(t, dtype, rows, cols):
             return _Desc(t, dtype, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
                 (desc(left, f16, BLOCK_M, BLOCK_K), desc(right, f16, BLOCK_N, BLOCK_K), desc(o, o_dtype, BLOCK_M, BLOCK_N), n,
-                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key(_contract_tma_kernel, call_key), stream,
+                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key("contract_tma", call_key), stream,
                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
         _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
-                _key(_contract_kernel, call_key), stream, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                _key("contract", call_key), stream, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
+    y_ = y if stream is None else y.data_ptr()
     tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o_dtype.itemsize) % 16 == 0 and (d * 4) % 16 == 0
     descs = ((_Desc(o, o_dtype, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
               _Desc(gate, f16, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
-              _Desc(P(y), torch.float32, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
-    _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
-            (o, gate, P(norms[2]), P(norms[3]), w_out, P(y), m_rows, nn, d, EPS, *descs,
-             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key(_output_kernel, call_key), stream, num_warps=OUT_WARPS)
+              _Desc(y_, torch.float32, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
+    _launch(_output_kernel, (_cdiv(m_rows, OUT_BLOCK_M),),
+            (o, gate, out_norm_w, out_norm_b, w_out, y_, m_rows, nn, d, EPS, *descs,
+             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key("output", call_key), stream, num_warps=OUT_WARPS)
     if call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
         _READY.add(call_key)
     del keep  # the intermediates are freed here, after every launch that uses them was queued

@@ -13,6 +13,12 @@ x is read once and y written once; every intermediate is written once and read o
 (the five projection programs of one row block read its x̂ from L2 after the first).
 On Hopper the tiles move through TMA descriptors where the shapes allow (the *_TMA tunables).
 
+Host work per call (what a call costs the host is most of it on small shapes): after a call key's
+first call through Triton's entry point, the four kernels are launched through Triton 3.6's compiled
+launcher directly, with descriptors encoded once per address and integer pointers (DIRECT_LAUNCH,
+DESC_CACHE, CALL_KEY, RAW_POINTERS, ONE_WORKSPACE below). Nothing kept between calls depends on what
+the inputs hold; outputs and intermediates are allocated fresh on every call.
+
 Why fp16 (10-bit mantissa) and not bf16: the operands are LayerNorm outputs or products of them,
 well inside fp16's range, and bf16's 7-bit mantissa in the projections used up to ~90% of the
 tolerance on an H200. Accumulation is always fp32. O is stored in fp16 by default: its values, sums of

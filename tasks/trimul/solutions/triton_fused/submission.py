@@ -99,7 +99,8 @@ ONE_WORKSPACE = True  # tunable: [False, True]
 
 EPS = 1e-5
 _COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
-_READY: set[tuple] = set()  # call keys whose every kernel has been launched once (RAW_POINTERS)
+_CALL_KEYS: dict[tuple, int] = {}  # a call's key -> a small number standing for it in the keys below
+_READY: set[int] = set()  # call keys (their numbers) whose every kernel has been launched once (RAW_POINTERS)
 _DESC_CACHE_SIZE = 32  # descriptors kept per kernel argument (addresses seen); past it the cache starts over
 
 
@@ -263,7 +264,11 @@ def _call_key(tensors, ptrs, *sizes):
     CALL_KEY is off."""
     if not CALL_KEY:
         return None
-    return (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors], *[p % 16 == 0 for p in ptrs])
+    key = (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors], *[p % 16 == 0 for p in ptrs])
+    number = _CALL_KEYS.get(key)  # the long tuple is hashed once per call; the launches' keys use the number
+    if number is None:
+        number = _CALL_KEYS[key] = len(_CALL_KEYS)
+    return number
 
 
 def _key(name, call_key):
@@ -603,7 +608,7 @@ def custom_kernel(data):  # no autograd context: every output is a fresh tensor 
     _launch(_output_kernel, (_cdiv(m_rows, OUT_BLOCK_M),),
             (o, gate, out_norm_w, out_norm_b, w_out, y_, m_rows, nn, d, EPS, *descs,
              h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key("output", call_key), stream, num_warps=OUT_WARPS)
-    if call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
+    if stream is None and call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
         _READY.add(call_key)
     del keep  # the intermediates are freed here, after every launch that uses them was queued
     return y

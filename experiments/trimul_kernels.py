@@ -23,7 +23,8 @@ call as GPUMode times it, and a cProfile of where the host's time goes:
 
     python experiments/trimul_kernels.py host --out host.json \
         --solutions triton_fused,triton_fused:DIRECT_LAUNCH=false,.external/triton_fused_before.py
-A solution is named, a file, or `name:TUNABLE=value,...` (the named solution with tunables set).
+A solution is named, a file, or `name:TUNABLE=value,...` (the named solution with tunables set; in a
+list of solutions, separate the tunables with `;`: `triton_fused:PROJ_BLOCK_M=256;PROJ_WARPS=8`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _solution(task: Any, name: str) -> Any:
-    """A solution by name, a solution file, or `name:K=V,K=V` (the named solution with tunables set)."""
+    """A solution by name, a solution file, or `name:K=V,K=V` (the named solution with tunables set;
+    `;` separates them too, for a list of solutions that is itself comma-separated)."""
     if ":" in name:
         base, _, sets = name.partition(":")
-        values = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in sets.split(","))}
+        values = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in sets.replace(";", ",").split(","))}
         path = Path(tempfile.mkdtemp()) / "submission.py"
         path.write_text(with_values(task.solution(base), values)[task.solution(base).entry_file])
         return solution_from_file(path, task)

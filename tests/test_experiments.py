@@ -189,3 +189,16 @@ def test_the_kernel_scripts_coordinate_sweep_keeps_each_groups_best_and_skips_fa
     # ... and past the deadline nothing more is started.
     late = sweep(["A=1,2"], {"A": 1, "B": "y"}, measure, deadline=0.0)
     assert late["best"] == {"A": 1, "B": "y"} and len(late["log"]) == 1
+
+
+def test_trimul_kernels_takes_several_tunables_of_a_solution_in_a_comma_separated_list(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))  # trimul_kernels imports tunable_sweep beside it
+    tk = script("trimul_kernels")
+    from ksearch_ray.taskspec.task import find_task
+    from ksearch_ray.taskspec.tunables import read_tunables
+
+    task = find_task("trimul")
+    for spec in ("triton_fused:PROJ_BLOCK_M=64;PROJ_WARPS=8", "triton_fused:PROJ_BLOCK_M=64,PROJ_WARPS=8"):
+        solution = tk._solution(task, spec)
+        values = {t.name: t.value for t in read_tunables(solution.sources[solution.entry_file]).values()}
+        assert (values["PROJ_BLOCK_M"], values["PROJ_WARPS"]) == (64, 8), spec

@@ -13,6 +13,12 @@ x is read once and y written once; every intermediate is written once and read o
 (the five projection programs of one row block read its x̂ from L2 after the first).
 On Hopper the tiles move through TMA descriptors where the shapes allow (the *_TMA tunables).
 
+Host work per call (what a call costs the host is most of it on small shapes): after a call key's
+first call through Triton's entry point, the four kernels are launched through Triton 3.6's compiled
+launcher directly, with descriptors encoded once per address and integer pointers (DIRECT_LAUNCH,
+DESC_CACHE, CALL_KEY, RAW_POINTERS, ONE_WORKSPACE below). Nothing kept between calls depends on what
+the inputs hold; outputs and intermediates are allocated fresh on every call.
+
 Why fp16 (10-bit mantissa) and not bf16: the operands are LayerNorm outputs or products of them,
 well inside fp16's range, and bf16's 7-bit mantissa in the projections used up to ~90% of the
 tolerance on an H200. Accumulation is always fp32. O is stored in fp16 by default: its values, sums of
@@ -24,6 +30,9 @@ tests (tests/test_trimul_task.py runs each one in Triton's interpreter). Measure
 H200 (docs/benchmarks.md): all five projections in one program (five accumulators, 255 registers),
 row-major [rows x channels] tiles, and LayerNorm computed inside the projection kernel."""
 
+import math
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -34,7 +43,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 LN_BLOCK_M = 16  # tunable: [4, 8, 16]
 LN_WARPS = 4  # tunable: [4, 8]
 # 2. projections: rows of x per program, the D chunk per step, hidden channels per projection.
-PROJ_BLOCK_M = 128  # tunable: [64, 128]
+# 256 rows read each pair's weights half as often (every row block reads them all from L2); with
+# 4 warps its two accumulators spill (sm_90: 255 registers, 1 KB of stack), with 8 warps they do not.
+PROJ_BLOCK_M = 128  # tunable: [64, 128, 256]
 PROJ_BLOCK_K = 64  # tunable: [32, 64]
 PROJ_BLOCK_H = 64  # tunable: [32, 64]
 PROJ_WARPS = 4  # tunable: [4, 8]
@@ -65,39 +76,209 @@ OUT_TMA = True  # tunable: [False, True]
 # with the same key call the compiled kernel directly, skipping Triton's per-launch argument
 # binding and cache lookup. False: every launch goes through Triton's JIT entry point.
 DIRECT_LAUNCH = True  # tunable: [False, True]
+# Host work. True (with DIRECT_LAUNCH, on Triton 3.6's launcher): a TMA descriptor is built once per
+# (compiled kernel, argument, address, shape, strides) and handed to the compiled launcher as it is
+# later: those are all a descriptor encodes, so it is right for any tensor at that address, whatever
+# it holds. False: TensorDescriptor objects are made on every call and Triton's launcher encodes them
+# on every launch.
+DESC_CACHE = True  # tunable: [False, True]
+# Host work. True (with DIRECT_LAUNCH): a call finds its compiled kernels by one key made once per call
+# (the shapes, and each input tensor's dtype, device and 16-byte alignment: everything the launches'
+# specializations follow from, since the rest is this file's own allocations and constants). False:
+# each launch's key is made from every one of its arguments.
+CALL_KEY = True  # tunable: [False, True]
+# Host work. True (with CALL_KEY): once a call key's kernels have all been launched, later calls with it
+# pass every pointer as an integer (no tensor views, no per-pointer check in the launcher: the first
+# call's launches through Triton checked these inputs' kind) and look the stream up once per call.
+# False: tensors, as Triton's entry point takes them.
+RAW_POINTERS = True  # tunable: [False, True]
+# Host work. True: the call's intermediates (packed weights, x̂, left, right, the output gate, O) are
+# views of one allocation, made fresh on every call (nothing is returned from it); with RAW_POINTERS
+# they are addresses in it, without views. False: one allocation each.
+ONE_WORKSPACE = True  # tunable: [False, True]
 
 EPS = 1e-5
-_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel
+_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's compiled kernel (a _Compiled from its second launch)
+_CALL_KEYS: dict[tuple, int] = {}  # a call's key -> a small number standing for it in the keys below
+_READY: set[int] = set()  # call keys (their numbers) whose every kernel has been launched once (RAW_POINTERS)
+_DESC_CACHE_SIZE = 32  # descriptors kept per kernel argument (addresses seen); past it the cache starts over
+
+
+class _Desc(NamedTuple):
+    """A TMA descriptor argument as the call describes it: elements of `dtype` from `base` (a tensor
+    or, with RAW_POINTERS, its data pointer) with these shape and strides, in boxes of `block`. Made
+    into a TensorDescriptor only where one is needed (Triton's own entry point, or a descriptor not
+    seen at this address before)."""
+
+    base: torch.Tensor | int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    block: tuple[int, ...]
+
+    def ptr(self) -> int:
+        return self.base if isinstance(self.base, int) else self.base.data_ptr()
+
+    def descriptor(self) -> TensorDescriptor:
+        base = _Address(self.base, self.dtype) if isinstance(self.base, int) else self.base
+        return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block))
+
+
+class _Address:
+    """A data pointer and dtype standing in for a tensor in a TensorDescriptor that is cached: the
+    cache keeps no tensor alive (outputs and scratch are freed as usual)."""
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
 
 
 def _spec(a):
     """What of one launch argument decides which compiled kernel serves it (never its contents)."""
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.get_device(), a.data_ptr() % 16 == 0)
-    if isinstance(a, TensorDescriptor):
-        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape))
+    if isinstance(a, _Desc):
+        return (a.dtype, a.ptr() % 16 == 0, a.shape, a.strides, a.block)
     return (type(a), a)
 
 
-def _launch(fn, grid, args, **meta):
+def _jit_args(args):
+    return [a.descriptor() if isinstance(a, _Desc) else a for a in args]
+
+
+def _triton_36_launcher(kernel, n_desc: int):
+    """(compiled launcher, descriptor metadata) of a compiled kernel with n_desc descriptor arguments
+    when Triton wraps its launcher as Triton 3.6 does (`kernel.run.launch` is the launcher itself
+    when there is no descriptor, else a wrapper that expands each descriptor with
+    make_tensordesc_arg(desc, meta) on every launch); None for any other layout, and the kernel is
+    then launched through `kernel.run` as before."""
+    import triton.backends.nvidia.driver as nv
+
+    run = kernel.run
+    if getattr(nv, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO" or run.global_scratch_size or run.profile_scratch_size:
+        return None
+    launch = run.launch
+    code = getattr(launch, "__code__", None)
+    if getattr(launch, "__qualname__", "") == "wrap_handle_tensordesc.<locals>.inner" and code is not None \
+            and set(code.co_freevars) == {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__), strict=True))
+        return cells["launcher"], list(cells["tensordesc_meta"])
+    return (launch, []) if n_desc == 0 else None
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: Triton's knobs hold an empty HookChain when none is."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class _Compiled:
+    """One compiled kernel and how this file launches it after its first launch through Triton."""
+
+    def __init__(self, kernel, args) -> None:
+        self.kernel = kernel
+        self.desc_at = [i for i, a in enumerate(args) if isinstance(a, _Desc)]  # the same in every launch of a key
+        n_desc = len(self.desc_at)
+        self.direct = _triton_36_launcher(kernel, n_desc) if DESC_CACHE else None
+        if self.direct is not None:
+            import triton.backends.nvidia.driver as nv
+
+            self.expand = nv.make_tensordesc_arg
+            meta = self.direct[1] or [None] * n_desc
+            if len(meta) != n_desc:
+                raise RuntimeError(f"{kernel.name}: {n_desc} descriptor arguments, Triton's launcher expects {len(meta)}")
+            self.meta = meta
+            self.cache: list[dict] = [{} for _ in range(n_desc)]
+            run = kernel.run
+            self.fixed = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                          kernel.packed_metadata, None, None, None)
+
+    def _expanded(self, i: int, d: _Desc) -> list:
+        """Descriptor i of the launch as the compiled launcher takes it, built once per address."""
+        cache = self.cache[i]
+        key = (d.ptr(), d.shape, d.strides)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= _DESC_CACHE_SIZE:
+                cache.clear()
+            desc = TensorDescriptor(_Address(key[0], d.dtype), list(d.shape), list(d.strides), list(d.block))
+            hit = cache[key] = self.expand(desc, self.meta[i])
+        return hit
+
+    def launch(self, grid, stream, args) -> None:
+        hooks = triton.knobs.runtime
+        g = (*grid, 1, 1)
+        if self.direct is None or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            jit = _jit_args(args)
+            kernel = self.kernel
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                       kernel.launch_metadata(grid, stream, *jit), hooks.launch_enter_hook, hooks.launch_exit_hook,
+                       *jit)
+            return
+        flat, prev = [], 0
+        for i, at in enumerate(self.desc_at):
+            flat += args[prev:at]
+            flat += self._expanded(i, args[at])
+            prev = at + 1
+        flat += args[prev:]
+        self.direct[0](g[0], g[1], g[2], stream, *self.fixed, *flat)
+
+
+def _launch(fn, grid, args, key=None, stream=None, **meta):
     """fn[grid](*args, **meta). `args` are every parameter of fn in order, constexprs included (the
-    compiled kernel takes the bound arguments in signature order); `meta` holds only launch options
-    (num_warps, num_stages). Through Triton's own entry point the first time a key is seen, when
-    DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers) see both paths."""
+    compiled kernel takes the bound arguments in signature order), TMA descriptors as _Desc; `meta`
+    holds only launch options (num_warps, num_stages). `key`, when given, decides which compiled
+    kernel serves the launch (it must follow from everything Triton specializes on: see CALL_KEY);
+    else it is made from every argument. `stream`, when given, is the current stream, and the key's
+    kernel must have been launched before (the pointers may be integers, which Triton's entry point
+    would compile a kernel for as such). Through Triton's own entry point the first time a key is
+    seen, when DIRECT_LAUNCH is off and in Triton's interpreter (the CPU); launch hooks (profilers)
+    see every launch."""
     if not DIRECT_LAUNCH or not isinstance(fn, JITFunction):
-        fn[grid](*args, **meta)
+        fn[grid](*_jit_args(args), **meta)
         return
-    key = (fn, *map(_spec, args), *sorted(meta.items()))
-    kernel = _COMPILED.get(key)
-    if kernel is None:
-        _COMPILED[key] = fn[grid](*args, **meta)
+    if key is None:
+        key = (fn, *map(_spec, args), *sorted(meta.items()))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if stream is not None:
+            raise RuntimeError(f"{fn.__name__}: a launch with raw pointers before the kernel was compiled")
+        _COMPILED[key] = fn[grid](*_jit_args(args), **meta)  # wrapped at its second launch (it has run once)
         return
-    g = (*grid, 1, 1)
+    if not isinstance(compiled, _Compiled):
+        compiled = _COMPILED[key] = _Compiled(compiled, args)
+    if stream is None:
+        stream = _current_stream()
+    compiled.launch(grid, stream, args)
+
+
+def _current_stream():
     driver = triton.runtime.driver.active
-    stream = driver.get_current_stream(driver.get_current_device())
-    hooks = triton.knobs.runtime
-    kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(grid, stream, *args), hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _call_key(tensors, ptrs, *sizes):
+    """One key for a call's launches: its sizes and each input tensor's dtype, device and 16-byte
+    alignment (what Triton specializes a pointer on; `ptrs` are the tensors' data pointers); None when
+    CALL_KEY is off."""
+    if not CALL_KEY:
+        return None
+    key = (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors], *[p % 16 == 0 for p in ptrs])
+    number = _CALL_KEYS.get(key)  # the long tuple is hashed once per call; the launches' keys use the number
+    if number is None:
+        number = _CALL_KEYS[key] = len(_CALL_KEYS)
+    return number
+
+
+def _key(name, call_key):
+    """A launch's key under CALL_KEY: the kernel's name (a string hashes once; a JITFunction's hash is
+    recomputed from its source key on every lookup) and the call's key."""
+    return None if call_key is None else (name, call_key)
+
+
+def _cdiv(a, b):  # triton.cdiv is a constexpr function: several microseconds a call on the host
+    return -(-a // b)
 
 
 @triton.jit
@@ -322,8 +503,43 @@ _PACKED = ("left_proj.weight", "right_proj.weight", "left_gate.weight", "right_g
            "to_out.weight")
 
 
-@torch.no_grad()
-def custom_kernel(data):
+_LAYOUTS: dict[tuple, tuple] = {}  # sizes -> the workspace's bytes and each intermediate's (offset, dtype, shape)
+
+
+def _layout(bsz, n, d, h):
+    """Where each intermediate lies in the workspace, 256-byte aligned: packed weights, x̂, left,
+    right, the output gate, O. A function of the sizes and this file's constants only."""
+    key = (bsz, n, d, h)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        f16 = torch.float16
+        o_dtype = f16 if O_DTYPE == "fp16" else torch.float32
+        hmaps = (bsz, h, n, n)
+        parts, total = [], 0
+        for dtype, shape in ((f16, (6 * h * d,)), (f16, (bsz * n * n, d)), (f16, hmaps), (f16, hmaps), (f16, hmaps),
+                             (o_dtype, hmaps)):
+            parts.append((total, dtype, shape))
+            total += -(-math.prod(shape) * dtype.itemsize // 256) * 256
+        hit = _LAYOUTS[key] = (total, parts)
+    return hit
+
+
+def _intermediates(bsz, n, d, h, device, raw):
+    """(what must stay alive until the call returns, [pack, xn, left, right, gate, o]): tensors, or with
+    `raw` their data pointers. Fresh on every call (ONE_WORKSPACE: one allocation, else one each)."""
+    total, parts = _layout(bsz, n, d, h)
+    if ONE_WORKSPACE:
+        ws = torch.empty(total, dtype=torch.uint8, device=device)
+        if raw:
+            base = ws.data_ptr()
+            return ws, [base + off for off, _, _ in parts]
+        return ws, [ws[off:off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+                    for off, dtype, shape in parts]
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for _, dtype, shape in parts]
+    return tensors, [t.data_ptr() for t in tensors] if raw else tensors
+
+
+def custom_kernel(data):  # no autograd context: every output is a fresh tensor written by Triton kernels
     x, mask, w, config = data
     bsz, n, _, d = x.shape
     h = config["hidden_dim"]
@@ -333,55 +549,66 @@ def custom_kernel(data):
     emulate = x.device.type == "cpu"  # CPU tensors mean Triton's interpreter
     x = x.contiguous()
 
-    def box(t: torch.Tensor, shape: list[int]) -> TensorDescriptor:
-        return TensorDescriptor.from_tensor(t, shape)
+    mask_rows = (mask if mask.dtype == torch.float32 and mask.is_contiguous()  # the kernel reads it as [B*N*N]
+                 else mask.reshape(m_rows).to(torch.float32).contiguous())
+    inputs = (x, mask_rows, *[w[name].contiguous() for name in _PACKED],
+              w["norm.weight"], w["norm.bias"], w["to_out_norm.weight"], w["to_out_norm.bias"])
+    ptrs = [t.data_ptr() for t in inputs]
+    call_key = _call_key(inputs, ptrs, bsz, n, d, h)
+    # RAW_POINTERS: pointers as integers once this key's kernels have all been launched through Triton.
+    stream = _current_stream() if RAW_POINTERS and call_key is not None and call_key in _READY else None
+    x_, mask_, *weights, norm_w, norm_b, out_norm_w, out_norm_b = inputs if stream is None else ptrs
 
-    # The five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
-    pack = torch.empty(6 * hd, device=x.device, dtype=torch.float16)
-    w_in = pack[: 5 * hd].view(5 * h, d)
-    w_out = pack[5 * hd:].view(d, h)
-    mask_rows = mask.reshape(m_rows).to(torch.float32).contiguous()
-    xn = torch.empty((m_rows, d), device=x.device, dtype=torch.float16)  # x̂
-    ln_programs = triton.cdiv(m_rows, LN_BLOCK_M)
-    _launch(_layernorm_kernel, (ln_programs + 6 * triton.cdiv(hd, PACK_BLOCK),),
-            (x, w["norm.weight"], w["norm.bias"], xn, m_rows, d, EPS, ln_programs,
-             *(w[name].contiguous() for name in _PACKED), pack, hd,
-             LN_BLOCK_M, triton.next_power_of_2(d), PACK_BLOCK), num_warps=LN_WARPS)
+    # pack: the five input projections stacked as [5H, D], then the output projection [D, H], in fp16.
+    # xn: x̂ [B*N*N, D]. left, right, gate: [B, H, N, N] fp16. o: [B, H, N, N] in O_DTYPE.
+    keep, (pack, xn, left, right, gate, o) = _intermediates(bsz, n, d, h, x.device, stream is not None)
+    f16 = torch.float16
+    o_dtype = f16 if O_DTYPE == "fp16" else torch.float32
+    if stream is None:
+        w_in, w_out = pack[: 5 * hd].view(5 * h, d), pack[5 * hd:].view(d, h)
+    else:
+        w_in, w_out = pack, pack + 5 * hd * f16.itemsize
+    ln_programs = _cdiv(m_rows, LN_BLOCK_M)
+    _launch(_layernorm_kernel, (ln_programs + 6 * _cdiv(hd, PACK_BLOCK),),
+            (x_, norm_w, norm_b, xn, m_rows, d, EPS, ln_programs, *weights, pack, hd,
+             LN_BLOCK_M, 1 << (d - 1).bit_length(), PACK_BLOCK), _key("layernorm", call_key), stream,
+            num_warps=LN_WARPS)
 
-    left = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16)
-    right = torch.empty_like(left)
-    gate = torch.empty_like(left)
     block_h = min(PROJ_BLOCK_H, h // 2)  # an output-gate job takes 2·block_h channels
     jobs = 2 * (h // block_h) + h // (2 * block_h)
     tma = PROJ_TMA and (d * 2) % 16 == 0
     tma_store = tma and nn % PROJ_BLOCK_M == 0 and (nn * 2) % 16 == 0
-    descs = (box(xn, [PROJ_BLOCK_M, PROJ_BLOCK_K]), box(w_in, [block_h, PROJ_BLOCK_K])) if tma else (None, None)
-    descs += tuple(box(t.view(bsz * h, nn), [block_h, PROJ_BLOCK_M]) if tma_store else None
+    descs = ((_Desc(xn, f16, (m_rows, d), (d, 1), (PROJ_BLOCK_M, PROJ_BLOCK_K)),
+              _Desc(w_in, f16, (5 * h, d), (d, 1), (block_h, PROJ_BLOCK_K))) if tma else (None, None))
+    descs += tuple(_Desc(t, f16, (bsz * h, nn), (nn, 1), (block_h, PROJ_BLOCK_M)) if tma_store else None
                    for t in (left, right, gate))
-    _launch(_project_kernel, (triton.cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
-            (xn, mask_rows, w_in, left, right, gate, m_rows, nn, d, *descs,
+    _launch(_project_kernel, (_cdiv(m_rows, PROJ_BLOCK_M) * jobs,),
+            (xn, mask_, w_in, left, right, gate, m_rows, nn, d, *descs,
              h, PROJ_BLOCK_M, PROJ_BLOCK_K, block_h, tma, tma_store, emulate),
-            num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
-    del xn
+            _key("project", call_key), stream, num_warps=PROJ_WARPS, num_stages=PROJ_STAGES)
 
-    o = torch.empty((bsz, h, n, n), device=x.device, dtype=torch.float16 if O_DTYPE == "fp16" else torch.float32)
-    grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(n, BLOCK_N), bsz * h)
-    if CONTRACT_TMA and (n * left.element_size()) % 16 == 0 and (n * o.element_size()) % 16 == 0:
-        def desc(t, rows, cols):
-            return box(t.view(bsz * h, n, n), [1, rows, cols])
+    grid = (_cdiv(n, BLOCK_M), _cdiv(n, BLOCK_N), bsz * h)
+    if CONTRACT_TMA and (n * f16.itemsize) % 16 == 0 and (n * o_dtype.itemsize) % 16 == 0:
+        def desc(t, dtype, rows, cols):
+            return _Desc(t, dtype, (bsz * h, n, n), (nn, n, 1), (1, rows, cols))
         _launch(_contract_tma_kernel, grid,
-                (desc(left, BLOCK_M, BLOCK_K), desc(right, BLOCK_N, BLOCK_K), desc(o, BLOCK_M, BLOCK_N), n,
-                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                (desc(left, f16, BLOCK_M, BLOCK_K), desc(right, f16, BLOCK_N, BLOCK_K), desc(o, o_dtype, BLOCK_M, BLOCK_N), n,
+                 BLOCK_M, BLOCK_N, BLOCK_K, emulate), _key("contract_tma", call_key), stream,
+                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
         _launch(_contract_kernel, grid, (left, right, o, n, BLOCK_M, BLOCK_N, BLOCK_K, emulate),
-                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    del left, right
+                _key("contract", call_key), stream, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
     y = torch.empty((bsz, n, n, d), device=x.device, dtype=torch.float32)
-    tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o.element_size()) % 16 == 0 and (d * 4) % 16 == 0
-    descs = ((box(o.view(bsz * h, nn), [h, OUT_BLOCK_M]), box(gate.view(bsz * h, nn), [h, OUT_BLOCK_M]),
-              box(y.view(m_rows, d), [OUT_BLOCK_M, OUT_BLOCK_D])) if tma else (None, None, None))
-    _launch(_output_kernel, (triton.cdiv(m_rows, OUT_BLOCK_M),),
-            (o, gate, w["to_out_norm.weight"], w["to_out_norm.bias"], w_out, y, m_rows, nn, d, EPS, *descs,
-             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), num_warps=OUT_WARPS)
+    y_ = y if stream is None else y.data_ptr()
+    tma = OUT_TMA and nn % OUT_BLOCK_M == 0 and (nn * o_dtype.itemsize) % 16 == 0 and (d * 4) % 16 == 0
+    descs = ((_Desc(o, o_dtype, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(gate, f16, (bsz * h, nn), (nn, 1), (h, OUT_BLOCK_M)),
+              _Desc(y_, torch.float32, (m_rows, d), (d, 1), (OUT_BLOCK_M, OUT_BLOCK_D))) if tma else (None, None, None))
+    _launch(_output_kernel, (_cdiv(m_rows, OUT_BLOCK_M),),
+            (o, gate, out_norm_w, out_norm_b, w_out, y_, m_rows, nn, d, EPS, *descs,
+             h, OUT_BLOCK_M, OUT_BLOCK_D, tma, emulate), _key("output", call_key), stream, num_warps=OUT_WARPS)
+    if stream is None and call_key is not None and DIRECT_LAUNCH and isinstance(_output_kernel, JITFunction):
+        _READY.add(call_key)
+    del keep  # the intermediates are freed here, after every launch that uses them was queued
     return y

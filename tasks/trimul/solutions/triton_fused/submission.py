@@ -44,7 +44,8 @@ LN_BLOCK_M = 16  # tunable: [4, 8, 16]
 LN_WARPS = 4  # tunable: [4, 8]
 # 2. projections: rows of x per program, the D chunk per step, hidden channels per projection.
 # 256 rows read each pair's weights half as often (every row block reads them all from L2); with
-# 4 warps its two accumulators spill (sm_90: 255 registers, 1 KB of stack), with 8 warps they do not.
+# 4 warps its two accumulators spill (sm_90: 255 registers, 1 KB of stack), with 8 warps they do not,
+# but on an H200 256 rows at 8 warps were 1.18x slower than the default (docs/benchmarks.md).
 PROJ_BLOCK_M = 128  # tunable: [64, 128, 256]
 PROJ_BLOCK_K = 64  # tunable: [32, 64]
 PROJ_BLOCK_H = 64  # tunable: [32, 64]

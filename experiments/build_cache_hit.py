@@ -31,7 +31,7 @@ def main() -> None:
 
     import ray
     import torch
-    from ksearch_ray.actors.builder import build_extension, node_cache
+    from ksearch_ray.actors.build_task import build_extension, node_cache
 
     from ksearch_ray.evaluation.buildcache import BuildTarget
     from ksearch_ray.evaluation.builder import Builder

@@ -36,7 +36,9 @@ try:
 except ImportError:  # a checkout without an install: the package beside this folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ksearch_ray.experiments.driver import (
+from ksearch_ray.studies.final_check import check_set, measure
+from ksearch_ray.studies.grid import Cell, Grid
+from ksearch_ray.studies.study import (
     arguments,
     fail,
     grid_from,
@@ -45,8 +47,6 @@ from ksearch_ray.experiments.driver import (
     say,
     write_provenance,
 )
-from ksearch_ray.experiments.grid import Cell, Grid
-from ksearch_ray.experiments.measure import check_set, measure
 
 CHECKS = "checks.json"
 
@@ -110,8 +110,8 @@ def _has_cuda() -> bool:
 
 
 def _check_as_job(request: dict, args: argparse.Namespace, device: str) -> list[dict]:
-    from ksearch_ray.experiments.driver import checkout
-    from ksearch_ray.experiments.launch import JobLauncher
+    from ksearch_ray.studies.launch import JobLauncher
+    from ksearch_ray.studies.study import checkout
 
     out = args.out.resolve() / "checks"
     out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ def _check_as_job(request: dict, args: argparse.Namespace, device: str) -> list[
     request = {**request, "output": str(out / f"{Path(request['task']).name}.json")}
     path.write_text(json.dumps(request, indent=1))
     jobs = JobLauncher(args.ray_address, args.out, say, working_dir=checkout())
-    job = jobs.submit(["python", "-m", "ksearch_ray.experiments.measure", str(path)], gpus=1 if device == "cuda" else 0)
+    job = jobs.submit(["python", "-m", "ksearch_ray.studies.final_check", str(path)], gpus=1 if device == "cuda" else 0)
     code, logs = jobs.wait(job)
     (out / f"{Path(request['task']).name}.log").write_text(logs)
     if code != 0:
@@ -176,9 +176,9 @@ def write_results(out: Path, evals: pl.DataFrame, runs: pl.DataFrame, checks: pl
                   check_name: str | None) -> None:
     import polars as pl
 
+    from ksearch_ray.analysis.curves import Axis, curves, method_table
+    from ksearch_ray.analysis.markdown import markdown, method_markdown, runs_markdown
     from ksearch_ray.analysis.plots import progress_figure
-    from ksearch_ray.analysis.summary import Axis, curves, method_table
-    from ksearch_ray.analysis.tables import markdown, method_markdown, runs_markdown
 
     parts = ["# Comparison of search methods\n", provenance(out),
              "Speedups are over the task's baseline measured on the same machine; `mean ± sd (runs)` over seeds. "

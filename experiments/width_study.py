@@ -2,7 +2,7 @@
 
     python experiments/width_study.py --task trimul --device cpu --widths 1 2 --seeds 2 --rounds 4 --out /tmp/ws
     python experiments/width_study.py --task trimul --widths 1 2 4 8 16 32 --seeds 3 --rounds 64 --out runs/width
-    python experiments/width_study.py --config experiments/width.yaml --out /shared/width --ray-address http://head:8265
+    python experiments/width_study.py --config my_widths.yaml --out /shared/width --ray-address http://head:8265
 
 Every cell is a `ksearch run` (the K-Search method unless --method says otherwise) in its own run
 directory under --out/runs; complete cells are skipped and unfinished ones resumed. Per width, over
@@ -34,7 +34,7 @@ except ImportError:  # a checkout without an install: the package beside this fo
 import json
 from typing import Any
 
-from ksearch_ray.experiments.driver import (
+from ksearch_ray.studies.study import (
     arguments,
     fail,
     grid_from,
@@ -77,11 +77,11 @@ def report(out: Path, target_flag: float | None) -> None:
     """Parquet, width.md and the plots, from the run directories under `out`."""
     import polars as pl
 
+    from ksearch_ray.analysis.curves import curves, width_table
+    from ksearch_ray.analysis.markdown import width_markdown
     from ksearch_ray.analysis.plots import progress_figure, width_figure
     from ksearch_ray.analysis.records import find_runs
     from ksearch_ray.analysis.runs import read_runs
-    from ksearch_ray.analysis.summary import curves, width_table
-    from ksearch_ray.analysis.tables import width_markdown
 
     study: dict[str, Any] = json.loads((out / STUDY).read_text()) if (out / STUDY).is_file() else {}
     run_dirs = find_runs(out / "runs")

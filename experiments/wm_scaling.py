@@ -19,7 +19,7 @@ import time
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.models import Status
 from ksearch_ray.policies.contract import PlanRequest
-from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 from ksearch_ray.taskspec.task import find_task
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.render import render_world_model

@@ -24,7 +24,7 @@ from ksearch_ray.taskspec.spec import TaskError
 from ksearch_ray.taskspec.task import find_task, solution_from_file
 
 if TYPE_CHECKING:
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
 # In a pipe, help is plain text (click's), which wraps without cutting: rich's tables end long defaults in "…".
 RICH_HELP = sys.stdout.isatty()
@@ -156,7 +156,7 @@ def eval_(
         fail(str(exc))
 
     from ksearch_ray.config import EvaluationConfig
-    from ksearch_ray.evaluation.sandbox.client import SandboxError
+    from ksearch_ray.evaluation.sandbox.handle import SandboxError
     from ksearch_ray.run.evaluators import build_evaluator
 
     if max_calls is not None and max_calls < 3:
@@ -380,7 +380,7 @@ def show(
             if run.torn:
                 err.print(run.torn, highlight=False, markup=False, soft_wrap=True)
             if as_json:
-                from ksearch_ray.report.summary import summarize
+                from ksearch_ray.report.run_summary import summarize
 
                 print(summarize(run).model_dump_json(indent=2))
                 return
@@ -600,7 +600,7 @@ def _loaded(run_dir: Path) -> Iterator[Run]:
     of the cyclic collector, which would otherwise walk every event again each time new objects pile up."""
     import gc
 
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
     run = Run.load(run_dir)
     gc.freeze()
@@ -624,7 +624,7 @@ def _run_search(go) -> None:
     error (resumable), 4 ended without evaluating a candidate of its own (the first line says why),
     130 interrupted (resumable)."""
     from ksearch_ray.config import ConfigError
-    from ksearch_ray.evaluation.sandbox.client import SandboxError
+    from ksearch_ray.evaluation.sandbox.handle import SandboxError
     from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
     from ksearch_ray.run.outcome import NOTHING_EVALUATED_EXIT, nothing_evaluated, outcome_lines
     from ksearch_ray.store import RunDirError

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ksearch_ray.config import BUDGET_KEYS, ConfigError, RunConfig, validate_config
-from ksearch_ray.evaluation.sandbox.client import SandboxError
+from ksearch_ray.evaluation.sandbox.handle import SandboxError
 from ksearch_ray.events import Stopped
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.errors import RunInterrupted, RunStopped, SearchError
@@ -209,7 +209,7 @@ class _Backend:
 
     def search(self, config: RunConfig, task: Task, store: RunStore, **options: Any) -> Search:
         if self.ray:
-            from ksearch_ray.distributed.driver import ray_search
+            from ksearch_ray.distributed.ray_backends import ray_search
 
             return ray_search(config, task, store, **options)
         from ksearch_ray.run.local import local_search

@@ -63,8 +63,8 @@ def _every_view_of_a_run_agrees(request):
 def _views_agree(run_dir: Path) -> None:
     from ksearch_ray.analysis.records import read_run
     from ksearch_ray.report.html import render
-    from ksearch_ray.report.summary import summarize
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_summary import summarize
+    from ksearch_ray.report.run_tables import Run
 
     run = Run.load(run_dir)
     shown = summarize(run, with_tree=False)

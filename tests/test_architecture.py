@@ -4,7 +4,13 @@ data flows one way, no two modules import each other, and Ray is imported at its
 from __future__ import annotations
 
 import ast
+import io
+import re
+import subprocess
+import tokenize
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 
@@ -19,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ksearch_ray.run", "ksearch_ray.report", "ksearch_ray.analysis", "ksearch_ray.tracking"),
     ("ksearch_ray.actors",),
     ("ksearch_ray.distributed",),
-    ("ksearch_ray.session", "ksearch_ray.experiments"),
+    ("ksearch_ray.session", "ksearch_ray.studies"),
     ("ksearch_ray.cli", "ksearch_ray.__main__"),
 ]
 """Bottom to top: a module may import its own package and anything in a lower layer, nothing above."""
@@ -255,10 +261,6 @@ def test_the_engine_is_the_runs_life_and_hands_the_rest_to_its_services():
     assert len(attributes) <= ENGINE_ATTRIBUTES, sorted(attributes)
 
 
-REEXPORTS_LEFT = {("ksearch_ray.evaluation.evaluator", "TimingPolicy")}
-"""Names still taken from a module that only imports them (issue 41: to go, not to grow)."""
-
-
 def _defined_and_imported(tree: ast.Module) -> tuple[set[str], set[str]]:
     defined, imported = set(), set()
     for node in ast.walk(tree):
@@ -298,10 +300,118 @@ def _parsed(paths: list[Path]) -> dict[str, ast.Module]:
 def test_a_name_is_imported_from_the_module_that_defines_it():
     package = {m: ast.parse(p.read_text()) for m, p in modules().items()}
     importers = _parsed([p for d in ("ksearch_ray", "actors", "tests", "experiments") for p in (ROOT / d).rglob("*.py")])
-    assert reexports_used(package, importers) <= REEXPORTS_LEFT
+    assert reexports_used(package, importers) == set()
 
 
 def test_the_reexport_check_finds_a_name_taken_from_a_module_that_only_imports_it():
     package = {"a": ast.parse("X = 1\n"), "b": ast.parse("from a import X\nY = X\n")}
     importer = {"c": ast.parse("from b import X, Y\n")}
     assert reexports_used(package, importer) == {("b", "X")}
+
+
+# --- one name, one thing; docs that name what exists ------------------------------------------------------
+
+
+def duplicate_basenames(paths: list[Path]) -> dict[str, list[str]]:
+    """Module file names (not `__init__.py`) that more than one module of the package uses."""
+    seen: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_every_module_has_a_name_of_its_own():
+    assert duplicate_basenames(list(modules().values())) == {}
+
+
+def test_the_basename_check_finds_two_modules_of_one_name():
+    paths = [ROOT / "ksearch_ray/a/store.py", ROOT / "ksearch_ray/b/store.py", ROOT / "ksearch_ray/b/__init__.py",
+             ROOT / "ksearch_ray/a/__init__.py"]
+    assert duplicate_basenames(paths) == {"store.py": ["ksearch_ray/a/store.py", "ksearch_ray/b/store.py"]}
+
+
+PATH_IN_TEXT = re.compile(r"(?<![\w./~$<>{-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md|sh|yaml|json|c|toml))\b")
+DOTTED_IN_TEXT = re.compile(r"\bksearch_ray((?:\.[A-Za-z_]\w*)+)")
+INSTALLED = {"bundled_tasks"}
+"""Packages installed under `ksearch_ray.` from folders of data, not modules (pyproject's package-dir)."""
+ARCHIVE = "\n## Archive"
+"""Where docs/benchmarks.md's archive starts: records of what was run then, under the names it had then."""
+
+
+def prose(path: Path) -> str:
+    """What a path holds for people: a document's text (not a benchmarks archive), or a module's comments and
+    docstrings (string literals the code uses are data, not prose)."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        return text.split(ARCHIVE)[0]
+    out = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT or (token.type == tokenize.STRING and token.string.lstrip("rbfu").startswith(('"""', "'''"))):
+                out.append(token.string)
+    except (tokenize.TokenError, SyntaxError):  # test data that does not parse on purpose
+        return ""
+    return "\n".join(out)
+
+
+def stale_names(texts: dict[str, str], files: list[str], package: dict[str, ast.Module]) -> list[str]:
+    """Paths and `ksearch_ray.` names in prose that name nothing in the repository: a path under one of the
+    repository's folders (whole, from the package's folder, or a tail such as `run/engine.py`) that no file has,
+    a dotted name whose module does not exist, or one that names something its module does not define."""
+    folders = {Path(f).parts[0] for f in files if len(Path(f).parts) > 1}
+    folders |= {part for f in files if f.startswith(("ksearch_ray/", "actors/")) for part in Path(f).parts[1:-1]}
+    tracked = set(files)
+    found = []
+    for where, text in texts.items():
+        for match in PATH_IN_TEXT.finditer(text):
+            path = match.group(1)
+            if path.split("/")[0] not in folders:
+                continue  # another project's path (GPUMode's, a solution's own files), or a placeholder
+            if path in tracked or f"ksearch_ray/{path}" in tracked or any(f.endswith("/" + path) for f in files):
+                continue
+            found.append(f"{where}: {path}")
+        for match in DOTTED_IN_TEXT.finditer(text):
+            parts = ["ksearch_ray", *match.group(1).strip(".").split(".")]
+            if parts[1] in INSTALLED:
+                continue
+            cut = max((i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in package), default=0)
+            if cut == 0:
+                found.append(f"{where}: {'.'.join(parts)}")
+                continue
+            if cut < len(parts):
+                defined = {n.name for n in ast.walk(package[".".join(parts[:cut])])
+                           if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+                defined |= {t.id for n in ast.walk(package[".".join(parts[:cut])])
+                            if isinstance(n, ast.Assign | ast.AnnAssign)
+                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+                defined |= {a.asname or a.name for n in ast.walk(package[".".join(parts[:cut])])
+                            if isinstance(n, ast.ImportFrom | ast.Import) for a in n.names}
+                if parts[cut] not in defined:
+                    found.append(f"{where}: {'.'.join(parts)}")
+    return found
+
+
+def _tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.split()
+    if not out:
+        pytest.skip("not a git checkout")
+    return out
+
+
+def test_docs_and_comments_name_only_what_exists():
+    files = _tracked()
+    texts = {f: prose(ROOT / f) for f in files
+             if (f.endswith(".md") and not f.startswith("tasks/"))
+             or (f.endswith(".py") and f.split("/")[0] in ("ksearch_ray", "actors", "tests", "experiments"))}
+    package = {m: ast.parse(p.read_text()) for m, p in modules().items()}
+    assert stale_names(texts, files, package) == []
+
+
+def test_the_stale_name_check_finds_a_path_and_a_name_that_are_gone():
+    files = ["ksearch_ray/run/engine.py", "ksearch_ray/run/__init__.py", "docs/a.md"]
+    package = {"ksearch_ray.run.engine": ast.parse("class Search: ...\n"), "ksearch_ray.run": ast.parse("")}
+    text = ("`run/engine.py` and `ksearch_ray.run.engine.Search` exist; `run/search.py`, `ksearch_ray.search.engine` and "
+            "`ksearch_ray.run.engine.Gone` do not; GPUMode's problems/bioml/trimul/eval.py is not ours.")
+    assert stale_names({"docs/a.md": text}, files, package) == [
+        "docs/a.md: run/search.py", "docs/a.md: ksearch_ray.search.engine", "docs/a.md: ksearch_ray.run.engine.Gone"]

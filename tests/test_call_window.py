@@ -22,8 +22,8 @@ from ksearch_ray.evaluation.sandbox import clock, harness, integrity, timer
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.handover import Exporter
 from ksearch_ray.evaluation.sandbox.protocol import Tick, TimeCmd, WorkItem
-from ksearch_ray.evaluation.session import Session
 from ksearch_ray.evaluation.settings import Limits, TimingPolicy
+from ksearch_ray.evaluation.worker_session import Session
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task, find_task, solution_from_file
 

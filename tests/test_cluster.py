@@ -30,7 +30,7 @@ def _scratch(tmpdir: Path) -> Path:
 
 
 def _sandboxes(node_tmp: Path) -> list[Path]:
-    """The evaluators' private sandbox folders on that node (sandbox.client.default_work_root)."""
+    """The evaluators' private sandbox folders on that node (sandbox.handle.default_work_root)."""
     return list((node_tmp / "ksearch").glob("sandbox-*"))
 
 

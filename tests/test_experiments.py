@@ -20,10 +20,10 @@ from ksearch_ray.analysis.records import read_run
 from ksearch_ray.analysis.runs import EVALUATION_SCHEMA, RUN_SCHEMA
 from ksearch_ray.config import validate_config
 from ksearch_ray.events import Resume, RunEnd
-from ksearch_ray.experiments.driver import grid_from
-from ksearch_ray.experiments.grid import Cell, cells
-from ksearch_ray.experiments.launch import CellState, cell_command, cell_state
 from ksearch_ray.store import RunStore
+from ksearch_ray.studies.grid import Cell, cells
+from ksearch_ray.studies.launch import CellState, cell_command, cell_state
+from ksearch_ray.studies.study import grid_from
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"
@@ -42,7 +42,7 @@ def readme_command(start: str) -> list[str]:
     """The README's command line that begins with `start`, as its argument list (continuations joined)."""
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
     line = next(line for line in text.splitlines() if line.startswith(start))
-    return shlex.split(line.split("#")[0])[2:]  # drop "python experiments/x.py"
+    return shlex.split(line.split("#")[0])[2:]  # drop "python" and the script
 
 
 def grid_cells(name: str, argv: list[str]) -> list[Cell]:

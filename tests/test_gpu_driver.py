@@ -121,7 +121,7 @@ def test_an_evaluator_actor_on_such_a_node_stops_the_run_with_that_line(ray_sess
     """On a real Ray worker that loads the stand-in driver: the actor's first call raises the line
     (not "the actor died", which the pool would retry three times and then report without it)."""
     import torch
-    from ksearch_ray.actors.evaluator import EvaluatorActor
+    from ksearch_ray.actors.evaluator_actor import EvaluatorActor
 
     from ksearch_ray.config import EvaluationConfig
 

@@ -12,9 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ksearch_ray.evaluation.sandbox.client import default_work_root
+from ksearch_ray.evaluation.sandbox.handle import default_work_root
 
-MAKE = ("import sys, time; from ksearch_ray.evaluation.sandbox.client import default_work_root; "
+MAKE = ("import sys, time; from ksearch_ray.evaluation.sandbox.handle import default_work_root; "
         "print(default_work_root(), flush=True); time.sleep(600)")
 
 
@@ -58,7 +58,7 @@ def test_ray_agents_whose_cluster_is_gone_are_killed_and_a_live_clusters_are_not
     whose parent is a (stand-in) raylet. Measured before: orphaned agents lived 61-65 s after kill -9."""
     import time
 
-    from ksearch_ray.distributed.leftovers import sweep_agents
+    from ksearch_ray.distributed.stale_agents import sweep_agents
 
     orphan_maker = subprocess.run(["bash", "-c", "(exec -a ray::DashboardAgent sleep 600 </dev/null >/dev/null 2>&1) & echo $!"],
                                   capture_output=True, text=True, check=True)
@@ -99,7 +99,7 @@ def test_a_local_ray_dies_with_its_driver_killed_with_sigkill(tmp_path):
     Measured before: the dashboard and runtime-env agents lived 61-65 s."""
     import time
 
-    from ksearch_ray.distributed.leftovers import _argv0
+    from ksearch_ray.distributed.stale_agents import _argv0
     from ksearch_ray.distributed.watchdog import _parents, descendants
 
     data = Path(__file__).parent / "data"
@@ -178,7 +178,7 @@ def test_the_pids_cgroups_of_a_killed_zygote_are_swept_with_their_processes_and_
 
 
 def test_a_sandbox_removes_its_zygotes_pids_cgroups_when_it_closes(tmp_path):
-    from ksearch_ray.evaluation.sandbox.client import Sandbox
+    from ksearch_ray.evaluation.sandbox.handle import Sandbox
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
     from ksearch_ray.evaluation.sandbox.pids import remove
 

@@ -18,10 +18,10 @@ import pytest
 from fake_llm_server import Completion, FakeLLMServer, HTTPError, Malformed, RateLimited, always
 
 from ksearch_ray.config import LLMConfig
-from ksearch_ray.policies.llm.client import LiteLLMClient
+from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, extract_ops
 from ksearch_ray.policies.llm.prompting import CALL_KINDS, PromptError, format_sources, render
-from ksearch_ray.policies.llm.store import ResponseCache
+from ksearch_ray.policies.llm.reply_cache import ResponseCache
 from ksearch_ray.policies.llm.types import LLMError
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
@@ -484,7 +484,7 @@ def _plan_request():  # type: ignore[no-untyped-def]
 
 
 def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_again_without() -> None:
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
     from ksearch_ray.policies.llm.types import fatal_error
 
     ops = [{"op": "add_question", "text": "which tunable matters?"}]
@@ -502,7 +502,7 @@ def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_agai
 
 
 def test_an_unusable_planner_reply_is_asked_again_once_with_the_reasons() -> None:
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 
     script = [Completion('```json\n[{"op": "update", "node": "n99", "score": 0.5}]\n```'),
               Completion('```json\n[{"op": "add_question", "text": "q"}]\n```')]
@@ -621,7 +621,7 @@ def test_concurrent_calls_that_all_meet_a_refused_parameter_each_send_it_again_w
 
 
 def test_a_400_on_a_structured_call_falls_back_for_that_call_only() -> None:
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 
     ops = [{"op": "add_question", "text": "q"}]
     script = [HTTPError(400, "invalid request"), Completion(json.dumps({"ops": ops})),
@@ -637,7 +637,7 @@ def test_a_400_on_a_structured_call_falls_back_for_that_call_only() -> None:
 
 
 def test_an_empty_reply_is_asked_again_without_an_empty_assistant_message() -> None:
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 
     script = [Completion(""), Completion('```json\n{"ops": [{"op": "add_question", "text": "q"}]}\n```')]
     with FakeLLMServer(script) as server:
@@ -651,7 +651,7 @@ def test_an_empty_reply_is_asked_again_without_an_empty_assistant_message() -> N
 def test_coder_prompts_keep_the_budget_by_giving_way_in_order() -> None:
     from ksearch_ray.models import Solution
     from ksearch_ray.policies.contract import Attempt, CodeRequest
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
     from ksearch_ray.policies.llm.types import LLMCall, LLMReply
     from ksearch_ray.taskspec.task import find_task
     from ksearch_ray.worldmodel.tree import new_tree

@@ -18,8 +18,8 @@ from ksearch_ray.methods.programs import ProgramDatabase, features
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import Attempt, CodeRequest, Inspiration
-from ksearch_ray.policies.llm.policy import LLMPolicy
-from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.llm.llm_policy import LLMPolicy
+from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.policies.standin.player import Player, section
 from ksearch_ray.run.engine import Search
 from ksearch_ray.store import RunStore

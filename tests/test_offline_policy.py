@@ -26,7 +26,7 @@ from ksearch_ray.policies.contract import (
     PlanRequest,
 )
 from ksearch_ray.policies.offline.configs import parse_action
-from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.taskspec.task import Task
 from ksearch_ray.taskspec.tunables import read_tunables
 from ksearch_ray.worldmodel.ops import apply_ops

@@ -39,8 +39,8 @@ from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest
 from ksearch_ray.policies.llm.views import profile_section
 from ksearch_ray.report.html import render
-from ksearch_ray.report.summary import summarize
-from ksearch_ray.report.tables import Run
+from ksearch_ray.report.run_summary import summarize
+from ksearch_ray.report.run_tables import Run
 from ksearch_ray.taskspec.task import Task, solution_from_file
 
 DATA = Path(__file__).parent / "data"

@@ -29,7 +29,7 @@ from ksearch_ray.policies.contract import (
     WorkloadShape,
     WorkloadTime,
 )
-from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 from ksearch_ray.policies.llm.types import LLMCall, LLMReply
 from ksearch_ray.taskspec.task import Task, find_task
 from ksearch_ray.taskspec.tunables import rewrite_tunables

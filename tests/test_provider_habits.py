@@ -21,7 +21,7 @@ from local_backends import FakeEvaluators, local_search, settings
 
 from ksearch_ray.events import Candidate, CycleEnd, LlmCallEvent, Outage, RunView, Stopped
 from ksearch_ray.models import Solution, Status
-from ksearch_ray.policies.llm.policy import LLMPolicy
+from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.policies.standin.server import StandIn
 from ksearch_ray.run.engine import Search
@@ -112,7 +112,7 @@ def test_an_outage_spends_no_round_and_the_run_finishes_once_the_provider_answer
     # A followed log and the report say it too.
     from ksearch_ray.report.console import event_line
     from ksearch_ray.report.html import render
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
     said = [event_line(o, 0.0) or "" for o in outages]
     assert "the LLM provider is failing" in said[0] and "answers again" in said[1]

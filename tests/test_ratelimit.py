@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ksearch_ray.config import LLMConfig
-from ksearch_ray.policies.llm.client import LiteLLMClient
+from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.ratelimit import SLACK, LocalLimiter, RateBook
 from ksearch_ray.policies.llm.types import LLMError
 from ksearch_ray.policies.standin.habits import Habits

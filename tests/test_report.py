@@ -206,7 +206,7 @@ def test_follow_in_a_terminal_draws_a_finished_run_once_and_returns(watched):
 
 def test_report_of_a_run_that_has_only_just_started_says_what_is_missing(tmp_path):
     from ksearch_ray.report.html import render
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
     run_dir = tmp_path / "fresh"
     run_dir.mkdir()
@@ -475,7 +475,7 @@ def test_the_per_workload_table_shows_the_measurement_the_headline_speedup_comes
     best's speedup comes from the first, so the per-workload table must show that one, not the repeat."""
     from ksearch_ray.events import Baseline, Best, Remeasure, Seed
     from ksearch_ray.models import EvalResult, Solution, Timing, WorkloadResult
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
     from ksearch_ray.store import RunStore
 
     def measured(solution: Solution, ms: float) -> EvalResult:

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from ksearch_ray.evaluation.evaluator import Evaluator
-from ksearch_ray.evaluation.sandbox.client import WorkerHandle
+from ksearch_ray.evaluation.sandbox.handle import WorkerHandle
 from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.models import Status
 from ksearch_ray.taskspec.task import Task

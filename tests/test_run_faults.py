@@ -20,7 +20,7 @@ from ksearch_ray import session
 from ksearch_ray.events import Candidate, PolicyFault, RunView
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.run.errors import RunStopped
 from ksearch_ray.run.local import LocalPolicy
 from ksearch_ray.run.progress import PlainLines

@@ -284,7 +284,7 @@ def test_a_share_of_the_time_spaces_the_baselines_repeats_out(tmp_path):
 def test_the_cpu_sandbox_runs_pytorch_on_one_thread_unless_the_user_says_otherwise(monkeypatch):
     """On a loaded 2-core machine TriMul's baseline took 270-650 ms on two threads and 20-118 ms on one, and its
     noise was half as wide: candidates on the CPU path run with OMP_NUM_THREADS=1 unless the user set it."""
-    from ksearch_ray.evaluation.sandbox.client import scrubbed_environment
+    from ksearch_ray.evaluation.sandbox.handle import scrubbed_environment
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert scrubbed_environment("cpu")["OMP_NUM_THREADS"] == "1"

@@ -163,7 +163,7 @@ def test_no_process_survives_the_evaluation(request, toy, tmp_path, name, mode):
 _ON_A_HOST_WITHOUT_USERNS = """
 import sys
 from ksearch_ray.evaluation.evaluator import Evaluator, Limits
-from ksearch_ray.evaluation.sandbox.client import SandboxError
+from ksearch_ray.evaluation.sandbox.handle import SandboxError
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.taskspec.task import Task
 try:

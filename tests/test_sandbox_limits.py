@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ksearch_ray.evaluation.evaluator import Evaluator
-from ksearch_ray.evaluation.sandbox.client import IsolationReport
+from ksearch_ray.evaluation.sandbox.handle import IsolationReport
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.pids import locate, members
 from ksearch_ray.evaluation.sandbox.resources import Resources, host_root, read_tail, watch

@@ -17,12 +17,12 @@ from fake_llm_server import Completion, FakeLLMServer, RecordedRequest
 from local_backends import settings
 
 from ksearch_ray.evaluation.evaluator import Evaluator
-from ksearch_ray.evaluation.sandbox.client import allowed_variable
+from ksearch_ray.evaluation.sandbox.handle import allowed_variable
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.settings import Limits
 from ksearch_ray.models import Status
 from ksearch_ray.report.html import write_report
-from ksearch_ray.report.tables import Run
+from ksearch_ray.report.run_tables import Run
 from ksearch_ray.session import start
 from ksearch_ray.taskspec.task import Task, solution_from_file
 from ksearch_ray.text import REDACTED, Redactor, secret_values

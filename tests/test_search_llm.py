@@ -151,7 +151,7 @@ def test_llm_search_survives_buggy_kernels_llm_errors_and_malformed_replies(ray_
     from rich.console import Console
 
     from ksearch_ray.report.console import print_run
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
     console = Console(record=True, width=200)
     print_run(console, Run.load(run_dir))

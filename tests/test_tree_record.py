@@ -21,7 +21,7 @@ from test_run_faults import judge
 
 from ksearch_ray import session, tree_record
 from ksearch_ray.events import RunView
-from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.run import local
 from ksearch_ray.run.local import LocalPolicy
 from ksearch_ray.run.progress import PlainLines
@@ -233,7 +233,7 @@ def test_the_world_model_actor_records_every_version_and_checkpoints_when_releas
     """On Ray: the actor writes the record, and the driver's release has it write its last checkpoint."""
     import asyncio
 
-    from ksearch_ray.distributed.driver import RayWorldModel
+    from ksearch_ray.distributed.ray_backends import RayWorldModel
     from ksearch_ray.worldmodel.state import WorldModelState
 
     store = RunStore.create(tmp_path / "run", {"run_id": "run"})

@@ -9,7 +9,7 @@ from test_methods import Recording, by_tunables, run, search
 
 from ksearch_ray.config import SearchConfig
 from ksearch_ray.events import RunView
-from ksearch_ray.policies.offline.policy import OfflinePolicy
+from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.taskspec.tunables import read_tunables
 
 
@@ -99,7 +99,7 @@ def test_the_tuner_through_the_real_stack_from_the_command_line(tmp_path):
 
 def test_show_report_and_the_experiment_frames_find_a_tuned_best(tmp_path):
     from ksearch_ray.analysis.runs import read_runs
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_tables import Run
 
     s = search(tmp_path, Recording(OfflinePolicy()), FakeEvaluators(by_tunables()), method="refine", width=1, rounds=1,
                autotune_variants=6)

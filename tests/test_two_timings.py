@@ -18,9 +18,9 @@ from rich.console import Console
 from ksearch_ray.analysis.records import figures
 from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.judge import Judge
-from ksearch_ray.evaluation.session import RunSpec
 from ksearch_ray.evaluation.settings import Limits, TimingPolicy
 from ksearch_ray.evaluation.timing import time_command
+from ksearch_ray.evaluation.worker_session import RunSpec
 from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 from ksearch_ray.report.console import print_eval
 from ksearch_ray.taskspec.flashinfer_traces import Environment, trace_records

@@ -1,2 +1,2 @@
 """Experiments' analysis: run directories into polars frames (`runs`), summaries over seeds
-(`summary`), Markdown tables (`tables`) and plots (`plots`). Reads run directories only."""
+(`curves`), Markdown tables (`markdown`) and plots (`plots`). Reads run directories only."""

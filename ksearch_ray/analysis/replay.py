@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ksearch_ray.events import Event, RunView, WmCall
 from ksearch_ray.policies.llm.parsing import read_plan
-from ksearch_ray.policies.llm.store import ResponseCache
+from ksearch_ray.policies.llm.reply_cache import ResponseCache
 from ksearch_ray.store import RunDirError, RunStore
 from ksearch_ray.worldmodel.api import ApplyOps
 from ksearch_ray.worldmodel.tree import ROOT_ID, Tree

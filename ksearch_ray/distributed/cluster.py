@@ -10,7 +10,7 @@ from typing import Any
 import ray
 
 from ksearch_ray.config import RunConfig
-from ksearch_ray.distributed.leftovers import sweep_agents
+from ksearch_ray.distributed.stale_agents import sweep_agents
 from ksearch_ray.distributed.watchdog import guard
 from ksearch_ray.run.errors import SearchError
 

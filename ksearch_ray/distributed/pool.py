@@ -5,7 +5,7 @@ whichever evaluator is free first (`evaluate`) or from one evaluator in particul
 (`evaluate_on`: baselines and re-timing are measured on each GPU itself).
 
 * **Builds ahead of time.** A CUDA/C++ candidate is handed to a build task (CPUs only, any
-  node; ksearch_ray.actors.builder) the moment it is submitted, before it waits for a GPU. A
+  node; ksearch_ray.actors.build_task) the moment it is submitted, before it waits for a GPU. A
   compile error comes back as a COMPILE_ERROR verdict without an evaluator (index `BUILDER`);
   a library that built is passed to the evaluator through the object store (its node fetches
   the bytes) and only loaded and measured there. Each node also keeps a build cache.
@@ -127,7 +127,7 @@ class RayEvaluatorPool:
     # --- evaluator actors ------------------------------------------------------------------------
 
     def _make(self, index: int) -> Any:
-        from ksearch_ray.actors.evaluator import EvaluatorActor
+        from ksearch_ray.actors.evaluator_actor import EvaluatorActor
 
         gpus = 1 if self.device == "cuda" or self.config.evaluation.evaluator_gpus else 0
         return (self.actor_class or EvaluatorActor).options(
@@ -209,7 +209,7 @@ class RayEvaluatorPool:
         if key in self._builds:
             self.build_hits += 1
             return self._builds[key]
-        from ksearch_ray.actors.builder import build_extension
+        from ksearch_ray.actors.build_task import build_extension
 
         options: dict[str, Any] = {"num_cpus": self.config.cluster.build_cpus}
         if self.config.cluster.build_resource:

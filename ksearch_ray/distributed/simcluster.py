@@ -209,7 +209,7 @@ def simulate(s: SimSettings, run_dir: Path) -> dict[str, Any]:
     """One search on the simulated cluster; its figures (see `experiments/sim_cluster.py`)."""
     import ray
 
-    from ksearch_ray.distributed.driver import ray_search
+    from ksearch_ray.distributed.ray_backends import ray_search
     from ksearch_ray.policies.standin.server import StandIn
     from ksearch_ray.store import RunStore
     from ksearch_ray.taskspec.task import find_task

@@ -10,7 +10,7 @@ candidate-supplied sources through the compiler, so it runs there, never in this
       wait for `built` / `fail` (or a timeout, or its death); kill its process group
       read the library the worker left, hash it, cache it (compile errors too), return it
 
-The library is returned as bytes: the Ray task that calls this (ksearch_ray.actors.builder)
+The library is returned as bytes: the Ray task that calls this (ksearch_ray.actors.build_task)
 puts it in the object store, from which the evaluator's node fetches it.
 """
 
@@ -32,7 +32,7 @@ from ksearch_ray.evaluation.buildcache import (
 )
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.evaluation.sandbox.handle import Sandbox
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
 from ksearch_ray.evaluation.sandbox.resources import LOG_TAIL_BYTES, Resources, read_tail

@@ -34,7 +34,7 @@ from ksearch_ray.evaluation.profiling import ProfileResult, ProfilerFound, run_p
 from ksearch_ray.evaluation.reference import SandboxedReference
 from ksearch_ray.evaluation.retime import RetimeResult, retime
 from ksearch_ray.evaluation.sandbox import leftovers
-from ksearch_ray.evaluation.sandbox.client import (
+from ksearch_ray.evaluation.sandbox.handle import (
     Sandbox,
     SandboxError,
     declared_environment,
@@ -55,9 +55,9 @@ from ksearch_ray.evaluation.sandbox.protocol import (
 )
 from ksearch_ray.evaluation.sandbox.resources import Resources
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
-from ksearch_ray.evaluation.session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
+from ksearch_ray.evaluation.worker_session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.models import EvalResult, Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.spec import TaskError, Workload
 from ksearch_ray.taskspec.task import Task

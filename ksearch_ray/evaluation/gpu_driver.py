@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ksearch_ray.evaluation.sandbox.client import SandboxError
+from ksearch_ray.evaluation.sandbox.handle import SandboxError
 
 
 class GpuDriverError(SandboxError):

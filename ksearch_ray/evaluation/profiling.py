@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ksearch_ray.evaluation.ncu import KernelProfile, ProfileError, known_failure, parse_ncu_log, read_log
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox
+from ksearch_ray.evaluation.sandbox.handle import Sandbox
 from ksearch_ray.evaluation.sandbox.profiler import BUILD_FAILED, CALL_FAILED, INPUTS_FAILED
 from ksearch_ray.evaluation.sandbox.protocol import Profiled, ProfileJob, ProtocolError, parse_report
 from ksearch_ray.models import EvalResult

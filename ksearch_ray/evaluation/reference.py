@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel
 
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox, SandboxError, WorkerHandle, declared_environment
+from ksearch_ray.evaluation.sandbox.handle import Sandbox, SandboxError, WorkerHandle, declared_environment
 from ksearch_ray.evaluation.sandbox.handover import HandoverError, Importer
 from ksearch_ray.evaluation.sandbox.protocol import (
     Fail,

@@ -53,7 +53,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     WorkItem,
 )
 from ksearch_ray.evaluation.seeds import call_seed
-from ksearch_ray.evaluation.session import Session
+from ksearch_ray.evaluation.worker_session import Session
 from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.taskspec.task import Task
 

@@ -32,8 +32,8 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     WorkItem,
 )
 from ksearch_ray.evaluation.seeds import call_seed
-from ksearch_ray.evaluation.session import Failure, RunSpec, Session
 from ksearch_ray.evaluation.settings import TimingPolicy
+from ksearch_ray.evaluation.worker_session import Failure, RunSpec, Session
 from ksearch_ray.models import Status, Timing
 from ksearch_ray.taskspec.spec import Workload
 

@@ -21,9 +21,9 @@ def make_policy(llm: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path
     """The LLM policy when a model is configured, else the offline policy. litellm is imported here,
     inside whatever process calls (a Ray actor builds its own: litellm's clients are not picklable)."""
     if llm.model is None:
-        from ksearch_ray.policies.offline.policy import OfflinePolicy
+        from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 
         return OfflinePolicy()
-    from ksearch_ray.policies.llm.policy import LLMPolicy
+    from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 
     return LLMPolicy(llm, cache_dir=cache_dir, prompts_dir=prompts_dir, limiter=limiter)

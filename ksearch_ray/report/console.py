@@ -43,8 +43,8 @@ from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.render import format_speedup, render_tree
 
 if TYPE_CHECKING:
-    from ksearch_ray.report.summary import RunSummary
-    from ksearch_ray.report.tables import Run
+    from ksearch_ray.report.run_summary import RunSummary
+    from ksearch_ray.report.run_tables import Run
 
 # The views of runs (summary, tables) need polars; `ksearch eval` does not, and imports this module
 # on machines that may lack it (the lent GPU machine): those views import it where they are drawn.
@@ -245,7 +245,7 @@ def ledger_table(summary: RunSummary) -> Table | None:
 
 def print_run(console: Console, run: Run) -> None:
     """`ksearch show`: everything comes from the run directory."""
-    from ksearch_ray.report.summary import summarize
+    from ksearch_ray.report.run_summary import summarize
     summary_ = summarize(run)
     for line in header_lines(summary_, last_event_t=run.last_event_t):
         say(console, line)
@@ -294,7 +294,7 @@ def figures_table(run: Run) -> Table | None:
 
 
 def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:
-    from ksearch_ray.report.tables import Origin
+    from ksearch_ray.report.run_tables import Origin
     frame = run.evaluations
     rows = [r for r in frame.iter_rows(named=True) if r["origin"] == Origin.CANDIDATE]
     if failed_only:
@@ -318,7 +318,7 @@ def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None =
 
 def live_view(run: Run, *, now: float | None = None) -> RenderableType:
     """What `ksearch show --follow` redraws in a terminal."""
-    from ksearch_ray.report.summary import summarize
+    from ksearch_ray.report.run_summary import summarize
     summary_ = summarize(run, with_tree=False)
     parts: list[RenderableType] = [Text("\n".join(header_lines(summary_, now=now, last_event_t=run.last_event_t)))]
     if summary_.cycles_open:

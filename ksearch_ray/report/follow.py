@@ -17,7 +17,7 @@ from rich.live import Live
 
 from ksearch_ray.events import Event, EventError, RunView, parse_event
 from ksearch_ray.report.console import event_line, live_view, say
-from ksearch_ray.report.tables import Run
+from ksearch_ray.report.run_tables import Run
 from ksearch_ray.store import RunDirError, RunStore, read_manifest
 
 POLL_S = 0.5

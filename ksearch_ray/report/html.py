@@ -22,7 +22,7 @@ from ksearch_ray.events import NO_CODE
 from ksearch_ray.measure import format_noise, with_noise
 from ksearch_ray.models import Status
 from ksearch_ray.report import svg
-from ksearch_ray.report.tables import Origin, Run
+from ksearch_ray.report.run_tables import Origin, Run
 from ksearch_ray.worldmodel.render import format_speedup
 from ksearch_ray.worldmodel.tree import (
     ROOT_ID,

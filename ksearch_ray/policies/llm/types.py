@@ -1,8 +1,8 @@
 """The LLM call interface: the per-call record, replies, errors and the client protocol (the model's
 settings are the run configuration's `llm` section, `config.LLMConfig`).
 
-The cache and ledger (`ksearch_ray.policies.llm.store`) and the litellm client
-(`ksearch_ray.policies.llm.client`) both build on it; import these names from here.
+The cache and ledger (`ksearch_ray.policies.llm.reply_cache`) and the litellm client
+(`ksearch_ray.policies.llm.litellm_client`) both build on it; import these names from here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The offline policy as coder: generate, debug, improve and evolve replies that rewrite tunables.
 
-See `ksearch_ray.policies.offline.policy` for the whole design.
+See `ksearch_ray.policies.offline.offline_policy` for the whole design.
 """
 
 from __future__ import annotations

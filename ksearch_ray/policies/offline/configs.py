@@ -1,7 +1,7 @@
 """Configs and actions of the offline policy, and the search space of one request.
 
 A config is (seed name, tunable values); an action's description carries it as machine-readable
-`seed:` / `tunables:` lines. See `ksearch_ray.policies.offline.policy` for the whole design.
+`seed:` / `tunables:` lines. See `ksearch_ray.policies.offline.offline_policy` for the whole design.
 """
 
 from __future__ import annotations

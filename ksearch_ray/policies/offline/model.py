@@ -1,6 +1,6 @@
 """The offline policy's learned model: observations, the per-change effect fit, and ranking.
 
-See `ksearch_ray.policies.offline.policy` for the whole design.
+See `ksearch_ray.policies.offline.offline_policy` for the whole design.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The offline policy as planner: initialize, propose, refine and too-hard replies.
 
-See `ksearch_ray.policies.offline.policy` for the whole design.
+See `ksearch_ray.policies.offline.offline_policy` for the whole design.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ksearch_ray.policies.standin.loopback import LoopbackServer
 from ksearch_ray.policies.standin.player import Player
 
 CONTINUE_MARK = "Your reply was cut off at the length limit"
-"""How the client asks for the rest of a cut reply (`llm.policy.CONTINUE`)."""
+"""How the client asks for the rest of a cut reply (`llm.llm_policy.CONTINUE`)."""
 
 
 @dataclass

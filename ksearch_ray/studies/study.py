@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ksearch_ray.config import ConfigError
-from ksearch_ray.experiments.grid import Cell, Grid, cells, load_grid
-from ksearch_ray.experiments.launch import GridError, JobLauncher, LocalLauncher, Outcome
+from ksearch_ray.studies.grid import Cell, Grid, cells, load_grid
+from ksearch_ray.studies.launch import GridError, JobLauncher, LocalLauncher, Outcome
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ empty stream; a stream that ends or breaks before its finish) is asked again onc
 streaming, and when that answers the client streams no more (`stream_off`). A stream that never
 sends `[DONE]` is read up to its finish and usage. Every token billed is in the call's record, a cut
 stream's included (estimated). The call interface lives in `llm.types` and the response cache in
-`llm.store`; import them from there.
+`llm.reply_cache`; import them from there.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import tenacity
 
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.policies.llm.ratelimit import Limiter, take_slot
-from ksearch_ray.policies.llm.store import CachedReply, ResponseCache
+from ksearch_ray.policies.llm.reply_cache import CachedReply, ResponseCache
 from ksearch_ray.policies.llm.types import ErrorKind, LLMCall, LLMError, LLMReply, Message
 from ksearch_ray.text import clip as clip_line
 

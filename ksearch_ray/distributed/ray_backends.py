@@ -88,7 +88,7 @@ class RayPolicy:
         self._turn = 0
 
     def _make(self) -> Any:
-        from ksearch_ray.actors.policy import PolicyActor
+        from ksearch_ray.actors.policy_actor import PolicyActor
 
         return PolicyActor.options(max_concurrency=self.config.llm.concurrency, **pinned()).remote(
             self.role, self.config.llm.model_dump_json(), str(self.store.cache_dir), None, self.limiter

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ksearch_ray.report.tables import Run
+from ksearch_ray.report.run_tables import Run
 
 
 class LedgerRow(BaseModel):

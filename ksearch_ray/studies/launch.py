@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from ksearch_ray.analysis.records import read_run
-from ksearch_ray.experiments.grid import Cell
+from ksearch_ray.studies.grid import Cell
 
 
 class GridError(Exception):

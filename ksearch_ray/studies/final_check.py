@@ -6,7 +6,7 @@ is measured once.
 A best's speedup over the baseline and over each reference is the ratio of scores measured here,
 in this one session: never a number carried over from a search on another machine.
 
-On a cluster it runs as a Ray job on a GPU node: `python -m ksearch_ray.experiments.measure REQUEST.json`
+On a cluster it runs as a Ray job on a GPU node: `python -m ksearch_ray.studies.final_check REQUEST.json`
 reads what to measure and writes the rows to the request's `output` path.
 """
 

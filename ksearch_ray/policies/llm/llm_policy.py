@@ -25,11 +25,11 @@ from typing import Any, Literal
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.models import Solution
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.llm.client import LiteLLMClient
+from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, read_plan
 from ksearch_ray.policies.llm.prompting import format_sources, render
 from ksearch_ray.policies.llm.ratelimit import Limiter
-from ksearch_ray.policies.llm.store import ResponseCache
+from ksearch_ray.policies.llm.reply_cache import ResponseCache
 from ksearch_ray.policies.llm.types import LLMCall, LLMClient, LLMError, LLMReply, error_class
 from ksearch_ray.policies.llm.views import (
     CHARS_PER_TOKEN,
@@ -366,7 +366,7 @@ def _wants_structured(config: LLMConfig) -> bool:
     if config.structured_output != "auto":
         return config.structured_output == "on"
     try:
-        from ksearch_ray.policies.llm.client import _import_litellm
+        from ksearch_ray.policies.llm.litellm_client import _import_litellm
 
         return bool(_import_litellm().supports_response_schema(model=config.model))
     except Exception:  # noqa: BLE001  (litellm raises for models it does not know: then it is not supported)

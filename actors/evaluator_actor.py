@@ -21,7 +21,7 @@ class EvaluatorActor:
                  secret_names: list[str | None] | None = None, secret: int | None = None):
         """The sandbox lives in a private folder of this actor's node, outside any run directory (the run
         directory exists on the driver's node only); `close` removes it."""
-        from ksearch_ray.actors.builder import node_cache
+        from ksearch_ray.actors.build_task import node_cache
 
         self.device = device
         self.node = ray.get_runtime_context().get_node_id()

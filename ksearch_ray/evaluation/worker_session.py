@@ -25,7 +25,7 @@ from ksearch_ray.evaluation.buildcache import BuildRecord
 from ksearch_ray.evaluation.compare import Comparison
 from ksearch_ray.evaluation.judge import Judge
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.client import Sandbox, WorkerHandle
+from ksearch_ray.evaluation.sandbox.handle import Sandbox, WorkerHandle
 from ksearch_ray.evaluation.sandbox.handover import HandoverError, Importer
 from ksearch_ray.evaluation.sandbox.protocol import (
     Fail,

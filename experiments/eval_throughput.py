@@ -2,7 +2,7 @@
 
 Runs against whichever ksearch-ray is importable (this checkout, or an older one put first on
 PYTHONPATH), so the same command measures the code before and after a change side by side
-(experiments/h200_eval_throughput.sh runs both in one call). For each task and solution it
+(experiments/gpu/h200_eval_throughput.sh runs both in one call). For each task and solution it
 evaluates the candidate `--repeats` times in one warm evaluator (the sandbox's zygote started
 beforehand, as in a search) and records, per evaluation:
 

@@ -3,14 +3,14 @@
 # about two minutes: FlashInfer's kernel alone (`flashinfer_kernel`: plan() as the trusted untimed
 # `prepare` step) against plan-plus-kernel (`flashinfer`), side by side, and the Triton seed
 # against the kernel alone. Carry .gpubundle (site, flashinfer). Results under $OUT.
-#   bash experiments/h200_flashinfer_kernel.sh
+#   bash experiments/gpu/h200_flashinfer_kernel.sh
 set -uo pipefail
 mkdir -p /tmp/site && for b in .gpubundle/site.tar.xz .gpubundle/flashinfer.tar.xz; do tar xJf $b -C /tmp/site; done
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 export FLASHINFER_WORKSPACE_BASE=$PWD/.ficache  # one JIT cache for the warm-up and every sandboxed worker
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 GQA=gqa_paged_decode_h32_kv4_d128_ps1
-{ date -u; nvidia-smi -L; echo "sources $(bash experiments/source_hash.sh)"; } | tee "$OUT/machine.txt"
+{ date -u; nvidia-smi -L; echo "sources $(bash experiments/gpu/source_hash.sh)"; } | tee "$OUT/machine.txt"
 timeout 90 python3 experiments/flashinfer_warmup.py gqa 2>&1 | grep -v Warning | tail -3
 for pair in "flashinfer_kernel flashinfer" "triton_seed flashinfer_kernel"; do
   set -- $pair

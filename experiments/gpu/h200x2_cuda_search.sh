@@ -15,7 +15,7 @@ WIDTH=${WIDTH:-12}    # cycles in parallel: enough candidates to cover a build's
 GQA=gqa_paged_decode_h32_kv4_d128_ps1
 { nvidia-smi -L; nproc; free -g | head -2; date -u; nvcc --version | tail -2
   python3 -c "import torch, triton, ray, cutlass_library; print(torch.__version__, triton.__version__, ray.__version__)"
-  echo "sources $(bash experiments/source_hash.sh)"; } 2>&1 | tee "$OUT/machine.txt"
+  echo "sources $(bash experiments/gpu/source_hash.sh)"; } 2>&1 | tee "$OUT/machine.txt"
 
 # The task with its CUDA seed only (and the reference baseline), so that every candidate is CUDA:
 # the offline policy would otherwise also switch to the Triton seed.

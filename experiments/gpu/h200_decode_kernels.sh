@@ -14,10 +14,10 @@
 # experiments/decode_kernels.py for each step. Carry the bundles site and flashinfer (BUNDLES: where
 # they are; default .gpubundle), not the whole folder (llm.tar.xz would take the call past 64 MiB).
 # Results land in $OUT as one tarball.
-#   bash experiments/h200_decode_kernels.sh
-#   TASK=mla_decode bash experiments/h200_decode_kernels.sh
-#   TASK=mla_prefill bash experiments/h200_decode_kernels.sh
-#   TASK=moe bash experiments/h200_decode_kernels.sh   # issue 25: triton_grouped, scored against the reference
+#   bash experiments/gpu/h200_decode_kernels.sh
+#   TASK=mla_decode bash experiments/gpu/h200_decode_kernels.sh
+#   TASK=mla_prefill bash experiments/gpu/h200_decode_kernels.sh
+#   TASK=moe bash experiments/gpu/h200_decode_kernels.sh   # issue 25: triton_grouped, scored against the reference
 # For TASK=moe the last solution (BASELINE) is the task's PyTorch reference (the task has no
 # flashinfer_kernel), FlashInfer's JIT warm-up is skipped (WARMUP=1 builds the fused MoE, minutes), and
 # the graphs step times triton_grouped alone: the seed and the reference copy to the host mid-call and
@@ -53,7 +53,7 @@ SETS=${SETS:-feedback:fresh,all:fresh,feedback:reuse,all:reuse}
 SWEEP_SOLUTION=${SWEEP_SOLUTION:-$KERNEL}
 S="experiments/decode_kernels.py --task $TASK"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
-  echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"
+  echo "sources $(bash experiments/gpu/source_hash.sh) (experiments/gpu/source_hash.sh)"
   python3 -c "import flashinfer, torch, triton, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__)"
 } 2>&1 | tee "$R/machine.txt"
 echo "unpacked in $(( $(date +%s) - START )) s"

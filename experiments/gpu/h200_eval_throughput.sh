@@ -11,7 +11,7 @@
 #      those 180 s and disturb every other figure, so it is not run).
 # Results (JSON, logs) land in $OUT. Needs the ray+pydantic bundle: BUNDLE=path/to/site.tar.xz.
 #
-#   BEFORE=../wt18-before BUNDLE=../../.gpubundle/site.tar.xz bash experiments/h200_eval_throughput.sh
+#   BEFORE=../wt18-before BUNDLE=../../.gpubundle/site.tar.xz bash experiments/gpu/h200_eval_throughput.sh
 set -uo pipefail
 mkdir -p /tmp/site && tar xJf "${BUNDLE:-.gpubundle/site.tar.xz}" -C /tmp/site
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 # The refactored search on the H200, as a user runs it: the GPU sandbox tests, the README's first
 # command, and a short offline TriMul search through a local Ray (the default path), then the same
 # run read back by show --json. One call; outputs under $OUT (tarred by the caller's command).
-#   BUNDLE=.gpubundle/site.tar.xz bash experiments/h200_search_check.sh
+#   BUNDLE=.gpubundle/site.tar.xz bash experiments/gpu/h200_search_check.sh
 set -uo pipefail
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 mkdir -p /tmp/site && tar xJf "${BUNDLE:-.gpubundle/site.tar.xz}" -C /tmp/site

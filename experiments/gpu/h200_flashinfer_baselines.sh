@@ -4,7 +4,7 @@
 # sandbox with isolation required, every seed against both, and the destination-passing CUDA
 # solution in FlashInfer-Bench's format. See experiments/flashinfer_baselines.py for what it runs.
 # Carry the bundles site, flashinfer and cutlass-headers (BUNDLES: where they are; default .gpubundle).
-#   bash experiments/h200_flashinfer_baselines.sh
+#   bash experiments/gpu/h200_flashinfer_baselines.sh
 set -uo pipefail
 START=$(date +%s)
 BUNDLES=${BUNDLES:-.gpubundle}
@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 CUDA_
 # call replaces). The sandbox mounts it read-only; each worker mirrors it into a workspace of its own.
 export FLASHINFER_WORKSPACE_BASE=/tmp/ficache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ date -u; nvidia-smi -L; cat GITREV 2>/dev/null || echo "sources $(bash experiments/source_hash.sh)"; which ninja nvcc; ninja --version
+{ date -u; nvidia-smi -L; cat GITREV 2>/dev/null || echo "sources $(bash experiments/gpu/source_hash.sh)"; which ninja nvcc; ninja --version
   python3 -c "import flashinfer, torch, triton; print('flashinfer', flashinfer.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/machine.txt"
 echo "unpacked in $(( $(date +%s) - START )) s"

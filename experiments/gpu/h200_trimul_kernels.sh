@@ -6,7 +6,7 @@
 # profile). Results land in $OUT as one tarball.
 # Needs the ray+pydantic bundle carried: .gpubundle/site.tar.xz.
 #   SOLUTIONS=triton_fused,triton_seed,baseline SETS=tests:fresh,tests:reuse,benchmarks:fresh \
-#   bash experiments/h200_trimul_kernels.sh
+#   bash experiments/gpu/h200_trimul_kernels.sh
 set -uo pipefail
 mkdir -p /tmp/site && tar xJf .gpubundle/site.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
@@ -17,7 +17,7 @@ PROFILE=${PROFILE:-triton_fused}
 S=experiments/trimul_kernels.py
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"
-  echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"; date -u; } > "$R/gpu.txt" 2>&1
+  echo "sources $(bash experiments/gpu/source_hash.sh) (experiments/gpu/source_hash.sh)"; date -u; } > "$R/gpu.txt" 2>&1
 cat "$R/gpu.txt"
 if [ "${EVAL:-1}" = 1 ]; then
   ( time timeout "${EVAL_S:-240}" python3 $S eval --solutions "$SOLUTIONS" --sets "$SETS" --out "$R/eval.json" ) 2>&1 | tee "$R/eval.log" | grep -v "^ *$"

@@ -12,7 +12,7 @@
 # Everything lands in $OUT: gpu.txt, pytest.txt, overhead.json, tf32_{fresh,reuse}.json,
 # candidate_{fresh,reuse}.json, candidate_retime.json, summary.txt.
 #
-#   [EVALS_ONLY=1] bash experiments/h200_integrity.sh [CANDIDATE.py]
+#   [EVALS_ONLY=1] bash experiments/gpu/h200_integrity.sh [CANDIDATE.py]
 set -uo pipefail
 mkdir -p /tmp/site && tar xJf .gpubundle/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1

@@ -9,7 +9,7 @@
 #              docs/benchmarks.md), so it resumes from .ficache/ while the machine stays warm.
 # Nothing else may run beside `attention`: the baselines plan on the host every call, so a busy
 # CPU slows them (seen: a compile beside them inverted the tensor-core comparison below).
-# Usage: bash experiments/h200_flashinfer_lib.sh attention|tunables|moe
+# Usage: bash experiments/gpu/h200_flashinfer_lib.sh attention|tunables|moe
 set -uo pipefail
 PHASE=${1:?attention, tunables or moe}
 START=$(date +%s)

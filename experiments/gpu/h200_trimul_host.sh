@@ -4,7 +4,7 @@
 # then the evaluator's verdicts with both figures (kernel: graph replay; call) for EVAL_SOLUTIONS
 # on SETS under --isolation require. Carry .gpubundle_s/site.tar.xz (ray+pydantic) and, for
 # K-Search's published kernel, .external/ksearch_best.py. Results land in $OUT as one tarball.
-#   bash experiments/h200_trimul_host.sh
+#   bash experiments/gpu/h200_trimul_host.sh
 set -uo pipefail
 mkdir -p /tmp/site && tar xJf "${BUNDLES:-.gpubundle_s}/site.tar.xz" -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
@@ -15,7 +15,7 @@ SETS=${SETS:-tests:fresh,benchmarks:fresh}
 S=experiments/trimul_kernels.py
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"
-  echo "sources $(bash experiments/source_hash.sh) (experiments/source_hash.sh)"; date -u; } > "$R/gpu.txt" 2>&1
+  echo "sources $(bash experiments/gpu/source_hash.sh) (experiments/gpu/source_hash.sh)"; date -u; } > "$R/gpu.txt" 2>&1
 cat "$R/gpu.txt"
 timeout "${HOST_S:-150}" python3 $S host --solutions "$SOLUTIONS" --out "$R/host.json" 2>&1 | tee "$R/host.log"
 if [ "${EVAL:-1}" = 1 ]; then

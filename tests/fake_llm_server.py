@@ -1,4 +1,7 @@
-"""A real OpenAI-compatible HTTP server on loopback, driven by a script, for testing the LLM layer.
+"""A real OpenAI-compatible HTTP server on loopback, driven by a script, for testing the LLM layer's wire
+handling. It is not a model (the stand-in, `ksearch_ray.policies.standin`, is the one that plays a model):
+each step says exactly what the next reply is. It shares the stand-in's server and wire format
+(`policies/standin/loopback.py`).
 
 The point is to exercise litellm's real HTTP client (status mapping, timeouts, JSON decoding)
 rather than a mock of it. Each incoming chat request takes the next step of the script:
@@ -19,13 +22,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from ksearch_ray.policies.standin.loopback import LoopbackServer
+from ksearch_ray.policies.standin.loopback import (
+    LoopbackServer,
+    WireHandler,
+    chunks_of,
+    completion_body,
+    wants_usage,
+)
 
 
 @dataclass(frozen=True)
@@ -130,68 +137,19 @@ def _message(step: Completion) -> dict[str, Any]:
     return message
 
 
-def _chunks(step: Completion, requested_model: str, usage: bool) -> list[dict[str, Any]]:
-    """The completion as stream chunks: the reasoning, the content and the tool call's arguments in
-    pieces, then the finish reason, then (when asked) the usage."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": step.model or requested_model}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    for key, text in (("reasoning_content", step.reasoning), ("content", step.text)):
-        if text:
-            size = max(len(text) // 3, 1)
-            out += [chunk({key: text[i:i + size]}) for i in range(0, len(text), size)]
-    if step.tool_arguments is not None:
-        out.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                          "function": {"name": "answer", "arguments": ""}}]}))
-        size = max(len(step.tool_arguments) // 2, 1)
-        out += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": step.tool_arguments[i:i + size]}}]})
-                for i in range(0, len(step.tool_arguments), size)]
-    out.append(chunk({}, step.finish_reason))
-    if usage:
-        out.append(head | {"choices": [], "usage": {"prompt_tokens": step.prompt_tokens,
-                                                    "completion_tokens": step.completion_tokens,
-                                                    "total_tokens": step.prompt_tokens + step.completion_tokens}})
-    return out
-
-
 def _completion_body(step: Completion, requested_model: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": step.model or requested_model,
-        "choices": [
-            {
-                "index": 0,
-                "message": _message(step),
-                "finish_reason": step.finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": step.prompt_tokens,
-            "completion_tokens": step.completion_tokens,
-            "total_tokens": step.prompt_tokens + step.completion_tokens,
-        },
-    }
+    return completion_body(_message(step), step.model or requested_model, finish=step.finish_reason,
+                           prompt_tokens=step.prompt_tokens, completion_tokens=step.completion_tokens)
 
 
-def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature is http.server's
-            pass  # keep test output clean; requests are recorded on the server instead
-
+def _make_handler(server: FakeLLMServer) -> type[WireHandler]:
+    class Handler(WireHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server naming
             if self.path.rstrip("/") in ("/v1/models", "/models"):
                 server._record(RecordedRequest("GET", self.path, dict(self.headers), None))
-                self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                self.send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
             else:
-                self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
         def do_POST(self) -> None:  # noqa: N802 - http.server naming
             length = int(self.headers.get("Content-Length") or 0)
@@ -201,7 +159,7 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 body = raw.decode(errors="replace")
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             step = server._record_and_pick(RecordedRequest("POST", self.path, dict(self.headers), body))
             server._sleep(step.delay_s)
@@ -210,56 +168,19 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             match step:
                 case Completion():
                     model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
+                    completion = _completion_body(step, model)
                     if isinstance(body, dict) and body.get("stream"):
-                        usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                        self._send_stream(_chunks(step, model, usage), step)
+                        self.send_events(chunks_of(completion, wants_usage(body)), cut_after=step.cut_after_chunks,
+                                         pause=lambda: server._sleep(step.chunk_delay_s))
                     else:
-                        self._send_json(200, _completion_body(step, model))
+                        self.send_json(200, completion)
                 case HTTPError():
                     headers = {}
                     if step.retry_after_s is not None:
                         headers["Retry-After"] = f"{step.retry_after_s:g}"
                     error = {"error": {"message": step.message, "type": "fake_error", "code": step.status}}
-                    self._send_json(step.status, error, headers)
+                    self.send_json(step.status, error, headers)
                 case Malformed():
-                    self._send_raw(200, step.body, "application/json")
-
-        def _send_stream(self, chunks: list[dict[str, Any]], step: Completion) -> None:
-            """Server-sent events, then the connection closes (so no length is needed)."""
-            self.close_connection = True
-            try:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for n, chunk in enumerate(chunks):
-                    if step.cut_after_chunks is not None and n >= step.cut_after_chunks:
-                        return  # the connection drops part way
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-                    server._sleep(step.chunk_delay_s)
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-            self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
-
-        def _send_raw(
-            self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
-        ) -> None:
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                # The client gave up (e.g. its timeout fired during a slow step); that is the test's point.
-                pass
+                    self.send_body(200, step.body)
 
     return Handler

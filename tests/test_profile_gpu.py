@@ -1,6 +1,6 @@
 """Profiles on a real GPU with the real Nsight Compute (skipped without both).
 
-Run by experiments/h200_profile_bests.sh on the H200: a profile of a known kernel names its kernels
+Run by experiments/gpu/h200_profile_bests.sh on the H200: a profile of a known kernel names its kernels
 with checked figures, and a candidate under the profiler is as confined as in an evaluation (it cannot
 write outside its job directory, find a secret or reach the host's loopback), however it forges the
 profiler's log. The same hostile candidate is profiled once with isolation off, where its writes and

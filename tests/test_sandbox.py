@@ -14,7 +14,7 @@ def test_a_read_only_flashinfer_cache_is_mirrored_into_a_workspace_of_the_worker
     """FlashInfer writes into its JIT cache at import (a log) and at a module's first use (a lock
     under cached_ops/tmp, generated sources and build.ninja where they differ); in the sandbox that
     cache is read-only. Without a GPU FlashInfer leaves the architecture level out of the path.
-    (On the H200 the same is checked for real: experiments/h200_flashinfer_baselines.sh.)"""
+    (On the H200 the same is checked for real: experiments/gpu/h200_flashinfer_baselines.sh.)"""
     shared = tmp_path / "ficache"
     arch = shared / ".cache" / "flashinfer" / os.path.join(*arch_level)
     (arch / "cached_ops" / "gqa").mkdir(parents=True)

@@ -1,6 +1,6 @@
 """The sandbox's isolation and measurement checks on a real GPU (skipped without one).
 
-Run by experiments/h200_integrity.sh on the H200: GPU access through the namespaces, the CUDA
+Run by experiments/gpu/h200_integrity.sh on the H200: GPU access through the namespaces, the CUDA
 path of the native stopwatch, the physical floor of a known GPU, CUDA-graph re-timing, and a
 TF32-switching TriMul kernel in both timing modes; every test under both objectives (kernel, call).
 """

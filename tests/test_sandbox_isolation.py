@@ -4,7 +4,7 @@ Each candidate tries one thing and returns the right answer either way; the test
 the thing did not happen (the file is unchanged, the listener heard nothing, the sibling lives,
 no process survives). The same candidates run once with isolation off, where the attack does
 work: that is what shows each test can fail. Everything runs on the CPU path through the real
-zygote and namespaces; the GPU script (experiments/h200_integrity.sh) repeats them on an H200.
+zygote and namespaces; the GPU script (experiments/gpu/h200_integrity.sh) repeats them on an H200.
 """
 
 from __future__ import annotations

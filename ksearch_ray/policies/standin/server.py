@@ -18,14 +18,18 @@ import math
 import random
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Self
 
 from ksearch_ray.policies.standin.habits import Habits
-from ksearch_ray.policies.standin.loopback import LoopbackServer
+from ksearch_ray.policies.standin.loopback import (
+    LoopbackServer,
+    WireHandler,
+    chunks_of,
+    completion_body,
+    wants_usage,
+)
 from ksearch_ray.policies.standin.player import Player
 
 CONTINUE_MARK = "Your reply was cut off at the length limit"
@@ -201,13 +205,8 @@ def _completion(answer: Answer, model: str) -> dict[str, Any]:
     elif answer.as_tool_call:
         message = {"role": "assistant", "content": None, "tool_calls": [{
             "id": "call_1", "type": "function", "function": {"name": "answer", "arguments": _tool_arguments(answer.text)}}]}
-    completion = len(answer.text) // 4
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-        "model": model, "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason}],
-        "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": completion,
-                  "total_tokens": answer.prompt_tokens + completion},
-    }
+    return completion_body(message, model, finish=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
+                           completion_tokens=len(answer.text) // 4)
 
 
 def _tool_arguments(text: str) -> str:
@@ -221,92 +220,35 @@ def _tool_arguments(text: str) -> str:
     return json.dumps({"explanation": text})
 
 
-def _chunks(answer: Answer, model: str, usage: bool) -> list[dict[str, Any]]:
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    if answer.as_tool_call:
-        out.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                          "function": {"name": "answer", "arguments": _tool_arguments(answer.text)}}]}))
-    else:
-        key = "reasoning_content" if answer.as_reasoning else "content"
-        size = max(len(answer.text) // 8, 64)
-        out += [chunk({key: answer.text[i:i + size]}) for i in range(0, len(answer.text), size)]
-    out.append(chunk({}, answer.finish_reason))
-    if usage:
-        completion = len(answer.text) // 4
-        out.append(head | {"choices": [], "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": completion,
-                                                    "total_tokens": answer.prompt_tokens + completion}})
-    return out
-
-
-def _handler(server: StandIn) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's signature)
-            pass
-
+def _handler(server: StandIn) -> type[WireHandler]:
+    class Handler(WireHandler):
         def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
             if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, server.models())
+                self.send_json(200, server.models())
             else:
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self) -> None:  # noqa: N802
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
                 return
             try:
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError:
-                self._send(400, {"error": {"message": "the request body is not JSON"}})
+                self.send_json(400, {"error": {"message": "the request body is not JSON"}})
                 return
             answer = server.respond(body)
             server.record(Exchange(body, answer.status, answer.text))
             if answer.error is not None:
-                self._send(answer.status, answer.error, answer.headers)
+                self.send_json(answer.status, answer.error, answer.headers)
                 return
             server.sleep(answer.delay_s)
-            model = str(body.get("model", "standin"))
+            completion = _completion(answer, str(body.get("model", "standin")))
             if body.get("stream"):
-                self._stream(_chunks(answer, model, bool((body.get("stream_options") or {}).get("include_usage"))))
+                self.send_events(chunks_of(completion, wants_usage(body)),
+                                 pause=lambda: server.sleep(server.habits.stream_chunk_s))
             else:
-                self._send(200, _completion(answer, model))
-
-        def _stream(self, chunks: list[dict[str, Any]]) -> None:
-            self.close_connection = True
-            try:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for chunk in chunks:
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-                    server.sleep(server.habits.stream_chunk_s)
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up; nothing to tell it
-
-        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up; nothing to tell it
+                self.send_json(200, completion)
 
     return Handler

@@ -27,14 +27,12 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, get_args
 
-from ksearch_ray.policies.standin.loopback import LoopbackServer
+from ksearch_ray.policies.standin.loopback import LoopbackServer, WireHandler, chunks_of, wants_usage
 
 Habit = Literal["ignores_stream", "no_done", "error_200", "reasoning_only", "cut_stream", "rejects_stream_options",
                 "fences", "tool_calls"]
@@ -97,54 +95,21 @@ def reshape(habit: str, completion: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
-def chunks_of(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
-    """A completion as stream chunks: content, reasoning and tool-call arguments in pieces, the finish, the usage."""
-    choice = completion["choices"][0]
-    message = choice["message"]
-    head = {"id": completion.get("id") or f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": completion.get("model", "")}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    for key in ("reasoning_content", "content"):
-        text = message.get(key) or ""
-        size = max(len(text) // 4, 1)
-        out += [chunk({key: text[i:i + size]}) for i in range(0, len(text), size)]
-    for index, call in enumerate(message.get("tool_calls") or []):
-        arguments = call["function"]["arguments"]
-        out.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-        size = max(len(arguments) // 3, 1)
-        out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[i:i + size]}}]})
-                for i in range(0, len(arguments), size)]
-    out.append(chunk({}, choice.get("finish_reason") or "stop"))
-    if usage and completion.get("usage"):
-        out.append(head | {"choices": [], "usage": completion["usage"]})
-    return out
-
-
-def _handler(server: WireHabitServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's signature)
-            pass
-
+def _handler(server: WireHabitServer) -> type[WireHandler]:
+    class Handler(WireHandler):
         def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
             try:
                 with urllib.request.urlopen(f"{server.upstream}/models", timeout=30) as response:
-                    self._json(response.status, json.load(response))
+                    self.send_json(response.status, json.load(response))
             except (OSError, ValueError) as exc:
-                self._json(502, {"error": {"message": f"upstream: {exc}"}})
+                self.send_json(502, {"error": {"message": f"upstream: {exc}"}})
 
         def do_POST(self) -> None:  # noqa: N802
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             try:
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError:
-                self._json(400, {"error": {"message": "the request body is not JSON"}})
+                self.send_json(400, {"error": {"message": "the request body is not JSON"}})
                 return
             with server._lock:
                 n = next(server._count)
@@ -152,45 +117,28 @@ def _handler(server: WireHabitServer) -> type[BaseHTTPRequestHandler]:
             habit = server.habit
             stream = bool(body.get("stream"))
             if habit == "rejects_stream_options" and "stream_options" in body:
-                self._json(400, {"error": {"message": STREAM_OPTIONS_REFUSAL, "type": "BadRequestError", "code": 400}})
+                self.send_json(400, {"error": {"message": STREAM_OPTIONS_REFUSAL, "type": "BadRequestError", "code": 400}})
                 return
             if habit == "error_200" and n % 2 == 1:
-                self._json(200, server.error_body)
+                self.send_json(200, server.error_body)
                 return
             status, completion, headers = server.ask_upstream(body)
             if status != 200 or not completion.get("choices"):
-                self._json(status, completion, headers)
+                self.send_json(status, completion, headers)
                 return
             completion = reshape(habit, completion, n)
             if not stream or habit == "ignores_stream":
-                self._json(200, completion)
+                self.send_json(200, completion)
                 return
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = chunks_of(completion, usage)
+            chunks = chunks_of(completion, wants_usage(body))
             if habit == "no_done":
                 self._chunked(chunks, hold=True)
             elif habit == "cut_stream":
                 self._chunked(chunks[: max(len(chunks) // 2, 2)], cut=True)
             elif habit == "reasoning_only":
-                self._events([c for c in chunks if c["choices"] and not c["choices"][0]["finish_reason"]], done=False)
+                self.send_events([c for c in chunks if c["choices"] and not c["choices"][0]["finish_reason"]], done=False)
             else:
-                self._events(chunks, done=True)
-
-        def _events(self, chunks: list[dict[str, Any]], *, done: bool) -> None:
-            """Server-sent events; the connection closes at the end (no length needed)."""
-            self.close_connection = True
-            try:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for chunk in chunks:
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                if done:
-                    self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away; nothing to tell it
+                self.send_events(chunks)
 
         def _chunked(self, chunks: list[dict[str, Any]], *, hold: bool = False, cut: bool = False) -> None:
             """Events in a chunked body: held open without `[DONE]` (hold), or dropped part way (cut)."""
@@ -212,19 +160,6 @@ def _handler(server: WireHabitServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError, OSError):
-                pass  # the client went away; nothing to tell it
-
-        def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away; nothing to tell it
 
     return Handler

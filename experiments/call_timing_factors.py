@@ -403,8 +403,8 @@ def fresh_processes(solution: str, count: int, deadline: float) -> list[dict[str
 def through_evaluator(task: Task, solution: str, device: str, workload_set: str, isolation: str, max_calls: int,
                       deadline: float) -> dict[str, Any]:
     from ksearch_ray.evaluation.evaluator import Evaluator
-    from ksearch_ray.evaluation.settings import TimingPolicy
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
+    from ksearch_ray.evaluation.settings import TimingPolicy
 
     base = TimingPolicy.for_device(device).model_copy(update={"max_calls": max_calls})
     configs = {"last_only": {"recheck": False}, "last_only_nographs": {"recheck": False, "graphs": False},

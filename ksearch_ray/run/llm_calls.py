@@ -214,7 +214,7 @@ class LlmCalls:
         backoff = min(llm.backoff_max_s, llm.backoff_base_s * 2 ** min(self._outage_failures - 1, 16))
         if failed.retry_after_s is not None:
             backoff = max(backoff, min(failed.retry_after_s, llm.backoff_max_s))
-        return max(min(backoff, llm.outage_s - lasted), 0.0)
+        return float(max(min(backoff, llm.outage_s - lasted), 0.0))
 
     def _provider_answered(self) -> None:
         if self.outage_since is None:

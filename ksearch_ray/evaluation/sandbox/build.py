@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ksearch_ray.evaluation.sandbox.resources import read_tail
 from ksearch_ray.text import clip
@@ -59,7 +59,7 @@ def load_entry(sol_dir: Path, language: str, entry_file: str, entry_point: str, 
     entry = getattr(module, entry_point, None)
     if not callable(entry):
         raise BuildError(f"{entry_file} defines no callable `{entry_point}`")
-    return entry
+    return cast(Callable[..., Any], entry)
 
 
 def _import_python(path: Path, module_name: str) -> Any:

@@ -117,7 +117,8 @@ class Channel:
         del self._buf[:end]
         if not hmac.compare_digest(tag, hmac.new(self.key, body, hashlib.sha256).digest()):
             raise ChannelForgery("bad message tag")
-        return json.loads(body)
+        message: dict[str, Any] = json.loads(body)
+        return message
 
     def close(self) -> None:
         while self._fds:

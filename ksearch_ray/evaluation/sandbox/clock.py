@@ -111,7 +111,7 @@ class PythonStopwatch:
         import torch
 
         self._perf = time.perf_counter
-        self._event = torch.cuda.Event
+        self._event: type[torch.cuda.Event] = torch.cuda.Event
         self._elapsed = torch.cuda.Event.elapsed_time
         self._sync = torch.cuda.synchronize
         self.fd, self.cuda, self.seq, self.in_call, self.flags = -1, False, 0, False, 0

@@ -279,7 +279,8 @@ class Sandbox:
             data = self._ctrl.recv(65536)
         if not data:
             raise ConnectionError("zygote closed its control socket")
-        return json.loads(data)
+        reply: dict[str, Any] = json.loads(data)
+        return reply
 
     # --- workers ----------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.measure import Noise, Spread, noise_of, resolution_of, score_error
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
-from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall
 from ksearch_ray.worldmodel.api import ApplyOps, WmCommand
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree

@@ -20,7 +20,7 @@ from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import EvalResult, Solution, Status, Timing, WorkloadResult
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.local import local_backends
 from ksearch_ray.store import RunStore

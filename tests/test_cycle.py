@@ -11,7 +11,7 @@ from ksearch_ray.events import RunView
 from ksearch_ray.methods.ksearch import KSearch
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest
-from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall
 from ksearch_ray.worldmodel.api import ApplyOps, Renew, SelectAndLease
 from ksearch_ray.worldmodel.tree import NodeStatus, NoteKind
 

@@ -22,7 +22,7 @@ from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import ParseError, extract_code, extract_ops
 from ksearch_ray.policies.llm.prompting import CALL_KINDS, PromptError, format_sources, render
 from ksearch_ray.policies.llm.reply_cache import ResponseCache
-from ksearch_ray.policies.llm.types import LLMError
+from ksearch_ray.policies.llm_call import LLMError
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write one."}]
 KEY_ENV = "KSEARCH_TEST_LLM_KEY"
@@ -485,7 +485,7 @@ def _plan_request():  # type: ignore[no-untyped-def]
 
 def test_structured_output_is_asked_for_and_a_provider_refusing_it_is_asked_again_without() -> None:
     from ksearch_ray.policies.llm.llm_policy import LLMPolicy
-    from ksearch_ray.policies.llm.types import fatal_error
+    from ksearch_ray.policies.llm_call import fatal_error
 
     ops = [{"op": "add_question", "text": "which tunable matters?"}]
     script = [HTTPError(400, "response_format json_schema is not supported by this model"),
@@ -597,7 +597,7 @@ def test_a_refused_max_tokens_is_sent_as_max_completion_tokens() -> None:
     (HTTPError(422, "messages.0: field required"), "bad_request"),
 ])
 def test_refusals_are_sorted_by_what_they_refuse_and_none_is_retried(step: HTTPError, kind: str) -> None:
-    from ksearch_ray.policies.llm.types import error_class
+    from ksearch_ray.policies.llm_call import error_class
 
     with FakeLLMServer(always(step)) as server:
         error = complete_error(LiteLLMClient(config_for(server)))
@@ -652,7 +652,7 @@ def test_coder_prompts_keep_the_budget_by_giving_way_in_order() -> None:
     from ksearch_ray.models import Solution
     from ksearch_ray.policies.contract import Attempt, CodeRequest
     from ksearch_ray.policies.llm.llm_policy import LLMPolicy
-    from ksearch_ray.policies.llm.types import LLMCall, LLMReply
+    from ksearch_ray.policies.llm_call import LLMCall, LLMReply
     from ksearch_ray.taskspec.task import find_task
     from ksearch_ray.worldmodel.tree import new_tree
 

@@ -30,7 +30,7 @@ from ksearch_ray.policies.contract import (
     WorkloadTime,
 )
 from ksearch_ray.policies.llm.llm_policy import LLMPolicy
-from ksearch_ray.policies.llm.types import LLMCall, LLMReply
+from ksearch_ray.policies.llm_call import LLMCall, LLMReply
 from ksearch_ray.taskspec.task import Task, find_task
 from ksearch_ray.taskspec.tunables import rewrite_tunables
 from ksearch_ray.worldmodel.ops import apply_ops

@@ -12,7 +12,7 @@ import pytest
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.ratelimit import SLACK, LocalLimiter, RateBook
-from ksearch_ray.policies.llm.types import LLMError
+from ksearch_ray.policies.llm_call import LLMError
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.policies.standin.server import StandIn
 

@@ -22,7 +22,7 @@ from ksearch_ray.events import RunView
 from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.policies.contract import CodeRequest, FailedAttempt
 from ksearch_ray.policies.llm.llm_policy import LLMPolicy
-from ksearch_ray.policies.llm.types import LLMCall, LLMReply
+from ksearch_ray.policies.llm_call import LLMCall, LLMReply
 from ksearch_ray.policies.standin.code import break_code
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.policies.standin.player import Player

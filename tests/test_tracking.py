@@ -24,7 +24,7 @@ from ksearch_ray.config import ConfigError
 from ksearch_ray.methods.registry import method_for
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.contract import CodeReply, CodeRequest
-from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.local import local_backends
 from ksearch_ray.run.progress import PlainLines

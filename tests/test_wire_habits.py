@@ -26,7 +26,7 @@ from ksearch_ray.config import LLMConfig
 from ksearch_ray.events import NoStream, RunView
 from ksearch_ray.policies.llm.litellm_client import LiteLLMClient
 from ksearch_ray.policies.llm.parsing import extract_code, read_plan
-from ksearch_ray.policies.llm.types import LLMError, error_class
+from ksearch_ray.policies.llm_call import LLMError, error_class
 from ksearch_ray.policies.standin.wire import WireHabitServer
 from ksearch_ray.store import RunStore
 

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.models import EvalResult, Solution
-from ksearch_ray.policies.llm.types import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall
 from ksearch_ray.taskspec.spec import TaskDefinition
 from ksearch_ray.worldmodel.tree import Tree
 

@@ -31,7 +31,7 @@ from ksearch_ray.policies.contract import (
     code_request,
     plan_request,
 )
-from ksearch_ray.policies.llm.types import LLMCall, error_class
+from ksearch_ray.policies.llm_call import LLMCall, error_class
 from ksearch_ray.run.backends import PolicyBackend
 from ksearch_ray.run.budget import Budget
 from ksearch_ray.run.errors import SearchError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ksearch_ray.events import Baseline, PlanFailed, Remeasure, Resume, RunView, Seed
 from ksearch_ray.measure import format_noise, with_noise
-from ksearch_ray.policies.llm.types import error_class
+from ksearch_ray.policies.llm_call import error_class
 from ksearch_ray.text import clip
 
 NOTHING_EVALUATED_EXIT = 4

@@ -18,7 +18,7 @@ without an answer (a server that ignores `stream` and sends one JSON body, which
 empty stream; a stream that ends or breaks before its finish) is asked again once without
 streaming, and when that answers the client streams no more (`stream_off`). A stream that never
 sends `[DONE]` is read up to its finish and usage. Every token billed is in the call's record, a cut
-stream's included (estimated). The call interface lives in `llm.types` and the response cache in
+stream's included (estimated). The call interface lives in `policies.llm_call` and the response cache in
 `llm.reply_cache`; import them from there.
 """
 
@@ -41,7 +41,7 @@ import tenacity
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.policies.llm.ratelimit import Limiter, take_slot
 from ksearch_ray.policies.llm.reply_cache import CachedReply, ResponseCache
-from ksearch_ray.policies.llm.types import ErrorKind, LLMCall, LLMError, LLMReply, Message
+from ksearch_ray.policies.llm_call import ErrorKind, LLMCall, LLMError, LLMReply, Message
 from ksearch_ray.text import clip as clip_line
 
 __all__ = ["LiteLLMClient", "classify_error", "request_hash"]

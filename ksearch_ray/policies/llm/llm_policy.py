@@ -30,7 +30,6 @@ from ksearch_ray.policies.llm.parsing import ParseError, extract_code, read_plan
 from ksearch_ray.policies.llm.prompting import format_sources, render
 from ksearch_ray.policies.llm.ratelimit import Limiter
 from ksearch_ray.policies.llm.reply_cache import ResponseCache
-from ksearch_ray.policies.llm.types import LLMCall, LLMClient, LLMError, LLMReply, error_class
 from ksearch_ray.policies.llm.views import (
     CHARS_PER_TOKEN,
     code_against,
@@ -48,6 +47,7 @@ from ksearch_ray.policies.llm.views import (
     result_text,
     times_text,
 )
+from ksearch_ray.policies.llm_call import LLMCall, LLMClient, LLMError, LLMReply, error_class
 from ksearch_ray.worldmodel.ops import apply_ops
 from ksearch_ray.worldmodel.render import render_node, render_world_model
 from ksearch_ray.worldmodel.tree import ROOT_ID

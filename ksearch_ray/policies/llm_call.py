@@ -1,5 +1,6 @@
 """The LLM call interface: the per-call record, replies, errors and the client protocol (the model's
-settings are the run configuration's `llm` section, `config.LLMConfig`).
+settings are the run configuration's `llm` section, `config.LLMConfig`). A contract, like `contract.py`:
+the run's events and services read these records without depending on the LLM implementation (`llm/`).
 
 The cache and ledger (`ksearch_ray.policies.llm.reply_cache`) and the litellm client
 (`ksearch_ray.policies.llm.litellm_client`) both build on it; import these names from here.

@@ -281,13 +281,13 @@ def print_run(console: Console, run: Run) -> None:
 
 def figures_table(run: Run) -> Table | None:
     """The best against the baseline per workload: the objective's speedup, and each figure's beside it."""
-    frame = run.workload_comparison()
+    rows = run.workload_rows()
     base = run.best_baseline()
-    if base is None or not frame.height or frame["best_ms"].is_null().all():
+    if base is None or all(r["best_ms"] is None for r in rows):
         return None
     table = Table("workload", "baseline ms", "best ms", f"speedup ({base.objective})", "kernel speedup", "call speedup",
                   title="the best per workload (kernel: CUDA-graph replay; call: host work included)")
-    for r in frame.iter_rows(named=True):
+    for r in rows:
         table.add_row(r["workload"], _fmt(r["baseline_ms"]), _fmt(r["best_ms"]),
                       *(_fmt(r[c], ".3f") for c in ("speedup", "kernel_speedup", "call_speedup")))
     return table
@@ -295,8 +295,7 @@ def figures_table(run: Run) -> Table | None:
 
 def evaluations_table(run: Run, *, failed_only: bool = False, last: int | None = None) -> Table | None:
     from ksearch_ray.report.run_tables import Origin
-    frame = run.evaluations
-    rows = [r for r in frame.iter_rows(named=True) if r["origin"] == Origin.CANDIDATE]
+    rows = [r for r in run.evaluation_rows if r["origin"] == Origin.CANDIDATE]
     if failed_only:
         rows = [r for r in rows if r["status"] != Status.PASSED.value]
     if last is not None:

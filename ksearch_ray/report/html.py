@@ -14,8 +14,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 import ksearch_ray
 from ksearch_ray.config import flat_settings
 from ksearch_ray.events import NO_CODE
@@ -110,10 +108,10 @@ def _outcome(run: Run, now: float) -> str:
     count_text = " ".join(
         f'<span class="pill {_status_class(s)}">{h(s)} {n}</span>' for s, n in counts.items()
     ) or "none yet"
-    calls = run.llm_calls
-    if calls.height:
-        unpriced = "" if bool(calls["cost_known"].any()) else " (the model has no known price: cost shows $0)"
-        llm_text = f"{calls.height} calls, {run.llm_tokens:,} tokens, ${run.llm_cost_usd:.2f}{unpriced}"
+    calls = run.llm_call_rows
+    if calls:
+        unpriced = "" if any(c["cost_known"] for c in calls) else " (the model has no known price: cost shows $0)"
+        llm_text = f"{len(calls)} calls, {run.llm_tokens:,} tokens, ${run.llm_cost_usd:.2f}{unpriced}"
     else:
         llm_text = "no LLM calls" + (" (offline policy)" if not run.model else " yet")
     outages = [o for o in run.view.outages if o.state != "began"]
@@ -147,29 +145,29 @@ def _best_text(run: Run) -> str:
 
 
 def _progress(run: Run) -> str:
-    best = run.best_progress
-    cands = run.evaluations.filter(pl.col("origin") == Origin.CANDIDATE)
-    if not best.height and not cands.height:
+    best = run.best_progress_rows
+    cands = [r for r in run.evaluation_rows if r["origin"] == Origin.CANDIDATE]
+    if not best and not cands:
         return _empty("Nothing has been measured yet.")
     points = [svg.Point(float(r["round"] or 0), r["speedup"], f"round {r['round']}: {format_speedup(r['speedup'])} ({r['node']})")
-              for r in best.iter_rows(named=True)]
+              for r in best]
     others = [
         svg.Point(float(r["round"]), r["speedup"] if r["status"] == Status.PASSED.value else None,
                   f"round {r['round']}: {r['status']}" + (f" {format_speedup(r['speedup'])}" if r["speedup"] else ""))
-        for r in cands.iter_rows(named=True) if r["round"] is not None
+        for r in cands if r["round"] is not None
     ]
     charts = [_figure(svg.step_chart(points, others=others, x_label="round", y_label="speedup over baseline",
                                      x_end=float(run.rounds_used)), "against round (dots: passing candidates; crosses: failed)")]
-    if best.height:
+    if best:
         wall = run.wall_s
         minutes = wall > 180
         unit = 60.0 if minutes else 1.0
-        timed = [svg.Point(float(r["elapsed_s"]) / unit, r["speedup"], p.label) for r, p in zip(best.iter_rows(named=True), points, strict=True)]
+        timed = [svg.Point(float(r["elapsed_s"]) / unit, r["speedup"], p.label) for r, p in zip(best, points, strict=True)]
         charts.append(_figure(svg.step_chart(timed, x_label="running time (" + ("min" if minutes else "s") + ")",
                                              y_label="speedup over baseline", x_end=wall / unit), "against running time"))
-        spent = float(run.timeline["cost_usd"][-1]) if run.timeline.height else 0.0
+        spent = float(run.llm_cost_so_far)
         if spent > 0:
-            dollars = [svg.Point(float(r["cost_usd"]), r["speedup"], p.label) for r, p in zip(best.iter_rows(named=True), points, strict=True)]
+            dollars = [svg.Point(float(r["cost_usd"]), r["speedup"], p.label) for r, p in zip(best, points, strict=True)]
             charts.append(_figure(svg.step_chart(dollars, x_label="LLM spend (USD)", y_label="speedup over baseline", x_end=spent),
                                   "against dollars spent"))
         else:
@@ -228,18 +226,18 @@ def _notes(notes: list[Any]) -> str:
 
 
 def _evaluations(run: Run) -> str:
-    frame = run.evaluations
-    if not frame.height:
+    frame = run.evaluation_rows
+    if not frame:
         return _empty("No evaluations yet.")
     titles = {n.id: n.title for n in run.tree.nodes.values()} if run.tree else {}
-    statuses = frame["status"].unique(maintain_order=True).to_list()
+    statuses = list(dict.fromkeys(r["status"] for r in frame))
     buttons = "".join(f'<button type="button" class="filter pill {_status_class(s)}" data-status="{h(s)}" aria-pressed="true">{h(s)}</button>'
                       for s in statuses)
-    several_gpus = frame["gpu"].drop_nulls().n_unique() > 1
+    several_gpus = len({r["gpu"] for r in frame if r["gpu"] is not None}) > 1
     header = ["event", "round", "of", "cycle", "node", "status", "speedup", "score", "eval s", "at", "solution",
               *(["GPU"] if several_gpus else []), "error (first lines)"]
     rows = []
-    for r in frame.iter_rows(named=True):
+    for r in frame:
         node = r["node"] or ""
         node_text = f"{node} {titles[node]}" if node in titles else node
         cells = [
@@ -263,19 +261,19 @@ def _evaluations(run: Run) -> str:
 
 
 def _workloads(run: Run) -> str:
-    frame = run.workload_comparison()
+    frame = run.workload_rows()
     base = run.best_baseline()
     if base is None:
         return _empty("The baseline has not been measured yet.")
     if run.best is None:
         return _empty("No best solution yet.")
-    if not frame.height or frame["best_ms"].is_null().all():
+    if all(r["best_ms"] is None for r in frame):
         return _empty("The best solution's per-workload timings are not in the log.")
     clock = ("GPU latency (CUDA events)" if base.device == "cuda"
              else "host wall-clock in Triton's interpreter (CPU path), not GPU latency")
     # Bars on a log scale whose full width is parity (1x) or the largest speedup shown, whichever is larger: a
     # speedup far below 1 (the CPU path) is a short bar, never a full one, and still more than a tick.
-    ratios = [float(v) for v in frame["speedup"].drop_nulls() if v > 0]
+    ratios = [float(r["speedup"]) for r in frame if r["speedup"] is not None and r["speedup"] > 0]
     top = max([1.0, *ratios])
     floor = min([top, *ratios]) / 2
 
@@ -283,7 +281,7 @@ def _workloads(run: Run) -> str:
         return max(1.0, 100 * math.log(ratio / floor) / math.log(top / floor))
 
     rows = []
-    for r in frame.iter_rows(named=True):
+    for r in frame:
         ratio = r["speedup"]
         bar = f'<span class="bar" style="width:{bar_width(ratio):.0f}%"></span>' if ratio else ""
         rows.append(
@@ -338,22 +336,22 @@ def _profiles(run: Run) -> str:
 
 
 def _ledger(run: Run) -> str:
-    ledger = run.ledger()
-    if not ledger.height:
+    ledger = run.ledger_rows()
+    if not ledger:
         return _empty("No LLM calls" + (": the offline policy plays planner and coder." if not run.model else " yet."))
     columns = ["calls", "cached", "failed", "prompt_tokens", "completion_tokens", "cost_usd"]
     rows = []
-    for role in ledger["role"].unique(maintain_order=True).to_list():
-        part = ledger.filter(pl.col("role") == role)
-        for r in part.iter_rows(named=True):
+    for role in dict.fromkeys(r["role"] for r in ledger):
+        part = [r for r in ledger if r["role"] == role]
+        for r in part:
             rows.append(_ledger_row(r["role"], r["kind"], r, r["mean_latency_s"]))
-        rows.append(_ledger_row(role, "all", part.select(columns).sum().row(0, named=True), None, total=True))
-    rows.append(_ledger_row("all", "all", ledger.select(columns).sum().row(0, named=True), None, total=True))
-    failed = run.llm_calls.filter(pl.col("failed"))
+        rows.append(_ledger_row(role, "all", {c: sum(r[c] for r in part) for c in columns}, None, total=True))
+    rows.append(_ledger_row("all", "all", {c: sum(r[c] for r in ledger) for c in columns}, None, total=True))
+    failed = [r for r in run.llm_call_rows if r["failed"]]
     errors = ""
-    if failed.height:
-        items = "".join(f"<li>{h(r['role'])} {h(r['kind'])}: {h(r['error'])}</li>" for r in failed.tail(10).iter_rows(named=True))
-        errors = f"<p>Failed calls ({failed.height}; the last ten):</p><ul class=\"notes\">{items}</ul>"
+    if failed:
+        items = "".join(f"<li>{h(r['role'])} {h(r['kind'])}: {h(r['error'])}</li>" for r in failed[-10:])
+        errors = f"<p>Failed calls ({len(failed)}; the last ten):</p><ul class=\"notes\">{items}</ul>"
     head = "".join(f"<th>{c}</th>" for c in ("role", "call kind", "calls", "cached", "failed", "prompt tokens",
                                              "completion tokens", "cost USD", "mean latency s"))
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{errors}'

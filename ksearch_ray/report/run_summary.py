@@ -74,7 +74,6 @@ class RunSummary(BaseModel):
 
 
 def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
-    calls = run.llm_calls
     base = run.baseline
     seed = run.seed
     best = run.best
@@ -97,8 +96,8 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         start=run.view.start,
         baseline={"solution_id": base.solution_id, "name": base.solution_name, "score": base.score,
                   "score_kind": base.score_kind} if base else None,
-        llm_calls=calls.height, llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
-        ledger=[LedgerRow.model_validate(row) for row in run.ledger().iter_rows(named=True)],
+        llm_calls=len(run.view.llm_calls), llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
+        ledger=[LedgerRow.model_validate(row) for row in run.ledger_rows()],
         cycles_open=[{"cycle": c, "node": n} for c, n in run.cycles_in_flight()],
         lost=run.view.lost_phrases(),
         profiler=run.view.profiler.model_dump(mode="json", include={"tool", "evaluators", "problem"})

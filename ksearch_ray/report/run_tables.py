@@ -1,9 +1,13 @@
-"""A run directory as tables (polars): what `ksearch show`, `show --follow` and `ksearch report` read.
+"""A run directory as tables: what `ksearch show`, `show --follow` and `ksearch report` read.
 
 Everything comes from the run directory's manifest and the run's read model (`events.RunView`, the
 same reducer the live run uses), and nothing is written to it, so a run in progress can be read
 while its driver appends, and a view can never disagree with the run about its best, its outcome or
 its time. A log or record that cannot be read is a `RunDirError` with one line, never a quiet gap.
+
+Each table is rows of plain records first (what `show` draws) and a polars frame of them second (what `report`
+and the analysis compute with); polars is imported only when a frame is asked for, so `show` never pays its
+import (a third of a second).
 """
 
 from __future__ import annotations
@@ -12,9 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 from pydantic import ValidationError
 
 from ksearch_ray.events import Best, Event, RunView, Seed
@@ -22,6 +25,9 @@ from ksearch_ray.measure import Noise
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.store import RunDirError, RunStore, read_manifest
 from ksearch_ray.worldmodel.tree import Tree
+
+if TYPE_CHECKING:
+    import polars as pl
 
 WORLD_MODEL_METHOD = "ksearch"
 """The search method that keeps a world model."""
@@ -63,7 +69,8 @@ class Run:
         """The same run with more events applied (`show --follow`); tables are derived again."""
         for event in events:
             self.view.apply(event)
-        for name in ("evaluations", "timeline", "best_progress", "llm_calls", "baseline"):
+        for name in ("evaluation_rows", "evaluations", "timeline", "best_progress_rows", "best_progress", "llm_call_rows",
+                     "llm_calls", "baseline"):
             self.__dict__.pop(name, None)
         return self
 
@@ -198,6 +205,8 @@ class Run:
     @cached_property
     def timeline(self) -> pl.DataFrame:
         """One row per event: seq, t, kind, elapsed_s (active running time) and cost_usd (LLM spend so far)."""
+        import polars as pl
+
         rows = self.view.timeline
         return pl.DataFrame({"seq": [r.seq for r in rows], "t": [r.t for r in rows], "kind": [r.kind for r in rows],
                              "elapsed_s": [r.active_s for r in rows], "cost_usd": [r.cost_usd for r in rows]},
@@ -205,37 +214,56 @@ class Run:
                                     "cost_usd": pl.Float64})
 
     @cached_property
-    def evaluations(self) -> pl.DataFrame:
+    def evaluation_rows(self) -> list[dict[str, Any]]:
         """Every evaluation (baseline, seed, candidates, tuner variants) and every round that produced no code."""
-        rows = [{
+        return [{
             "seq": r.seq, "origin": r.origin, "round": r.round, "cycle": r.cycle, "node": r.node, "lane": r.lane,
             "gpu": r.gpu, "solution_id": r.solution_id, "status": r.status, "speedup": r.speedup, "score": r.score,
             "seconds": r.seconds, "error": r.error, "elapsed_s": r.active_s,
         } for r in self.view.rows]
+
+    @cached_property
+    def evaluations(self) -> pl.DataFrame:
+        """`evaluation_rows` as a frame."""
+        import polars as pl
+
         schema = {
             "seq": pl.Int64, "origin": pl.Utf8, "round": pl.Int64, "cycle": pl.Utf8, "node": pl.Utf8, "lane": pl.Utf8,
             "gpu": pl.Utf8, "solution_id": pl.Utf8, "status": pl.Utf8, "speedup": pl.Float64, "score": pl.Float64,
             "seconds": pl.Float64, "error": pl.Utf8, "elapsed_s": pl.Float64,
         }
-        return pl.DataFrame(rows, schema=schema)
+        return pl.DataFrame(self.evaluation_rows, schema=schema)
+
+    @cached_property
+    def best_progress_rows(self) -> list[dict[str, Any]]:
+        """Best-so-far speedup: one row per change of the run's best (the seed first, at round 0)."""
+        return [{"seq": r.seq, "round": r.round, "speedup": r.speedup, "solution_id": r.solution_id, "node": r.node,
+                 "why": r.why, "elapsed_s": r.active_s, "cost_usd": r.cost_usd} for r in self.view.best_rows]
 
     @cached_property
     def best_progress(self) -> pl.DataFrame:
-        """Best-so-far speedup: one row per change of the run's best (the seed first, at round 0)."""
-        rows = [{"seq": r.seq, "round": r.round, "speedup": r.speedup, "solution_id": r.solution_id, "node": r.node,
-                 "why": r.why, "elapsed_s": r.active_s, "cost_usd": r.cost_usd} for r in self.view.best_rows]
-        return pl.DataFrame(rows, schema={"seq": pl.Int64, "round": pl.Int64, "speedup": pl.Float64, "solution_id": pl.Utf8,
+        """`best_progress_rows` as a frame."""
+        import polars as pl
+
+        return pl.DataFrame(self.best_progress_rows, schema={"seq": pl.Int64, "round": pl.Int64, "speedup": pl.Float64, "solution_id": pl.Utf8,
                                           "node": pl.Utf8, "why": pl.Utf8, "elapsed_s": pl.Float64, "cost_usd": pl.Float64})
 
     @cached_property
-    def llm_calls(self) -> pl.DataFrame:
-        rows = [{
+    def llm_call_rows(self) -> list[dict[str, Any]]:
+        """One row per LLM call: role, kind, model, tokens, cost, cached, failed, latency, error."""
+        return [{
             "seq": e.seq, "role": e.role, "kind": e.call.kind, "model": e.call.model,
             "prompt_tokens": e.call.prompt_tokens, "completion_tokens": e.call.completion_tokens,
             "cost_usd": e.call.cost_usd, "cost_known": e.call.cost_known, "cached": e.call.cached,
             "failed": e.call.error is not None, "latency_s": e.call.latency_s, "error": e.call.error,
         } for e in self.view.llm_calls]
-        return pl.DataFrame(rows, schema={
+
+    @cached_property
+    def llm_calls(self) -> pl.DataFrame:
+        """`llm_call_rows` as a frame."""
+        import polars as pl
+
+        return pl.DataFrame(self.llm_call_rows, schema={
             "seq": pl.Int64, "role": pl.Utf8, "kind": pl.Utf8, "model": pl.Utf8, "prompt_tokens": pl.Int64,
             "completion_tokens": pl.Int64, "cost_usd": pl.Float64, "cost_known": pl.Boolean, "cached": pl.Boolean,
             "failed": pl.Boolean, "latency_s": pl.Float64, "error": pl.Utf8,
@@ -249,40 +277,66 @@ class Run:
     def llm_cost_usd(self) -> float:
         return self.view.llm_cost_usd
 
-    def ledger(self) -> pl.DataFrame:
-        """LLM calls per role and call kind: calls, cached, failed, tokens, cost, mean latency."""
-        return (
-            self.llm_calls.group_by("role", "kind")
-            .agg(
-                calls=pl.len(), cached=pl.col("cached").sum(), failed=pl.col("failed").sum(),
-                prompt_tokens=pl.col("prompt_tokens").sum(), completion_tokens=pl.col("completion_tokens").sum(),
-                cost_usd=pl.col("cost_usd").sum(), mean_latency_s=pl.col("latency_s").mean(),
-            )
-            .sort("role", "kind")
-        )
+    @property
+    def llm_cost_so_far(self) -> float:
+        """The LLM spend at the last event (the timeline's last `cost_usd`)."""
+        return self.view.timeline[-1].cost_usd if self.view.timeline else 0.0
 
-    def workload_comparison(self) -> pl.DataFrame:
-        """Per-workload mean latency of the best solution against the baseline's (timed workloads only)."""
-        # `speedup` is the objective's; both figures' speedups beside it (kernel: graph replay; call).
-        schema = {"workload": pl.Utf8, "baseline_ms": pl.Float64, "best_ms": pl.Float64, "speedup": pl.Float64,
-                  "kernel_speedup": pl.Float64, "call_speedup": pl.Float64}
+    def ledger_rows(self) -> list[dict[str, Any]]:
+        """LLM calls per role and call kind, sorted: calls, cached, failed, tokens, cost (unknown costs count
+        nothing), mean latency (of the calls that have one; None when none has)."""
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for event in self.view.llm_calls:
+            groups.setdefault((event.role, event.call.kind), []).append(event.call)
+        rows = []
+        for (role, kind), calls in sorted(groups.items()):
+            latencies = [c.latency_s for c in calls if c.latency_s is not None]
+            rows.append({
+                "role": role, "kind": kind, "calls": len(calls), "cached": sum(bool(c.cached) for c in calls),
+                "failed": sum(c.error is not None for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
+                "completion_tokens": sum(c.completion_tokens for c in calls),
+                "cost_usd": sum(c.cost_usd for c in calls if c.cost_usd is not None),
+                "mean_latency_s": sum(latencies) / len(latencies) if latencies else None,
+            })
+        return rows
+
+    def ledger(self) -> pl.DataFrame:
+        """`ledger_rows` as a frame."""
+        import polars as pl
+
+        return pl.DataFrame(self.ledger_rows(), schema={
+            "role": pl.Utf8, "kind": pl.Utf8, "calls": pl.UInt32, "cached": pl.UInt32, "failed": pl.UInt32,
+            "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "cost_usd": pl.Float64, "mean_latency_s": pl.Float64})
+
+    def workload_rows(self) -> list[dict[str, Any]]:
+        """Per-workload mean latency of the best solution against the baseline's (timed workloads only): the
+        baseline's workloads in its order, then any only the best has. `speedup` is the objective's; both
+        figures' speedups beside it (kernel: graph replay; call)."""
         base, best = self.best_baseline(), self.best_result()
         if base is None or best is None:
-            return pl.DataFrame([], schema=schema)
+            return []
 
-        def means(result: EvalResult, tag: str) -> pl.DataFrame:
-            return pl.DataFrame(
-                [{"workload": w.workload, f"{tag}_ms": w.timing.mean_ms if w.timing else None,
-                  f"{tag}_kernel": w.kernel_ms, f"{tag}_call": w.call_ms} for w in result.workloads],
-                schema={"workload": pl.Utf8, f"{tag}_ms": pl.Float64, f"{tag}_kernel": pl.Float64, f"{tag}_call": pl.Float64},
-            )
+        def figures(result: EvalResult) -> dict[str, tuple[float | None, float | None, float | None]]:
+            return {w.workload: (w.timing.mean_ms if w.timing else None, w.kernel_ms, w.call_ms) for w in result.workloads}
 
-        joined = means(base, "baseline").join(means(best, "best"), on="workload", how="full", coalesce=True)
-        return joined.with_columns(
-            speedup=pl.col("baseline_ms") / pl.col("best_ms"),
-            kernel_speedup=pl.col("baseline_kernel") / pl.col("best_kernel"),
-            call_speedup=pl.col("baseline_call") / pl.col("best_call"),
-        ).select(list(schema))
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return a / b if a is not None and b is not None and b != 0 else None
+
+        ours, theirs = figures(best), figures(base)
+        rows = []
+        for name in [*theirs, *(w for w in ours if w not in theirs)]:
+            b, o = theirs.get(name, (None, None, None)), ours.get(name, (None, None, None))
+            rows.append({"workload": name, "baseline_ms": b[0], "best_ms": o[0], "speedup": ratio(b[0], o[0]),
+                         "kernel_speedup": ratio(b[1], o[1]), "call_speedup": ratio(b[2], o[2])})
+        return rows
+
+    def workload_comparison(self) -> pl.DataFrame:
+        """`workload_rows` as a frame."""
+        import polars as pl
+
+        return pl.DataFrame(self.workload_rows(), schema={
+            "workload": pl.Utf8, "baseline_ms": pl.Float64, "best_ms": pl.Float64, "speedup": pl.Float64,
+            "kernel_speedup": pl.Float64, "call_speedup": pl.Float64})
 
 
 def _first_error(exc: Exception) -> str:

@@ -58,6 +58,9 @@ def main() -> None:
     parser.add_argument("--sequential", action="store_true",
                         help="search.ksearch.max_parallel_attempts 1: every cycle one attempt at a time (before)")
     parser.add_argument("--policy-actors", type=int, default=4)
+    parser.add_argument("--autotune", type=int, default=0, help="search.autotune_variants: tuner evaluations per passed candidate")
+    parser.add_argument("--repeated-code", action="store_true",
+                        help="the stand-in's own changes only (it may write a file again) instead of a file of its own each reply")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
@@ -70,13 +73,16 @@ def main() -> None:
                                time_factor=args.time_factor, requests_per_min=args.rpm, tokens_per_min=args.tpm,
                                tell_limits=not args.learn_limits, policy_actors=args.policy_actors,
                                max_parallel_attempts=1 if args.sequential else None,
+                               distinct_code=not args.repeated_code, autotune_variants=args.autotune,
                                eval_latency=EvalLatency(time_factor=args.time_factor))
         print(json.dumps(simulate(settings, out / f"w{args.one}")))
         return
     print(f"machine: {platform.node()} ({os.cpu_count()} CPUs); run directories under {out}")
     print(f"{args.gpus} simulated GPUs on {args.nodes} nodes, {args.rounds} rounds, time factor {args.time_factor:g}, "
           f"provider {args.rpm} requests and {args.tpm} tokens a minute"
-          + (" (learnt)" if args.learn_limits else " (told)") + (", sequential cycles" if args.sequential else ""))
+          + (" (learnt)" if args.learn_limits else " (told)") + (", sequential cycles" if args.sequential else "")
+          + (", the stand-in's code may repeat" if args.repeated_code else ", a file of its own each reply")
+          + (f", {args.autotune} tuner evaluations per passed candidate" if args.autotune else ""))
     print("| width | GPUs | rounds | busy | slots | cycles mean / peak | rounds/s | driver CPU | RSS | KB/round | "
           "requests | 429s | end |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

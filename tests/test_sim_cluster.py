@@ -22,7 +22,7 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     planner and coder actor below it."""
     settings = SimSettings(task_dirs=(str(Path(__file__).parent / "data"),),
                            width=12, gpus=4, nodes=2, rounds=48, time_factor=FACTOR, requests_per_min=10,
-                           policy_actors=2, eval_latency=EvalLatency(time_factor=FACTOR))
+                           policy_actors=2, eval_latency=EvalLatency(time_factor=FACTOR), distinct_code=False)
     figures = simulate(settings, tmp_path / "run")
 
     assert figures["end"] == "rounds" and figures["rounds"] == 48
@@ -33,3 +33,28 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     # holds the limiter to none, against clients that each keep their own count and meet 429s.
     assert figures["provider_429s"] <= 0.2 * figures["provider_requests"]
     assert figures["slot_share"] is not None and figures["slot_share"] >= 0.8  # K-Search's sequential cycles: ~0.4
+
+
+def _prompt(name: str) -> list[dict[str, str]]:
+    """A golden prompt (tests/data/prompts) as the chat messages it was sent as."""
+    text = (Path(__file__).parent / "data" / "prompts" / name).read_text()
+    system, user = text.split("<<< user >>>", 1)
+    return [{"role": "system", "content": system.removeprefix("<<< system >>>").strip()},
+            {"role": "user", "content": user.strip()}]
+
+
+def test_the_simulated_model_writes_a_file_of_its_own_each_reply() -> None:
+    """What keeps a simulated width's GPUs in new candidates (`SimSettings.distinct_code`): the same coder prompt
+    asked again gets another file, as from a model sampling at a temperature; without the habit the stand-in is a
+    function of the prompt, so two stand-ins answer it alike."""
+    from ksearch_ray.policies.llm.parsing import extract_code
+    from ksearch_ray.policies.standin.habits import Habits
+    from ksearch_ray.policies.standin.player import Player
+
+    quiet = dict(coder_prose_only=0, code_drift=0, broken_code=0, risky_changes=0)
+    messages = _prompt("improve.txt")
+    distinct = Player(habits=Habits(distinct_code=True, **quiet))
+    files = [extract_code(distinct.answer(messages, structured=False), "python") for _ in range(12)]
+    assert all(files) and len({str(f) for f in files}) == 12  # without the habit: 4 files in 12 asks
+    plain = [extract_code(Player(habits=Habits(**quiet)).answer(messages, structured=False), "python") for _ in range(2)]
+    assert plain[0] and plain[0] == plain[1]

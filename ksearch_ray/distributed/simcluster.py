@@ -127,6 +127,12 @@ class SimSettings:
     max_parallel_attempts: int | None = None
     """search.ksearch.max_parallel_attempts (1: every cycle sequential, as before issue 42)."""
     eval_latency: EvalLatency = field(default_factory=EvalLatency)
+    distinct_code: bool = True
+    """The simulated model writes a file no other reply has (the stand-in's `distinct_code`), as a model sampling at a
+    temperature mostly does; False: the stand-in's own changes, which the toy task's ~100 kernels soon exhaust (the
+    solution cache then answers most candidates, and the GPUs idle for want of new code, not of machinery)."""
+    autotune_variants: int = 0
+    """search.autotune_variants: evaluations of each passed candidate's tunables, beside the coder's candidates."""
     sample_s: float = 1.0
     """Simulated seconds between samples of the busy share and the cycles at work."""
     task_dirs: tuple[str, ...] = (str(TOY_TASKS),)
@@ -156,7 +162,8 @@ def run_config(s: SimSettings, api_base: str, run_dir: Path) -> Any:
         "llm": llm,
         "evaluation": {"device": "cpu", "evaluators": s.gpus, "evaluator_cpus": 0.0001, "evaluator_gpus": True},
         "search": {"width": s.width, "noise_repeats": 1, "confirm_repeats": 0, "warmup": False,
-                   "retime_best": False, "ksearch": {"max_parallel_attempts": s.max_parallel_attempts}},
+                   "retime_best": False, "ksearch": {"max_parallel_attempts": s.max_parallel_attempts},
+                   "autotune_variants": s.autotune_variants},
         "budget": {"rounds": s.rounds},
         "cluster": {"policy_actors": s.policy_actors},
     })
@@ -168,6 +175,7 @@ def standin_habits(s: SimSettings) -> Any:
     f = s.time_factor
     # A provider without format troubles: what is measured here is the machinery, not the parsing.
     return Habits(other_shape=0, prose_only=0, broken_json=0, missing_fields=0, coder_prose_only=0, code_drift=0,
+                  distinct_code=s.distinct_code,
                   rate_limit_every=0, latency_s=(s.llm_latency_s[0] * f, s.llm_latency_s[1] * f),
                   requests_per_min=s.requests_per_min, tokens_per_min=s.tokens_per_min, limit_window_s=60 * f)
 

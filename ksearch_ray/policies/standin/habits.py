@@ -36,6 +36,10 @@ class Habits(BaseModel):
                                  "debugs from the error text; crash and hang, which it cannot.")
     risky_changes: int = Field(default=10, ge=0, le=100,
                                description="Changes of its own choosing (no planned action) that are broken drafts.")
+    distinct_code: bool = Field(default=False, description="Every reply's code opens with a comment of its own (a "
+                                "draft number), so no two replies are the same file, as a model sampling at a "
+                                "temperature seldom writes one twice: simulations of a width beyond a task's "
+                                "tunable space (the toy task has about a hundred kernels) need it.")
 
     # --- as a provider: the calls ---------------------------------------------------------------------
     latency_s: tuple[float, float] = Field(default=(0.0, 0.0), description="Seconds a reply takes, uniform in [low, high].")

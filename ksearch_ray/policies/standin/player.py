@@ -87,6 +87,7 @@ class Player:
         self.habits = habits or Habits()
         self._plans = itertools.count()  # free-text plans answered: the index into habits.plan_shapes
         self._asked: dict[str, int] = {}  # prompt -> times asked: a prompt asked again gets a fresh draw
+        self._drafts = itertools.count(1)  # code replies written: their number, with habits.distinct_code
 
     def _again(self, prompt: str) -> Player:
         """The player for this asking of `prompt`: itself the first time; with another seed each time the same
@@ -97,7 +98,7 @@ class Player:
         if n == 0:
             return self
         other = Player(self.seed + 7919 * n, self.habits)
-        other._plans, other._asked = self._plans, self._asked
+        other._plans, other._asked, other._drafts = self._plans, self._asked, self._drafts
         return other
 
     def answer(self, messages: list[dict[str, Any]], structured: bool) -> str:
@@ -285,6 +286,9 @@ class Player:
             source, what = self._write(kind, text, action, entry)
         if source is None:
             return what
+        if h.distinct_code:
+            mark = "//" if "#include" in source else "#"
+            source = f"{mark} draft {next(self._drafts)}\n{source}"
         return self._shaped(text, what, source)
 
     def _base(self, kind: str, text: str) -> str | None:

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from ksearch_ray.report.run_summary import RunSummary
     from ksearch_ray.report.run_tables import Run
 
-# The views of runs (summary, tables) need polars; `ksearch eval` does not, and imports this module
-# on machines that may lack it (the lent GPU machine): those views import it where they are drawn.
+# The views of runs draw plain rows (`run_tables.Run`), so `show` needs no polars; the run's modules are still
+# imported where they are drawn, to keep `ksearch eval`'s start light.
 
 RECENT = 8
 """Evaluations the live view (`show --follow`) keeps on screen."""

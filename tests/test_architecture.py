@@ -362,6 +362,7 @@ def stale_names(texts: dict[str, str], files: list[str], package: dict[str, ast.
     folders = {Path(f).parts[0] for f in files if len(Path(f).parts) > 1}
     folders |= {part for f in files if f.startswith(("ksearch_ray/", "actors/")) for part in Path(f).parts[1:-1]}
     tracked = set(files)
+    names: dict[str, set[str]] = {}  # a module's defined names, read once
     found = []
     for where, text in texts.items():
         for match in PATH_IN_TEXT.finditer(text):
@@ -379,17 +380,26 @@ def stale_names(texts: dict[str, str], files: list[str], package: dict[str, ast.
             if cut == 0:
                 found.append(f"{where}: {'.'.join(parts)}")
                 continue
+            module = ".".join(parts[:cut])
             if cut < len(parts):
-                defined = {n.name for n in ast.walk(package[".".join(parts[:cut])])
-                           if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
-                defined |= {t.id for n in ast.walk(package[".".join(parts[:cut])])
-                            if isinstance(n, ast.Assign | ast.AnnAssign)
-                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
-                defined |= {a.asname or a.name for n in ast.walk(package[".".join(parts[:cut])])
-                            if isinstance(n, ast.ImportFrom | ast.Import) for a in n.names}
-                if parts[cut] not in defined:
+                if module not in names:
+                    names[module] = _named_in(package[module])
+                if parts[cut] not in names[module]:
                     found.append(f"{where}: {'.'.join(parts)}")
     return found
+
+
+def _named_in(tree: ast.Module) -> set[str]:
+    """What a module's text gives a name: its functions and classes, what it assigns, what it imports."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(n.name)
+        elif isinstance(n, ast.Assign | ast.AnnAssign):
+            out |= {t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.ImportFrom | ast.Import):
+            out |= {a.asname or a.name for a in n.names}
+    return out
 
 
 def _tracked() -> list[str]:

@@ -69,9 +69,9 @@ class Run:
         """The same run with more events applied (`show --follow`); tables are derived again."""
         for event in events:
             self.view.apply(event)
-        for name in ("evaluation_rows", "evaluations", "timeline", "best_progress_rows", "best_progress", "llm_call_rows",
-                     "llm_calls", "baseline"):
-            self.__dict__.pop(name, None)
+        for name, member in vars(type(self)).items():
+            if isinstance(member, cached_property):
+                self.__dict__.pop(name, None)
         return self
 
     # --- facts ---------------------------------------------------------------------------------
@@ -283,20 +283,18 @@ class Run:
         return self.view.timeline[-1].cost_usd if self.view.timeline else 0.0
 
     def ledger_rows(self) -> list[dict[str, Any]]:
-        """LLM calls per role and call kind, sorted: calls, cached, failed, tokens, cost (unknown costs count
-        nothing), mean latency (of the calls that have one; None when none has)."""
+        """LLM calls per role and call kind, sorted: calls, cached, failed, tokens, cost (an unknown price is
+        0.0 in the call's record), mean latency."""
         groups: dict[tuple[str, str], list[Any]] = {}
         for event in self.view.llm_calls:
             groups.setdefault((event.role, event.call.kind), []).append(event.call)
         rows = []
         for (role, kind), calls in sorted(groups.items()):
-            latencies = [c.latency_s for c in calls if c.latency_s is not None]
             rows.append({
-                "role": role, "kind": kind, "calls": len(calls), "cached": sum(bool(c.cached) for c in calls),
+                "role": role, "kind": kind, "calls": len(calls), "cached": sum(c.cached for c in calls),
                 "failed": sum(c.error is not None for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
-                "completion_tokens": sum(c.completion_tokens for c in calls),
-                "cost_usd": sum(c.cost_usd for c in calls if c.cost_usd is not None),
-                "mean_latency_s": sum(latencies) / len(latencies) if latencies else None,
+                "completion_tokens": sum(c.completion_tokens for c in calls), "cost_usd": sum(c.cost_usd for c in calls),
+                "mean_latency_s": sum(c.latency_s for c in calls) / len(calls),
             })
         return rows
 

@@ -23,7 +23,7 @@ from ksearch_ray.models import EvalResult, Solution, Status
 from ksearch_ray.policies.contract import CodeRequest, FailedAttempt
 from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 from ksearch_ray.policies.llm_call import LLMCall, LLMReply
-from ksearch_ray.policies.standin.code import break_code
+from ksearch_ray.policies.standin.code import break_code, fix_code
 from ksearch_ray.policies.standin.habits import Habits
 from ksearch_ray.policies.standin.player import Player
 from ksearch_ray.policies.standin.server import StandIn
@@ -269,3 +269,23 @@ def test_the_cost_budget_is_enforced_from_the_event_log(tmp_path):
     assert state.finished == "cost" and state.rounds_used < 50
     assert spent >= 5.0 and abs(RunView.of(events, RunStore(run_dir).has_solution).llm_cost_usd - spent) < 1e-9
     assert all(e.call.cost_known for e in events if e.kind == "llm_call")
+
+
+@pytest.mark.parametrize("source", [
+    "def run(x):\n    total = 0\n    for v in x:\n        total = total + v\n    return totla\n",  # NameError
+    "def run(x):\n    total = 0\n    for v in x:\n        totla += v\n    return total\n",  # UnboundLocalError
+])
+def test_the_standin_fixes_a_misspelt_name_from_pythons_own_words(source: str) -> None:
+    """A misspelt name is a NameError, or an UnboundLocalError when the misspelling is assigned too (`x += ...`,
+    as a broken draft of TriMul's seed meets it); the stand-in reads either, as a model would, from the error
+    text alone."""
+    scope: dict[str, Any] = {}
+    exec(compile(source, "kernel.py", "exec"), scope)
+    with pytest.raises((NameError, UnboundLocalError)) as caught:
+        scope["run"]([1, 2, 3])
+    evidence = f"RUNTIME_ERROR w: {type(caught.value).__name__}: {caught.value}"
+    fixed = fix_code(source, evidence)
+    assert fixed is not None and "totla" not in fixed
+    scope = {}
+    exec(compile(fixed, "kernel.py", "exec"), scope)
+    assert scope["run"]([1, 2, 3]) == 6

@@ -168,7 +168,10 @@ def fix_code(source: str, evidence: str) -> str | None:
                 lines[j] = lines[j].rstrip() + ":"
                 return "\n".join(lines) + "\n"
         return None
-    name = re.search(r"NameError: name '(\w+)' is not defined", evidence)
+    # A misspelt name: Python says NameError, or UnboundLocalError when the misspelling is also assigned in the
+    # function (a typo in `x += ...` makes `x` local).
+    name = re.search(r"NameError: name '(\w+)' is not defined", evidence) or re.search(
+        r"UnboundLocalError: cannot access local variable '(\w+)'", evidence)
     if name:
         wrong = name.group(1)
         known = sorted({n for n in re.findall(r"\b[A-Za-z_]\w*\b", source) if n != wrong})

@@ -8,7 +8,7 @@ Each width is one run, in a process of its own (its own cluster; max RSS is that
 --out. Printed per width, as a Markdown row (times in simulated seconds: wall seconds / --time-factor):
 
     busy        evaluators' share of time measuring, once warmed up (from one longest LLM reply after the first
-                round to the last round taken), sampled every simulated second
+                round to the last round handed out), sampled every simulated second
     slots       the width's share at work in that window: coder calls and evaluations in flight over the width
     cycles      action cycles running, mean in that window and peak
     rounds/s    rounds over the simulated wall time (set-up included)

@@ -32,7 +32,9 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     # blocks its event loop: litellm's imports, its HTTP client): 7 of 63 in one CI-like run. tests/test_ratelimit.py
     # holds the limiter to none, against clients that each keep their own count and meet 429s.
     assert figures["provider_429s"] <= 0.2 * figures["provider_requests"]
-    assert figures["slot_share"] is not None and figures["slot_share"] >= 0.8  # K-Search's sequential cycles: ~0.4
+    # The window ends when the last round is handed out: the drain after it is the budget's, and a slow machine
+    # drew it out enough to pull a window that ended at the last round recorded to 0.79 in one CI run.
+    assert figures["slot_share"] is not None and figures["slot_share"] >= 0.9  # K-Search's sequential cycles: ~0.4
 
 
 def _prompt(name: str) -> list[dict[str, str]]:

@@ -146,6 +146,7 @@ class Sample:
     cycles: int
     attempts: int
     rounds: int
+    taken: int = 0  # rounds handed out: recorded, or held by an attempt in flight
 
 
 def run_config(s: SimSettings, api_base: str, run_dir: Path) -> Any:
@@ -203,7 +204,8 @@ async def _search(search: Search, s: SimSettings) -> list[Sample]:
             coder = sum(1 for role, _k, _t in search.llm.in_flight.values() if role == "coder")
             samples.append(Sample(t=(time.monotonic() - t0) / s.time_factor, evaluators_busy=len(search.evals.pool.in_flight),
                                   cycles=cycles, attempts=coder + len(search.evals.pool.in_flight),
-                                  rounds=search.view.rounds_used))
+                                  rounds=search.view.rounds_used,
+                                  taken=search.view.rounds_used + len(search.budget.outstanding)))
 
     sampler = asyncio.create_task(sample())
     try:
@@ -251,11 +253,12 @@ def simulate(s: SimSettings, run_dir: Path) -> dict[str, Any]:
 
 def warm_window(samples: list[Sample], s: SimSettings) -> list[Sample]:
     """The samples once warmed up and before the budget ran out: from one longest LLM reply after the first
-    evaluation of a candidate (every cycle has had its first reply by then) to the last round taken."""
+    evaluation of a candidate (every cycle has had its first reply by then) to the last round handed out (past it
+    the attempts in flight drain, as the budget, not the machinery, says)."""
     first = next((x.t for x in samples if x.rounds > 0), None)
     if first is None:
         return []
-    last = next((x.t for x in samples if x.rounds >= s.rounds), samples[-1].t)
+    last = next((x.t for x in samples if x.taken >= s.rounds), samples[-1].t)
     start = first + s.llm_latency_s[1]
     return [x for x in samples if start <= x.t <= last]
 

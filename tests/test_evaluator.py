@@ -139,6 +139,8 @@ def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):
         ("patch_timer", "replaced time.perf_counter"),
         ("leave_thread", "left threads running: hidden-worker"),
         ("forge_channel", "forged message"),
+        ("claim_passed", "a failure that claims PASSED"),  # the harness's own exception, raised by the candidate
+        ("claim_passed_frame", "a failure cannot report PASSED"),  # a signed frame, on the worker's own channel
     ],
 )
 def test_cheats_are_integrity_violations(evaluator, toy, name, fragment):

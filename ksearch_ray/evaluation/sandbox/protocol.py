@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ksearch_ray.models import Language, Status
 from ksearch_ray.taskspec.spec import Workload
@@ -216,6 +216,14 @@ class Fail(_Message):
     message: str
     log: str = ""
     workload: str | None = None
+
+    @field_validator("status")
+    @classmethod
+    def _a_failure(cls, status: Status) -> Status:
+        # The worker's process is the candidate's: a failure that claims PASSED is a forged verdict.
+        if status.passed:
+            raise ValueError("a failure cannot report PASSED")
+        return status
 
 
 class Prepared(_Message):

@@ -23,6 +23,8 @@ from ksearch_ray.evaluation.sandbox.handover import Exporter
 from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, Worker
 from ksearch_ray.evaluation.sandbox.protocol import Fail, Job, Ready, RetimeCmd, TimeCmd
 from ksearch_ray.evaluation.sandbox.timer import run_retime, run_timing
+from ksearch_ray.models import Status
+from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter
 
@@ -123,7 +125,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         elif isinstance(cmd, RetimeCmd):
             run_retime(worker, cmd)
     except CandidateFailure as failure:
-        chan.send(Fail(status=failure.status, message=failure.message, log=failure.log,
+        status, message = failure.status, failure.message
+        if status.passed:  # the candidate raised the harness's own exception with a verdict of its choosing
+            status, message = Status.INTEGRITY_VIOLATION, f"the candidate raised a failure that claims PASSED ({clip(message, 200)})"
+        chan.send(Fail(status=status, message=message, log=failure.log,
                        workload=worker.current if worker is not None else None))
     sys.stdout.flush()
     sys.stderr.flush()

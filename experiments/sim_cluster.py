@@ -65,6 +65,15 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("gpus", "nodes", "rounds", "rpm", "tpm", "policy_actors"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.width) < 1:
+        parser.error("--width must be at least 1")
+    if args.nodes > args.gpus:
+        parser.error(f"--nodes {args.nodes} is more than --gpus {args.gpus}: every worker node holds a GPU")
+    if args.autotune < 0 or not args.time_factor > 0:
+        parser.error("--autotune must be 0 or more and --time-factor more than 0")
     out = args.out or Path(tempfile.mkdtemp(prefix="sim_cluster-"))
     if args.one is not None:
         from ksearch_ray.distributed.simcluster import EvalLatency, SimSettings, simulate

@@ -60,3 +60,15 @@ def test_the_simulated_model_writes_a_file_of_its_own_each_reply() -> None:
     assert all(files) and len({str(f) for f in files}) == 12  # without the habit: 4 files in 12 asks
     plain = [extract_code(Player(habits=Habits(**quiet)).answer(messages, structured=False), "python") for _ in range(2)]
     assert plain[0] and plain[0] == plain[1]
+
+
+@pytest.mark.parametrize(("flags", "says"), [(["--gpus", "0"], "--gpus must be at least 1"),
+                                             (["--gpus", "2", "--nodes", "3"], "--nodes 3 is more than --gpus 2")])
+def test_a_simulation_that_cannot_be_built_is_one_line_before_any_cluster_starts(flags: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "experiments" / "sim_cluster.py"
+    done = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(says)

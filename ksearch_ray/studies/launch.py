@@ -80,6 +80,17 @@ def _last_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
+def _prepare(cell: Cell, out: Path, say: Callable[[str], None]) -> Outcome | tuple[CellState, Path]:
+    """A complete cell's outcome (skipped), or the cell's state and its log beside its run directory (made)."""
+    state = cell_state(cell, out)
+    if state is CellState.COMPLETE:
+        say(f"{cell.name}: complete, skipped")
+        return Outcome(cell, state, None)
+    run_dir = cell.run_dir(out)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return state, run_dir.parent / f"{run_dir.name}.log"
+
+
 def _check(outcome: Outcome, log: Path) -> Outcome:
     if outcome.returncode == 2:  # a usage error: every cell like it would fail the same way
         raise GridError(f"{outcome.cell.name}: {_last_line(log)} (log: {log})")
@@ -119,21 +130,18 @@ class LocalLauncher:
     def run(self, cells: Sequence[Cell]) -> list[Outcome]:
         outcomes = []
         for cell in cells:
-            state = cell_state(cell, self.out)
-            if state is CellState.COMPLETE:
-                self.say(f"{cell.name}: complete, skipped")
-                outcomes.append(Outcome(cell, state, None))
+            prepared = _prepare(cell, self.out, self.say)
+            if isinstance(prepared, Outcome):
+                outcomes.append(prepared)
                 continue
-            run_dir = cell.run_dir(self.out)
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            log = run_dir.parent / f"{run_dir.name}.log"
+            state, log = prepared
             command = cell_command(cell, self.out, state, sys.executable)
             self.say(f"{cell.name}: {'running' if state is CellState.NEW else 'resuming'} (log: {log})")
             t0 = time.monotonic()
             with log.open("a") as sink:
                 sink.write("$ " + shlex.join(command[1:]) + "\n")
                 sink.flush()
-                code = subprocess.run(command, cwd=run_dir.parent, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
+                code = subprocess.run(command, cwd=log.parent, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, check=False).returncode
             outcome = _check(Outcome(cell, state, code, time.monotonic() - t0), log)
             self.say(f"{cell.name}: exit {code} after {outcome.seconds:.0f} s: {outcome.last_line[:160]}")
@@ -167,16 +175,14 @@ class JobLauncher:
         while queue or running:
             while queue and len(running) < self.parallel:
                 cell = queue.pop(0)
-                state = cell_state(cell, self.out)
-                if state is CellState.COMPLETE:
-                    self.say(f"{cell.name}: complete, skipped")
-                    outcomes.append(Outcome(cell, state, None))
+                prepared = _prepare(cell, self.out, self.say)
+                if isinstance(prepared, Outcome):
+                    outcomes.append(prepared)
                     continue
-                run_dir = cell.run_dir(self.out)
-                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                state, log = prepared
                 job = self.submit(cell_command(cell, self.out, state, "python"))
                 self.say(f"{cell.name}: submitted as Ray job {job}")
-                running[job] = (cell, state, run_dir.parent / f"{run_dir.name}.log", time.monotonic())
+                running[job] = (cell, state, log, time.monotonic())
             for job in list(running):
                 status = self.client.status(job)
                 if status not in self.client.FINAL:

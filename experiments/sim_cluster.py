@@ -9,7 +9,8 @@ Each width is one run, in a process of its own (its own cluster; max RSS is that
 
     busy        evaluators' share of time measuring, once warmed up (from one longest LLM reply after the first
                 round to the last round handed out), sampled every simulated second
-    slots       the width's share at work in that window: coder calls and evaluations in flight over the width
+    slots       the width's share at work in that window: coder calls in flight, and candidates with the evaluators
+                (waiting for one, or measured), over the width
     cycles      action cycles running, mean in that window and peak
     rounds/s    rounds over the simulated wall time (set-up included)
     driver CPU  the driver process's CPU seconds over its wall seconds (the world-model actor is a process of its

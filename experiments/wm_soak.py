@@ -12,6 +12,7 @@ id, with no limit on evaluations at once. Printed per width, as a Markdown row:
 
     rounds/s          rounds over the session's wall time (set-up and the baseline included)
     max RSS           the process's peak resident memory
+    RSS at quarters   its resident memory when the run had taken a quarter, half, three quarters, all its rounds
     world-model time  the driver's time in world-model calls (the `run_end` event's wm_s)
     world-model files files under world_model/ and their size: one per version before the deltas
                       (issue 42); checkpoints and deltas.jsonl after
@@ -32,6 +33,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -159,14 +161,27 @@ def one_run(run_dir: Path, width: int, rounds: int, eval_ms: float, ideas: int) 
                               evaluators=SleepingEvaluators(eval_ms / 1e3))
     search = Search(config, task, store, backends, method_for(config, store.load_solution))
     t0 = time.monotonic()
+    rss_at: dict[int, float] = {}  # quarter of the rounds -> resident MB when the run reached it
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            for quarter in range(1, min(4, 4 * search.view.rounds_used // rounds) + 1):
+                rss_at.setdefault(quarter, _rss_mb())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     with open(os.devnull, "w") as devnull:
         try:
             session._run(search, PlainLines(devnull))
         finally:
+            done.set()
             store.close()
     wall = time.monotonic() - t0
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    end = next(e for e in reversed(events) if e["kind"] == "run_end")
+    watcher.join()
+    rss_at.setdefault(4, _rss_mb())  # (the search, its view and world model are still alive here)
+    with open(run_dir / "events.jsonl") as log:  # the last run_end, without holding the log (max RSS is the run's)
+        end = [json.loads(line) for line in log if '"run_end"' in line][-1]
     wm_files = [p for p in (run_dir / "world_model").iterdir() if p.is_file()]
     all_bytes = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
     return {
@@ -175,11 +190,18 @@ def one_run(run_dir: Path, width: int, rounds: int, eval_ms: float, ideas: int) 
         "wm_files": len(wm_files), "wm_mb": sum(p.stat().st_size for p in wm_files) / 1e6,
         "events_mb": (run_dir / "events.jsonl").stat().st_size / 1e6, "run_dir_mb": all_bytes / 1e6,
         "run_dir_kb_per_round": all_bytes / 1e3 / max(end["rounds"], 1),
+        "rss_quarters": " / ".join(f"{rss_at[q]:.0f}" if q in rss_at else "?" for q in range(1, 5)),
     }
 
 
-ROW = ("| {width} | {rounds} | {rounds_per_s:.1f} | {max_rss_mb:.0f} MB | {wm_s:.1f} s | {wm_files} | {wm_mb:.1f} | "
-       "{events_mb:.1f} | {run_dir_mb:.1f} | {run_dir_kb_per_round:.1f} |")
+def _rss_mb() -> float:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+ROW = ("| {width} | {rounds} | {rounds_per_s:.1f} | {max_rss_mb:.0f} MB | {rss_quarters} | {wm_s:.1f} s | {wm_files} | "
+       "{wm_mb:.1f} | {events_mb:.1f} | {run_dir_mb:.1f} | {run_dir_kb_per_round:.1f} |")
 
 
 def main() -> None:
@@ -200,9 +222,9 @@ def main() -> None:
     print(f"machine: {platform.node()} ({os.cpu_count()} CPUs), Python {platform.python_version()}, "
           f"ksearch_ray from {Path(ksearch_ray.__file__).parent}; run directories under {out}")
     print(f"{args.rounds} rounds, fake evaluations of {args.eval_ms:g} ms, {args.ideas} actions per plan")
-    print("| width | rounds | rounds/s | max RSS | world-model time | world-model files | world-model MB | "
-          "events.jsonl MB | run dir MB | run dir KB / round |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| width | rounds | rounds/s | max RSS | RSS MB at 1/4 / 1/2 / 3/4 / all rounds | world-model time | "
+          "world-model files | world-model MB | events.jsonl MB | run dir MB | run dir KB / round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for width in args.width:
         child = subprocess.run([sys.executable, __file__, "--one", str(width), "--rounds", str(args.rounds),
                                 "--eval-ms", str(args.eval_ms), "--ideas", str(args.ideas), "--out", str(out)],

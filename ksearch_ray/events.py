@@ -524,6 +524,9 @@ class RunView:
     """Everything a run's events say, folded in order; `apply` is the only way it changes."""
 
     solution_exists: Callable[[str], bool] = lambda _solution_id: True
+    keep_log: bool = True
+    """False in a live search: every event and its timeline row stay in events.jsonl only, so the driver's memory
+    does not hold the log a second time (readers of a run keep them: reports and analysis read both)."""
     events: list[Event] = field(default_factory=list)
     wm: WorldModelState | None = None
     session: int = 0
@@ -576,6 +579,12 @@ class RunView:
     plan_rejections: list[tuple[int, str]] = field(default_factory=list)
     """(seq, line) for every planner op not applied (or only in part), as its batch's report said: what the
     planner is told in its next call."""
+    first_plan_failure: str | None = None
+    """The first `plan_failed` event's error (what a run that never reached a coder reply says)."""
+    session_measured: dict[str, int] = field(default_factory=dict)
+    """What the current session measured at its start, by what: baseline, seed, best (see run/outcome.py)."""
+    session_measured_t: float | None = None
+    """The time of the current session's last baseline, seed or re-measurement."""
     active_s: float = 0.0
     _offset: float = 0.0
     _session_start: float | None = None
@@ -590,6 +599,11 @@ class RunView:
         return view
 
     # --- derived facts -----------------------------------------------------------------------------
+
+    @property
+    def session_start_t(self) -> float | None:
+        """The time of the current session's first event (its `resume`, or the run's first event)."""
+        return self._session_start
 
     @property
     def tree(self) -> Tree | None:
@@ -681,7 +695,8 @@ class RunView:
     """seq -> the result an evaluation event carried (for the rows)."""
 
     def apply(self, event: Event) -> None:  # noqa: C901  (one branch per kind, in one place on purpose)
-        self.events.append(event)
+        if self.keep_log:
+            self.events.append(event)
         self._clock(event)
         e = event
         if isinstance(e, WmInit):
@@ -701,8 +716,12 @@ class RunView:
             self.stopped = self.finished = None
             self.session_baselines = {}
             self._session_baseline_runs = {}
+            self.session_measured, self.session_measured_t = {}, None
             self.budget.update(e.budget)
+        elif isinstance(e, PlanFailed):
+            self.first_plan_failure = self.first_plan_failure if self.first_plan_failure is not None else e.error
         elif isinstance(e, Baseline):
+            self._measured("baseline", e.t)
             self.baseline = self.baseline or e.result
             # Of this session's measurements on the evaluator, the median (the faster of two): one slow
             # measurement does not inflate every speedup of the session.
@@ -715,6 +734,7 @@ class RunView:
             self._row(e, "baseline", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu)
         elif isinstance(e, Seed):
             self.seed, self.start = e, e.start
+            self._measured("seed" if e.result is not None else None, e.t)
             if e.solution_id and e.result is not None:
                 self.results[e.solution_id] = e.result
                 self._score(e.gpu or "", e.solution_id, e.result)
@@ -722,6 +742,7 @@ class RunView:
         elif isinstance(e, SeedFailed):
             self._row(e, "seed", e.result, e.solution_id)
         elif isinstance(e, Remeasure):
+            self._measured(e.role if e.role in ("seed", "best") else None, e.t)
             self._score(e.gpu, e.solution_id, e.result)
             origin = {"seed": "seed repeat", "best": "best re-measured", "baseline": "baseline repeat"}[e.role]
             self._row(e, origin, e.result, e.solution_id,
@@ -780,7 +801,7 @@ class RunView:
             self.best_by_gpu[e.gpu] = e
             now = self.best
             if now is e and (before is None or before.solution_id != e.solution_id or before.speedup != e.speedup):
-                cost = self.timeline[-1].cost_usd
+                cost = self.llm_cost_usd
                 self.best_rows.append(BestRow(e.seq, e.round, e.speedup, e.solution_id, e.node, e.gpu, e.why,
                                               self.active_s, cost))
         elif isinstance(e, Retime):
@@ -829,8 +850,14 @@ class RunView:
             self._session_start = e.t
         self.active_s = self._offset + (e.t - self._session_start)
         self.last_t = e.t
-        cost = (self.timeline[-1].cost_usd if self.timeline else 0.0) + (e.call.cost_usd if isinstance(e, LlmCallEvent) else 0.0)
-        self.timeline.append(TimelineRow(e.seq, e.t, e.kind, self.active_s, cost))  # type: ignore[attr-defined]
+        if self.keep_log:  # the cost so far: this event's call, which `apply` adds to llm_cost_usd after this
+            cost = self.llm_cost_usd + (e.call.cost_usd if isinstance(e, LlmCallEvent) else 0.0)
+            self.timeline.append(TimelineRow(e.seq, e.t, e.kind, self.active_s, cost))  # type: ignore[attr-defined]
+
+    def _measured(self, what: str | None, t: float) -> None:
+        if what is not None:
+            self.session_measured[what] = self.session_measured.get(what, 0) + 1
+        self.session_measured_t = t
 
     def _score(self, gpu: str, solution_id: str, result: EvalResult) -> None:
         if result.passed and result.score is not None:

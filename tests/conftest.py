@@ -75,8 +75,23 @@ def _views_agree(run_dir: Path) -> None:
     assert record["finished"] == shown.finished and record["complete"] == (shown.finished is not None), run_dir
     assert record["wall_s"] == pytest.approx(shown.wall_s), run_dir
     assert record["rounds"] == shown.rounds_used and record["evaluations"] == shown.evaluations, run_dir
+    _live_view_agrees(run_dir, run.view)
     html = render(run)
     if shown.finished is not None:
         assert f"finished: {shown.finished}" in html.replace("&#x27;", "'"), run_dir
     if best:
         assert f"Solution <code>{best['solution_id']}</code>" in html, run_dir
+
+
+def _live_view_agrees(run_dir: Path, full) -> None:
+    """A live search's view (the log kept on disk only, `keep_log=False`) holds no event and tells the same outcome
+    as a reader's view of the whole log."""
+    from ksearch_ray.events import RunView
+    from ksearch_ray.run.outcome import outcome_lines
+    live = RunView(keep_log=False)
+    for event in full.events:
+        live.apply(event)
+    assert not live.events and not live.timeline, run_dir
+    assert outcome_lines(live, run_dir) == outcome_lines(full, run_dir), run_dir
+    assert (live.rounds_used, live.evaluations, live.llm_cost_usd, live.best_by_gpu, live.rows) == \
+        (full.rounds_used, full.evaluations, full.llm_cost_usd, full.best_by_gpu, full.rows), run_dir

@@ -154,6 +154,18 @@ def test_the_read_model_is_the_same_live_and_replayed(tmp_path):
     assert replayed.tree.model_dump() == live.tree.model_dump()
 
 
+def test_an_engine_keeps_no_log_in_memory(tmp_path):
+    """A long run's memory (issue 42): the engine's view keeps no event and no timeline (they are in
+    events.jsonl), and tells the same outcome (tests/conftest.py compares it with a reader's view of every run)."""
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "real": [1.0], "later": [3.0], "last": [4.0]})
+    search = local_search(tmp_path, planner(), coder("real", "later", "last"), evaluators, rounds=3, confirm_repeats=2)
+    view = asyncio.run(search.run())
+    assert view.events == [] and view.timeline == [] and len(search.store.read_events()) > 10
+    confirm = view.confirms["fake"]
+    assert len(confirm.repeats) == 2 and confirm.beats_seed
+    assert view.best is not None and view.best.solution_id == kernel("real").id
+
+
 def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rules_look(tmp_path):
     """Two attempts that stopped improving, then a third with code that a kill left unevaluated: with a
     stagnation window of two, the stop rule alone would end the cycle; the candidate is evaluated first."""

@@ -144,7 +144,7 @@ class Sample:
     t: float  # simulated seconds since the search started
     evaluators_busy: int
     cycles: int
-    attempts: int
+    attempts: int  # coder calls in flight, and candidates with the evaluators (waiting for one, or measured)
     rounds: int
     taken: int = 0  # rounds handed out: recorded, or held by an attempt in flight
 
@@ -203,7 +203,7 @@ async def _search(search: Search, s: SimSettings) -> list[Sample]:
             cycles = sum(1 for key in search.working_on if key.startswith("c"))
             coder = sum(1 for role, _k, _t in search.llm.in_flight.values() if role == "coder")
             samples.append(Sample(t=(time.monotonic() - t0) / s.time_factor, evaluators_busy=len(search.evals.pool.in_flight),
-                                  cycles=cycles, attempts=coder + len(search.evals.pool.in_flight),
+                                  cycles=cycles, attempts=coder + search.evals.measuring,
                                   rounds=search.view.rounds_used,
                                   taken=search.view.rounds_used + len(search.budget.outstanding)))
 

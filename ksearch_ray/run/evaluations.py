@@ -46,6 +46,7 @@ class Evaluations:
         self.profiles = BestProfiles(config, run, pool, budget, lambda: self.infos, self.solution)
         self.baselines_made: dict[int, int] = {}  # evaluator -> its baseline measurements this session (noise only)
         self._since_baseline: dict[int, float] = {}  # evaluator -> its seconds on other kernels since its last baseline
+        self.measuring = 0  # candidates handed to the evaluators and not yet judged: waiting for one, or measured
         self._solutions: dict[str, Solution] = {}
         self._seed_solutions: dict[str, Solution] | None = None
 
@@ -89,7 +90,11 @@ class Evaluations:
 
     async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
         """A verdict from whichever evaluator is free, which one it was, and the speedup (None unless it passed)."""
-        result, evaluator = await self.pool.evaluate(solution, self.workload_set)
+        self.measuring += 1
+        try:
+            result, evaluator = await self.pool.evaluate(solution, self.workload_set)
+        finally:
+            self.measuring -= 1
         await self._baseline_now_and_then(evaluator, result.seconds)
         return result, evaluator, self.speedup_of(result, evaluator) if result.passed else None
 

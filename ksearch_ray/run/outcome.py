@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ksearch_ray.events import Baseline, PlanFailed, Remeasure, Resume, RunView, Seed
+from ksearch_ray.events import RunView
 from ksearch_ray.measure import format_noise, with_noise
 from ksearch_ray.policies.llm_call import error_class
 from ksearch_ray.text import clip
@@ -32,7 +32,7 @@ def nothing_evaluated(view: RunView) -> str | None:
         first = next((c.error for c in candidates if c.error), "no code came back")
         return f"no candidate evaluated: {len(candidates)} replies, none had usable code; first reason: {clip(first, 240)}"
     if replies:
-        plan = next((e.error for e in view.events if isinstance(e, PlanFailed)), "")
+        plan = view.first_plan_failure or ""
         why = f"; first reason: {clip(plan, 240)}" if plan else ""
         return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {len(replies)} "
                 f"replies{why}")
@@ -46,15 +46,11 @@ def nothing_evaluated(view: RunView) -> str | None:
 def session_start(view: RunView) -> str:
     """What the current session's start measured and how long it took (the wall budget's clock: from the
     session's first event to its last measurement)."""
-    since = max((e.seq for e in view.events if isinstance(e, Resume)), default=0)
-    session = [e for e in view.events if e.seq >= since]
-    counts = {"the baseline": sum(isinstance(e, Baseline) for e in session),
-              "the seed": sum(isinstance(e, Seed) and e.result is not None for e in session)
-              + sum(isinstance(e, Remeasure) and e.role == "seed" for e in session),
-              "the best so far": sum(isinstance(e, Remeasure) and e.role == "best" for e in session)}
-    measured = [e.t for e in session if isinstance(e, (Baseline, Seed, Remeasure))]
+    counts = {name: view.session_measured.get(key, 0)
+              for name, key in (("the baseline", "baseline"), ("the seed", "seed"), ("the best so far", "best"))}
     what = " and ".join(f"{name} {n}x" for name, n in counts.items() if n) or "nothing"
-    took = f" took {measured[-1] - session[0].t:.1f} s" if measured and session else ""
+    start = view.session_start_t
+    took = f" took {view.session_measured_t - start:.1f} s" if view.session_measured_t is not None and start is not None else ""
     if view.finished == "wall clock" and view.confirms:
         took += ", and the wall budget held time back for the final re-timing"
     extend = EXTEND_FLAG.get(view.finished or "")

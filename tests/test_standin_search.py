@@ -226,9 +226,14 @@ def test_the_readme_demo_on_trimul_evaluates_and_passes_candidates_on_the_cpu(tm
                        "--no-ray", "--no-progress", "--noise-repeats", "1", "--confirm-repeats", "0", "--run-dir", "run")
     assert done.returncode == 0, done.stderr[-2000:]
     view = RunView.of(RunStore(tmp_path / "run").read_events())
-    assert view.rounds_used == 4 and view.evaluations >= 3
-    # Which of its habits meets which prompt is chance (the prompts hold measured times): at least one of
-    # its four candidates passes, whatever its drafts and drifts did to the others.
+    # Which of its habits meets which prompt is chance (the prompts hold measured times): a prose-only reply, or a
+    # draft its debugger cannot mend, costs a round its code. What is not chance: every round ends with code, which
+    # is evaluated once, or with the reason it has none; at least two of four have code, and one of them passes,
+    # whatever its drafts and drifts did to the others. (Asking three evaluations failed one CI run in about ten.)
+    candidates = list(view.candidates.values())
+    with_code = [c for c in candidates if c.solution_id]
+    assert view.rounds_used == 4 and all(c.solution_id or c.error for c in candidates), candidates
+    assert len(with_code) >= 2 and view.evaluations == len(with_code), (len(with_code), view.evaluations)
     assert view.status_counts().get("PASSED", 0) >= 1, view.status_counts()
     assert re.search(r"round \d+ \(c\d, \w+\): PASSED", done.stderr)
 

@@ -73,8 +73,10 @@ def main() -> None:
         parser.error("--width must be at least 1")
     if args.nodes > args.gpus:
         parser.error(f"--nodes {args.nodes} is more than --gpus {args.gpus}: every worker node holds a GPU")
-    if args.autotune < 0 or not args.time_factor > 0:
-        parser.error("--autotune must be 0 or more and --time-factor more than 0")
+    if args.autotune < 0:
+        parser.error("--autotune must be 0 or more")
+    if not args.time_factor > 0:
+        parser.error("--time-factor must be more than 0")
     out = args.out or Path(tempfile.mkdtemp(prefix="sim_cluster-"))
     if args.one is not None:
         from ksearch_ray.distributed.simcluster import EvalLatency, SimSettings, simulate

@@ -88,6 +88,7 @@ def _live_view_agrees(run_dir: Path, full) -> None:
     as a reader's view of the whole log."""
     from ksearch_ray.events import RunView
     from ksearch_ray.run.outcome import outcome_lines
+
     live = RunView(keep_log=False)
     for event in full.events:
         live.apply(event)

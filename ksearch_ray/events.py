@@ -45,6 +45,7 @@ from ksearch_ray.measure import Noise, Spread, noise_of, resolution_of, score_er
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
 from ksearch_ray.policies.llm_call import LLMCall
+from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.api import ApplyOps, WmCommand
 from ksearch_ray.worldmodel.state import WorldModelState
 from ksearch_ray.worldmodel.tree import Tree
@@ -457,6 +458,8 @@ class CycleRecord:
     steps: set[str] = field(default_factory=set)
     ended: bool = False
     stop_reason: str | None = None
+    solution_ids: list[str] = field(default_factory=list, repr=False)
+    """Every solution its rounds and its tuner produced (a live view forgets the unreferenced ones at its end)."""
 
 
 @dataclass
@@ -483,6 +486,9 @@ class EvalRow:
     llm_tokens: int
     session: int
 
+
+VERDICT_CHARS = 200
+"""How much of a forgotten result's message a live view keeps."""
 
 NO_CODE = "NO_CODE"
 """The status of a round whose generation returned no code (nothing was evaluated)."""
@@ -524,9 +530,12 @@ class RunView:
     """Everything a run's events say, folded in order; `apply` is the only way it changes."""
 
     solution_exists: Callable[[str], bool] = lambda _solution_id: True
-    keep_log: bool = True
-    """False in a live search: every event and its timeline row stay in events.jsonl only, so the driver's memory
-    does not hold the log a second time (readers of a run keep them: reports and analysis read both)."""
+    live: bool = False
+    """True in a live search: what only a reader needs stays in events.jsonl, so the driver's memory grows with
+    the open work and the tree, not with the rounds. A live view keeps no event, no timeline row and no result
+    by sequence number; when a K-Search cycle ends it forgets the cycle's attempts and candidates, and the
+    results of its solutions that nothing refers to any more (not its node's, a best's or the seed's), keeping
+    of each a verdict (`verdict`). Readers (reports, analysis, `show`) keep everything."""
     events: list[Event] = field(default_factory=list)
     wm: WorldModelState | None = None
     session: int = 0
@@ -540,6 +549,11 @@ class RunView:
     seed: Seed | None = None
     start: Literal["seed", "spec"] | None = None
     rounds_used: int = 0
+    round_numbers: set[int] = field(default_factory=set)
+    """The round number of every candidate (rounds given back leave holes)."""
+    candidates_with_code: int = 0
+    first_candidate_error: str | None = None
+    """The first candidate without code: why."""
     evaluations: int = 0
     tune_evaluations: int = 0
     cycles: dict[str, CycleRecord] = field(default_factory=dict)
@@ -553,6 +567,8 @@ class RunView:
     finished: str | None = None
     resumes: int = 0
     results: dict[str, EvalResult] = field(default_factory=dict)
+    forgotten: dict[str, tuple[Status, str]] = field(default_factory=dict)
+    """A live view: solution id -> the status and message of a result it forgot (see `live`)."""
     llm_calls: list[LlmCallEvent] = field(default_factory=list)
     llm_failed_calls: int = 0
     llm_cost_usd: float = 0.0
@@ -695,7 +711,7 @@ class RunView:
     """seq -> the result an evaluation event carried (for the rows)."""
 
     def apply(self, event: Event) -> None:  # noqa: C901  (one branch per kind, in one place on purpose)
-        if self.keep_log:
+        if not self.live:
             self.events.append(event)
         self._clock(event)
         e = event
@@ -757,12 +773,19 @@ class RunView:
         elif isinstance(e, Candidate):
             self.rounds_used += 1
             self.candidates[e.round] = e
+            self.round_numbers.add(e.round)
+            if e.solution_id:
+                self.candidates_with_code += 1
+            elif self.first_candidate_error is None and e.error:
+                self.first_candidate_error = e.error
             new = Attempt(round=e.round, kind=e.attempt_kind, solution_id=e.solution_id, error=e.error,
                           reply_start=e.reply_start)
             if e.cycle is not None and e.cycle in self.cycles:
                 record = self.cycles[e.cycle]
                 record.attempts.append(new)
                 record.by_round.setdefault(e.round, new)
+                if e.solution_id:
+                    record.solution_ids.append(e.solution_id)
             else:
                 self.attempts[e.round] = new
             if e.solution_id is None:
@@ -782,6 +805,8 @@ class RunView:
         elif isinstance(e, Tune):
             self.tune_evaluations += 1
             self.results[e.solution_id] = e.result
+            if e.cycle is not None and e.cycle in self.cycles:
+                self.cycles[e.cycle].solution_ids.append(e.solution_id)
             self._score(e.gpu or "", e.solution_id, e.result)
             self._row(e, "tune", e.result, e.solution_id, evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup,
                       round_=e.round, cycle=e.cycle, node=e.node, lane=e.lane, attempt_kind="tune")
@@ -796,6 +821,8 @@ class RunView:
             self.cycles[e.cycle].steps.add(e.step)
         elif isinstance(e, CycleEnd):
             self.cycles[e.cycle].ended = True
+            if self.live:
+                self._forget(self.cycles[e.cycle])
         elif isinstance(e, Best):
             before = self.best
             self.best_by_gpu[e.gpu] = e
@@ -831,6 +858,30 @@ class RunView:
         elif isinstance(e, PolicyFault):
             self.policy_faults.append(e)
 
+    def verdict(self, solution_id: str) -> tuple[Status, str] | None:
+        """How a solution judged in this run fared: its status and message (None: not judged)."""
+        result = self.results.get(solution_id)
+        if result is not None:
+            return result.status, result.message
+        return self.forgotten.get(solution_id)
+
+    def _forget(self, record: CycleRecord) -> None:
+        """A live view at the end of a cycle: its attempts and candidates, and the results nothing refers to."""
+        keep = {b.solution_id for b in self.best_by_gpu.values()}
+        if self.seed is not None and self.seed.solution_id:
+            keep.add(self.seed.solution_id)
+        node = self.wm.tree.nodes.get(record.node_id) if self.wm is not None else None
+        if node is not None and node.solution is not None:
+            keep.add(node.solution.solution_id)
+        for solution_id in record.solution_ids:
+            result = self.results.get(solution_id)
+            if result is not None and solution_id not in keep:
+                self.forgotten[solution_id] = (result.status, clip(result.message, VERDICT_CHARS))
+                del self.results[solution_id]
+        for attempt in record.attempts:
+            self.candidates.pop(attempt.round, None)
+        record.attempts, record.by_round, record.solution_ids = [], {}, []
+
     def attempt(self, e: _Where) -> Attempt | None:
         """The attempt an event speaks of."""
         return self.attempt_at(e.round, e.cycle)
@@ -850,7 +901,7 @@ class RunView:
             self._session_start = e.t
         self.active_s = self._offset + (e.t - self._session_start)
         self.last_t = e.t
-        if self.keep_log:  # the cost so far: this event's call, which `apply` adds to llm_cost_usd after this
+        if not self.live:  # the cost so far: this event's call, which `apply` adds to llm_cost_usd after this
             cost = self.llm_cost_usd + (e.call.cost_usd if isinstance(e, LlmCallEvent) else 0.0)
             self.timeline.append(TimelineRow(e.seq, e.t, e.kind, self.active_s, cost))  # type: ignore[attr-defined]
 
@@ -871,7 +922,8 @@ class RunView:
              cycle: str | None = None, node: str | None = None, lane: str | None = None, attempt_kind: str | None = None,
              error: str = "") -> None:
         if result is not None:
-            self.results_at[e.seq] = result
+            if not self.live:
+                self.results_at[e.seq] = result
             if not result.passed:
                 error = first_lines(f"{result.message}\n{result.log}")
         self.rows.append(EvalRow(

@@ -84,12 +84,12 @@ def _views_agree(run_dir: Path) -> None:
 
 
 def _live_view_agrees(run_dir: Path, full) -> None:
-    """A live search's view (the log kept on disk only, `keep_log=False`) holds no event and tells the same outcome
+    """A live search's view (`live=True`: the log kept on disk only, ended cycles forgotten) holds no event and tells the same outcome
     as a reader's view of the whole log."""
     from ksearch_ray.events import RunView
     from ksearch_ray.run.outcome import outcome_lines
 
-    live = RunView(keep_log=False)
+    live = RunView(live=True)
     for event in full.events:
         live.apply(event)
     assert not live.events and not live.timeline, run_dir

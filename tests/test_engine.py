@@ -160,10 +160,22 @@ def test_an_engine_keeps_no_log_in_memory(tmp_path):
     evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "real": [1.0], "later": [3.0], "last": [4.0]})
     search = local_search(tmp_path, planner(), coder("real", "later", "last"), evaluators, rounds=3, confirm_repeats=2)
     view = asyncio.run(search.run())
-    assert view.events == [] and view.timeline == [] and len(search.store.read_events()) > 10
+    assert view.events == [] and view.timeline == [] and view.results_at == {} and len(search.store.read_events()) > 10
     confirm = view.confirms["fake"]
     assert len(confirm.repeats) == 2 and confirm.beats_seed
     assert view.best is not None and view.best.solution_id == kernel("real").id
+    # What ended cycles no longer need is gone: their attempts, and the results and code nothing refers to.
+    ended = [c for c in view.cycles.values() if c.ended]
+    assert ended and all(not c.attempts and not c.solution_ids and not c.by_round for c in ended)
+    attached = {n.solution.solution_id for n in view.tree.nodes.values() if n.solution}
+    referenced = attached | {view.best.solution_id, view.seed.solution_id}
+    candidates = {kernel(name).id for name in ("real", "later", "last")}
+    assert set(view.results) & candidates == candidates & referenced
+    assert set(view.forgotten) == candidates - referenced != set()
+    assert not set(search.evals._solutions) & set(view.forgotten)
+    assert all(view.verdict(i) == (Status.PASSED, "") for i in view.forgotten)
+    full = RunView.of(search.store.read_events())  # a reader keeps them all
+    assert candidates <= set(full.results) and full.forgotten == {}
 
 
 def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rules_look(tmp_path):
@@ -200,7 +212,8 @@ def test_a_candidate_left_unevaluated_is_evaluated_on_resume_before_the_stop_rul
     resumed = local_search(tmp_path, planner(), coder("later"), evaluators, run_dir=run_dir, rounds=3, stagnation_window=2)
     view = asyncio.run(resumed.run())
     assert "orphan" in [s.name for s in evaluators.evaluated]
-    assert view.cycles["c1"].attempts[2].result is not None and view.rounds_used == 3
+    full = RunView.of(resumed.store.read_events())  # (the live view forgot the ended cycle's attempts)
+    assert full.cycles["c1"].attempts[2].result is not None and view.rounds_used == full.rounds_used == 3
 
 
 def test_every_call_kind_has_a_request_type_that_checks_what_the_kind_needs():

@@ -124,6 +124,10 @@ class Evaluations(Protocol):
 
     def save_solution(self, solution: Solution) -> str: ...
 
+    def forget(self, solution_ids: list[str]) -> None:
+        """A cycle ended: those of its solutions the live view forgot leave the cache."""
+        ...
+
     async def judge(self, attempt: Attempt, where: Where) -> None:
         """Measure an attempt's code and record its `evaluation` event (the attempt in `view` carries it)."""
         ...

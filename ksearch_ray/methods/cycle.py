@@ -360,13 +360,16 @@ class ActionCycle:
                 evaluation=eval_summary(best.result, best.speedup),
             )]), tag=tag)
             self._step("attached")
-        self.ctx.run.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
-                                 budget_cut=self.budget_cut, abandoned="its lease expired"))
+        self._end(passed=passed, abandoned="its lease expired")
 
     def _step(self, step: str) -> None:
         self.ctx.run.record(CycleStep(cycle=self.rec.cycle_id, step=step))
 
-    def _end(self, *, passed: bool) -> None:
-        self.ctx.run.record(CycleEnd(cycle=self.rec.cycle_id, node=self.rec.node_id, passed=passed,
-                                 attempts=len(self.rec.attempts), budget_cut=self.budget_cut))
+    def _end(self, *, passed: bool, abandoned: str | None = None) -> None:
+        """The cycle's last event; what the live view forgets with it (see RunView.live) leaves the solution cache."""
+        rec = self.rec
+        solution_ids = list(rec.solution_ids)
+        self.ctx.run.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
+                                     budget_cut=self.budget_cut, abandoned=abandoned))
+        self.ctx.evals.forget(solution_ids)
 

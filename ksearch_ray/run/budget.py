@@ -22,6 +22,7 @@ class Budget:
         self.gpu_of = gpu_of  # this session's evaluators' GPU names, by index
         self.outstanding: set[int] = set()  # rounds taken and not yet recorded as candidates
         self._round_lock = asyncio.Lock()
+        self._lowest_free = 1  # no round below it is free (take_round's search starts there)
 
     def wall_s(self) -> float:
         """Active running time of the whole run: the log's, plus the time since its last event."""
@@ -76,12 +77,14 @@ class Budget:
         async with self._round_lock:
             if self.left():
                 return None
-            number = 1
-            while number in self.view.candidates or number in self.outstanding:
-                number += 1
+            taken = self.view.round_numbers
+            while self._lowest_free in taken or self._lowest_free in self.outstanding:
+                self._lowest_free += 1
+            number = self._lowest_free
             self.outstanding.add(number)
             return number
 
     def give_back_round(self, round_: int) -> None:
         """A round taken and not spent (the call failed for the provider's reasons): it goes back to the budget."""
         self.outstanding.discard(round_)
+        self._lowest_free = min(self._lowest_free, round_)

@@ -57,7 +57,7 @@ class Search:
         self.observers = list(observers)
         """Hear each event as it is recorded, after the read model applied it (experiment trackers); never
         the replayed ones."""
-        self.view = RunView(solution_exists=store.has_solution, keep_log=False)  # the log stays on disk
+        self.view = RunView(solution_exists=store.has_solution, live=True)  # the log stays on disk
         self.started = time.monotonic()
         self.phase = "starting"
         self.working_on: dict[str, str] = {}  # cycle or lane -> what it does, for the live view

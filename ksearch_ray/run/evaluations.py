@@ -72,6 +72,13 @@ class Evaluations:
             self._solutions[solution_id] = self.store.load_solution(solution_id)
         return self._solutions[solution_id]
 
+    def forget(self, solution_ids: list[str]) -> None:
+        """A cycle ended: its solutions whose results the live view forgot leave memory too (a later need, if
+        any, reads them from the store)."""
+        for solution_id in solution_ids:
+            if solution_id not in self.view.results:
+                self._solutions.pop(solution_id, None)
+
     def save_solution(self, solution: Solution) -> str:
         self._solutions[solution.id] = solution
         return self.store.save_solution(solution)

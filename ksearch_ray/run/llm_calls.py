@@ -331,12 +331,12 @@ class LlmCalls:
         started_from = {s.id for s in (request.current, request.base) if s is not None}
         if reply.solution is not None and reply.solution.id in started_from:
             error = "the reply's code is the code it started from, unchanged: the action was not implemented"
-        elif reply.solution is not None and (earlier := self.run.view.results.get(reply.solution.id)) is not None:
+        elif reply.solution is not None and (earlier := self.run.view.verdict(reply.solution.id)) is not None:
             # Content-addressed: the same sources were judged already in this run; measuring them again
             # would spend an evaluation to learn nothing.
+            status, message = earlier
             error = (f"the reply's code is identical to solution {reply.solution.id}, already evaluated in this run "
-                     f"({earlier.status.value}{': ' + clip(earlier.message, 200) if earlier.message else ''}): "
-                     "not evaluated again")
+                     f"({status.value}{': ' + clip(message, 200) if message else ''}): not evaluated again")
         elif reply.solution is not None:
             solution_id = self.evals.save_solution(reply.solution)
         elif error is None:

@@ -23,14 +23,13 @@ def nothing_evaluated(view: RunView) -> str | None:
         return None
     calls = [e.call for e in view.llm_calls]
     replies = [c for c in calls if c.error is None or error_class(c.error_kind) == "unusable"]
-    candidates = [view.candidates[r] for r in sorted(view.candidates)]
-    with_code = [c for c in candidates if c.solution_id]
-    if with_code:
-        return (f"no candidate evaluated: {len(candidates)} coder replies, {len(with_code)} with code, none evaluated "
-                f"before the run ended ({view.finished})")
+    candidates = len(view.round_numbers)
+    if view.candidates_with_code:
+        return (f"no candidate evaluated: {candidates} coder replies, {view.candidates_with_code} with code, none "
+                f"evaluated before the run ended ({view.finished})")
     if candidates:
-        first = next((c.error for c in candidates if c.error), "no code came back")
-        return f"no candidate evaluated: {len(candidates)} replies, none had usable code; first reason: {clip(first, 240)}"
+        first = view.first_candidate_error or "no code came back"
+        return f"no candidate evaluated: {candidates} replies, none had usable code; first reason: {clip(first, 240)}"
     if replies:
         plan = view.first_plan_failure or ""
         why = f"; first reason: {clip(plan, 240)}" if plan else ""

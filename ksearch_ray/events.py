@@ -44,7 +44,7 @@ from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.measure import Noise, Spread, noise_of, resolution_of, score_error
 from ksearch_ray.models import EvalResult, Status
 from ksearch_ray.policies.contract import Attempt, CodeKind
-from ksearch_ray.policies.llm_call import LLMCall
+from ksearch_ray.policies.llm_call import LLMCall, error_class
 from ksearch_ray.text import clip
 from ksearch_ray.worldmodel.api import ApplyOps, WmCommand
 from ksearch_ray.worldmodel.state import WorldModelState
@@ -487,6 +487,9 @@ class EvalRow:
     session: int
 
 
+LEDGER_FIELDS = ["calls", "failed", "cached", "prompt_tokens", "completion_tokens", "cost_usd"]
+"""What the LLM ledger counts per role."""
+
 VERDICT_CHARS = 200
 """How much of a forgotten result's message a live view keeps."""
 
@@ -570,6 +573,13 @@ class RunView:
     forgotten: dict[str, tuple[Status, str]] = field(default_factory=dict)
     """A live view: solution id -> the status and message of a result it forgot (see `live`)."""
     llm_calls: list[LlmCallEvent] = field(default_factory=list)
+    """Every LLM call (a reader's view; a live view keeps the counts below only)."""
+    llm_call_count: int = 0
+    llm_replies: int = 0
+    """Calls that came back with a reply, usable or not."""
+    llm_last_error: str | None = None
+    llm_ledger: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Role -> its calls' LEDGER_FIELDS: how many, failed, from the cache, tokens, dollars."""
     llm_failed_calls: int = 0
     llm_cost_usd: float = 0.0
     llm_tokens: int = 0
@@ -764,7 +774,17 @@ class RunView:
             self._row(e, origin, e.result, e.solution_id,
                       evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup)
         elif isinstance(e, LlmCallEvent):
-            self.llm_calls.append(e)
+            if not self.live:
+                self.llm_calls.append(e)
+            call = e.call
+            self.llm_call_count += 1
+            self.llm_replies += call.error is None or error_class(call.error_kind) == "unusable"
+            self.llm_last_error = call.error or self.llm_last_error
+            ledger = self.llm_ledger.setdefault(e.role, dict.fromkeys(LEDGER_FIELDS, 0.0))
+            for name, value in (("calls", 1), ("failed", call.error is not None), ("cached", call.cached),
+                                ("prompt_tokens", call.prompt_tokens), ("completion_tokens", call.completion_tokens),
+                                ("cost_usd", call.cost_usd)):
+                ledger[name] += value
             self.llm_failed_calls += e.call.error is not None
             self.llm_cost_usd += e.call.cost_usd
             self.llm_tokens += e.call.prompt_tokens + e.call.completion_tokens

@@ -92,7 +92,7 @@ def _live_view_agrees(run_dir: Path, full) -> None:
     live = RunView(live=True)
     for event in full.events:
         live.apply(event)
-    assert not live.events and not live.timeline, run_dir
+    assert not live.events and not live.timeline and not live.llm_calls and not live.results_at, run_dir
     assert outcome_lines(live, run_dir) == outcome_lines(full, run_dir), run_dir
-    assert (live.rounds_used, live.evaluations, live.llm_cost_usd, live.best_by_gpu, live.rows) == \
-        (full.rounds_used, full.evaluations, full.llm_cost_usd, full.best_by_gpu, full.rows), run_dir
+    assert (live.rounds_used, live.evaluations, live.llm_cost_usd, live.best_by_gpu, live.rows, live.llm_ledger) == \
+        (full.rounds_used, full.evaluations, full.llm_cost_usd, full.best_by_gpu, full.rows, full.llm_ledger), run_dir

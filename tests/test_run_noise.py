@@ -328,7 +328,7 @@ def test_a_wall_budget_spent_measuring_the_start_says_so_not_that_a_provider_nev
     said: list[str] = []
     search.on_line = said.append
     view = asyncio.run(search.run())
-    assert view.finished == "wall clock" and view.evaluations == 0 and not view.llm_calls
+    assert view.finished == "wall clock" and view.evaluations == 0 and view.llm_call_count == 0
     why = nothing_evaluated(view)
     assert why is not None and why.startswith("no candidate evaluated: the run ended (wall clock) before its first "
                                               "round; measuring the baseline 4x and the seed 2x took "), why

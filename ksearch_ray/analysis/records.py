@@ -89,7 +89,7 @@ def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "seed_speedup": seed.speedup if seed else None, "best_speedup": best.speedup if best else None,
         "best_solution_id": best.solution_id if best else None, "best_round": best.round if best else None,
         "confirmed_speedup": confirm.best_speedup.median if confirm and confirm.best_speedup else None,
-        "cost_usd": view.llm_cost_usd, "llm_tokens": view.llm_tokens, "llm_calls": len(view.llm_calls),
+        "cost_usd": view.llm_cost_usd, "llm_tokens": view.llm_tokens, "llm_calls": view.llm_call_count,
         "wall_s": view.active_s, "search_s": search_s,
         "evals_per_min": 60.0 * len(evaluated) / search_s if search_s else None,
         "evaluator_busy_s": busy, "session_wall_s": session,

@@ -96,7 +96,7 @@ def summarize(run: Run, *, with_tree: bool = True) -> RunSummary:
         start=run.view.start,
         baseline={"solution_id": base.solution_id, "name": base.solution_name, "score": base.score,
                   "score_kind": base.score_kind} if base else None,
-        llm_calls=len(run.view.llm_calls), llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
+        llm_calls=run.view.llm_call_count, llm_cost_usd=run.llm_cost_usd, llm_tokens=run.llm_tokens,
         ledger=[LedgerRow.model_validate(row) for row in run.ledger_rows()],
         cycles_open=[{"cycle": c, "node": n} for c, n in run.cycles_in_flight()],
         lost=run.view.lost_phrases(),

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from ksearch_ray.events import RunView
 from ksearch_ray.measure import format_noise, with_noise
-from ksearch_ray.policies.llm_call import error_class
 from ksearch_ray.text import clip
 
 NOTHING_EVALUATED_EXIT = 4
@@ -21,8 +20,6 @@ def nothing_evaluated(view: RunView) -> str | None:
     its budget stopped after real work is a success) or has not ended."""
     if view.finished is None or view.evaluations or view.tune_evaluations:
         return None
-    calls = [e.call for e in view.llm_calls]
-    replies = [c for c in calls if c.error is None or error_class(c.error_kind) == "unusable"]
     candidates = len(view.round_numbers)
     if view.candidates_with_code:
         return (f"no candidate evaluated: {candidates} coder replies, {view.candidates_with_code} with code, none "
@@ -30,15 +27,15 @@ def nothing_evaluated(view: RunView) -> str | None:
     if candidates:
         first = view.first_candidate_error or "no code came back"
         return f"no candidate evaluated: {candidates} replies, none had usable code; first reason: {clip(first, 240)}"
-    if replies:
+    if view.llm_replies:
         plan = view.first_plan_failure or ""
         why = f"; first reason: {clip(plan, 240)}" if plan else ""
-        return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {len(replies)} "
+        return (f"no candidate evaluated: the run ended ({view.finished}) before a coder reply; {view.llm_replies} "
                 f"replies{why}")
-    if not calls:  # nothing was asked of a provider (the offline policy asks none): the budget went before a round
+    if not view.llm_call_count:  # nothing was asked of a provider (the offline policy asks none): the budget went before a round
         return f"no candidate evaluated: the run ended ({view.finished}) before its first round; {session_start(view)}"
-    last = next((c.error for c in reversed(calls) if c.error), None)
-    said = f" ({len(calls)} failed calls; the last: {clip(last, 200)})" if last else ""
+    last = view.llm_last_error
+    said = f" ({view.llm_call_count} failed calls; the last: {clip(last, 200)})" if last else ""
     return f"no candidate evaluated: the LLM provider never answered{said}"
 
 

@@ -70,7 +70,7 @@ def render(search: Search) -> Group:
         f"rounds {view.rounds_used}/{cfg.budget.rounds}",
         f"evaluations {view.evaluations}{rate}",
         f"best {with_noise(best.speedup, search.evals.noise())} ({best.node}, round {best.round})" if best else "best —",
-        f"LLM ${view.llm_cost_usd:.2f}, {view.llm_tokens} tokens, {len(view.llm_calls)} calls" if cfg.llm.model else "no LLM",
+        f"LLM ${view.llm_cost_usd:.2f}, {view.llm_tokens} tokens, {view.llm_call_count} calls" if cfg.llm.model else "no LLM",
         f"{minutes:.1f} min",
     )
     parts: list[Table | Text] = [head, Text(f"run directory {search.store.root}", style="dim"), stats,

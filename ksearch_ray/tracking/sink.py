@@ -44,7 +44,6 @@ STATE_FILE = "tracking.json"
 
 EVALUATION_COLUMNS = ["round", "origin", "session", "solution_id", "status", "speedup", "seconds", "active_s",
                       "cost_usd", "error"]
-LEDGER_FIELDS = ["calls", "failed", "cached", "prompt_tokens", "completion_tokens", "cost_usd"]
 
 
 class Tracker(Protocol):
@@ -96,16 +95,7 @@ def _write_state(root: Path, state: dict[str, Any]) -> None:
 
 def ledger(view: RunView) -> dict[str, dict[str, float]]:
     """The LLM calls by role: how many, failed, from the cache, tokens, dollars."""
-    out: dict[str, dict[str, float]] = {}
-    for e in view.llm_calls:
-        row = out.setdefault(e.role, dict.fromkeys(LEDGER_FIELDS, 0.0))
-        row["calls"] += 1
-        row["failed"] += e.call.error is not None
-        row["cached"] += e.call.cached
-        row["prompt_tokens"] += e.call.prompt_tokens
-        row["completion_tokens"] += e.call.completion_tokens
-        row["cost_usd"] += e.call.cost_usd
-    return out
+    return {role: dict(row) for role, row in view.llm_ledger.items()}
 
 
 def evaluation_rows(view: RunView) -> list[list[Any]]:
@@ -202,7 +192,7 @@ class TrackingSink:
         elif isinstance(event, Best):
             tracker.log(figures, round_=event.round, seq=event.seq, text={"best/solution_id": event.solution_id})
         elif isinstance(event, LlmCallEvent):
-            tracker.log(figures | {"llm_calls": float(len(view.llm_calls))}, round_=view.rounds_used, seq=event.seq,
+            tracker.log(figures | {"llm_calls": float(view.llm_call_count)}, round_=view.rounds_used, seq=event.seq,
                         text={})
         elif isinstance(event, Resume):
             tracker.log(figures | {"session": float(view.session)}, round_=view.rounds_used, seq=event.seq, text={})

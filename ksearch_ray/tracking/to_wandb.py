@@ -22,7 +22,8 @@ from typing import Any
 import wandb
 
 from ksearch_ray.config import RunConfig
-from ksearch_ray.tracking.sink import EVALUATION_COLUMNS, LEDGER_FIELDS
+from ksearch_ray.events import LEDGER_FIELDS
+from ksearch_ray.tracking.sink import EVALUATION_COLUMNS
 
 PROJECT = "ksearch-ray"
 # Where W&B writes outside its run directory unless told: staging of artifacts (WANDB_DATA_DIR), the

@@ -449,7 +449,7 @@ def dump_event(event: Event) -> str:
 # ------------------------------------------------------------------------------------- the read model
 
 
-@dataclass
+@dataclass(slots=True)
 class CycleRecord:
     cycle_id: str
     node_id: str
@@ -462,7 +462,7 @@ class CycleRecord:
     """Every solution its rounds and its tuner produced (a live view forgets the unreferenced ones at its end)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class EvalRow:
     """One evaluation of the run (baseline, seed, candidates, tuner variants) or a round without code."""
 
@@ -504,7 +504,7 @@ def first_lines(text: str | None, n: int = ERROR_LINES) -> str:
     return "\n".join(lines[:n] + (["..."] if len(lines) > n else []))
 
 
-@dataclass
+@dataclass(slots=True)
 class TimelineRow:
     seq: int
     t: float
@@ -513,7 +513,7 @@ class TimelineRow:
     cost_usd: float
 
 
-@dataclass
+@dataclass(slots=True)
 class BestRow:
     """One improvement of the run's best (over every GPU type), as it happened."""
 

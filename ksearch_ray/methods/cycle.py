@@ -46,6 +46,9 @@ LEASE_LOST = "lease lost"
 """The stop reason of a cycle whose lease expired under it."""
 REFUSED = "refused"
 """The stop reason of a cycle whose coder call the provider refused."""
+CODE_HISTORY = 64
+"""The settled attempts a coder request carries, the latest (with their solutions, and the cycle's best and current
+beside them): a cycle as wide as a share of width 1,024 has hundreds, and every request used to carry them all."""
 
 
 def stagnation(attempts: list[Attempt]) -> int:
@@ -220,7 +223,9 @@ class ActionCycle:
         attempts = settled(rec.attempts)  # (the cycle's other lanes' attempts in flight are not evidence yet)
         kind = next_kind(attempts, base is not None)
         current = current_attempt(attempts)
-        sols = {a.solution_id: ctx.evals.solution(a.solution_id) for a in attempts if a.solution_id}
+        carried = attempts[-CODE_HISTORY:]
+        sols = {a.solution_id: ctx.evals.solution(a.solution_id)
+                for a in (*carried, current) if a is not None and a.solution_id}
         base_result = ctx.run.view.results.get(base.id) if base else None
         current_result = current.result if current else None
         baseline = ctx.evals.baseline_for(current.evaluator if current else None)
@@ -232,13 +237,15 @@ class ActionCycle:
             failure = FailedAttempt(round=last.round, kind=last.kind, solution=sols.get(last.solution_id or ""),
                                     result=last.result, error=last.error, reply_start=last.reply_start)
         best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
+        if best is not None and best.solution_id:
+            sols[best.solution_id] = ctx.evals.solution(best.solution_id)
         request = ctx.llm.code_request(
             kind, node_id=node.id, base=base, base_speedup=base_speedup,
             base_times=workload_times(base_result, None, ctx.evals.baseline_for(None)),
             current=sols.get(current.solution_id) if current and current.solution_id else None,
             current_result=current_result, current_speedup=current.speedup if current else None,
             current_times=workload_times(current_result, base_result, baseline),
-            history=list(attempts), solutions=sols, failure=failure,
+            history=carried, earlier_attempts=len(attempts) - len(carried), solutions=sols, failure=failure,
             passed=sols[best.solution_id] if best and best.solution_id else base,
             passed_speedup=best.speedup if best else base_speedup,
         )

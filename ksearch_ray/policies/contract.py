@@ -162,8 +162,9 @@ class CodeRequest:
     current_result: EvalResult | None = None
     current_speedup: float | None = None  # of exactly `current`, over the baseline
     current_times: list[WorkloadTime] = field(default_factory=list)
-    history: list[Attempt] = field(default_factory=list)
-    solutions: dict[str, Solution] = field(default_factory=dict)  # every solution of this cycle, by id
+    history: list[Attempt] = field(default_factory=list)  # the cycle's latest settled attempts, oldest first
+    earlier_attempts: int = 0  # the cycle's settled attempts before `history`, not carried (a wide cycle has hundreds)
+    solutions: dict[str, Solution] = field(default_factory=dict)  # the solutions of `history`, by id
     seeds: dict[str, Solution] = field(default_factory=dict)
     noise: float | None = None
     prompt_budget_tokens: int | None = None  # None: what the model's context window allows

@@ -330,7 +330,7 @@ class LLMPolicy:
                             + (f"\n\n{request.passed_speedup:.3g}x over the baseline." if request.passed_speedup else ""))
             if passed else "(nothing has passed yet)",
             "reference": f"```python\n{request.reference.rstrip()}\n```" if request.reference else "(not available)",
-            "history": history_text(request.history),
+            "history": history_text(request.history, earlier=request.earlier_attempts),
             # Inspirations share a third of the prompt budget; the parent's code is shown whole.
             "inspirations": inspirations_text(request.inspirations, budget_tokens * CHARS_PER_TOKEN // 3),
         }

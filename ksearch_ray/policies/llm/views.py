@@ -208,7 +208,8 @@ def result_text(result: EvalResult | None, speedup: float | None, times: list[Wo
     return f"{head}\nPer workload:\n{body}" if body else head
 
 
-def history_text(history: list[Attempt], limit: int = 12) -> str:
+def history_text(history: list[Attempt], limit: int = 12, earlier: int = 0) -> str:
+    """The last `limit` attempts, one line each; `earlier`: attempts before `history` (not carried)."""
     lines = []
     for a in history[-limit:]:
         what = a.error or (a.result.status.value if a.result else "pending")
@@ -217,8 +218,8 @@ def history_text(history: list[Attempt], limit: int = 12) -> str:
         if a.speedup:
             what += f", {format_speedup(a.speedup)} over the baseline"
         lines.append(f"- round {a.round} ({a.kind}): {what}")
-    if len(history) > limit:
-        lines.insert(0, f"({len(history) - limit} earlier attempts not shown)")
+    if (hidden := earlier + max(0, len(history) - limit)) > 0:
+        lines.insert(0, f"({hidden} earlier attempts not shown)")
     return "\n".join(lines) or "(none yet)"
 
 

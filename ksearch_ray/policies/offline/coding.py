@@ -56,7 +56,7 @@ def _cycle_tried(space: _Space, request: CodeRequest) -> set[str]:
 def _build(
     request: CodeRequest, start: Solution, config: Config, parent_id: str | None, what: str
 ) -> CodeReply:
-    attempt = len(request.history) + 1
+    attempt = request.earlier_attempts + len(request.history) + 1
     if request.current is not None and all(a.solution_id != request.current.id for a in request.history):
         attempt += 1
     values = config.as_dict()

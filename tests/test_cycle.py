@@ -301,3 +301,25 @@ def test_ops_rejected_because_the_tree_moved_on_are_told_to_the_planner_in_its_n
     told = [line for p in plans.plans for line in p.rejected]
     assert any("n3" in line and "REJECTED" in line and "changed" in line for line in told), told
     assert search.world.tree().nodes["n3"].score == 0.7  # the stale edit did not apply
+
+
+def test_a_long_cycle_s_coder_request_carries_its_latest_attempts_and_the_best_not_all_of_them(tmp_path):
+    """A wide cycle makes hundreds of attempts; each request carries the latest CODE_HISTORY, the best beside them,
+    and how many came before (issue 42: every request used to carry every attempt and its code)."""
+    from ksearch_ray.methods.cycle import CODE_HISTORY
+    from ksearch_ray.policies.llm.views import history_text
+
+    rounds = CODE_HISTORY + 6
+    code = coder("ms=0.5", "slower")
+    search = local_search(tmp_path, planner([insert("root", "tile")]), code, FakeEvaluators(judge), rounds=rounds,
+                          stagnation_window=rounds)
+    run(search)
+    last = code.codes[-1]
+    assert len(code.codes) == rounds and last.kind == "improve"
+    assert len(last.history) == CODE_HISTORY and last.earlier_attempts == rounds - 1 - CODE_HISTORY
+    assert [a.round for a in last.history] == list(range(rounds - CODE_HISTORY, rounds))
+    assert last.current is not None and last.current.name == "ms=0.5"  # the best, from before the carried window
+    assert last.passed == last.current and last.current.id in last.solutions
+    assert {a.solution_id for a in last.history} <= set(last.solutions) and len(last.solutions) == CODE_HISTORY + 1
+    hidden = rounds - 1 - 12
+    assert history_text(last.history, earlier=last.earlier_attempts).startswith(f"({hidden} earlier attempts not shown)")

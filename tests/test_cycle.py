@@ -311,9 +311,14 @@ def test_a_long_cycle_s_coder_request_carries_its_latest_attempts_and_the_best_n
 
     rounds = CODE_HISTORY + 6
     code = coder("ms=0.5", "slower")
+    cached: list[int] = []  # the engine's solutions in memory at each request
+    answer = code._code
+    assert answer is not None
+    code._code = lambda request: (cached.append(len(search.evals._solutions)), answer(request))[1]
     search = local_search(tmp_path, planner([insert("root", "tile")]), code, FakeEvaluators(judge), rounds=rounds,
                           stagnation_window=rounds)
     run(search)
+    assert max(cached) <= CODE_HISTORY + 4  # (the carried attempts', the best's, the seeds')
     last = code.codes[-1]
     assert len(code.codes) == rounds and last.kind == "improve"
     assert len(last.history) == CODE_HISTORY and last.earlier_attempts == rounds - 1 - CODE_HISTORY

@@ -8,6 +8,7 @@ only by `record`); everything it learns is an event it records, so a resumed run
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,8 +125,8 @@ class Evaluations(Protocol):
 
     def save_solution(self, solution: Solution) -> str: ...
 
-    def forget(self, solution_ids: list[str]) -> None:
-        """A cycle ended: those of its solutions the live view forgot leave the cache."""
+    def uncache(self, solution_ids: Iterable[str]) -> None:
+        """These solutions' code leaves memory (a later need reads the store)."""
         ...
 
     async def judge(self, attempt: Attempt, where: Where) -> None:

@@ -239,6 +239,8 @@ class ActionCycle:
         best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
         if best is not None and best.solution_id:
             sols[best.solution_id] = ctx.evals.solution(best.solution_id)
+        # The code of attempts older than the carried ones leaves memory: a wide cycle makes thousands.
+        ctx.evals.uncache(a.solution_id for a in attempts[:-CODE_HISTORY] if a.solution_id and a.solution_id not in sols)
         request = ctx.llm.code_request(
             kind, node_id=node.id, base=base, base_speedup=base_speedup,
             base_times=workload_times(base_result, None, ctx.evals.baseline_for(None)),
@@ -373,10 +375,10 @@ class ActionCycle:
         self.ctx.run.record(CycleStep(cycle=self.rec.cycle_id, step=step))
 
     def _end(self, *, passed: bool, abandoned: str | None = None) -> None:
-        """The cycle's last event; what the live view forgets with it (see RunView.live) leaves the solution cache."""
+        """The cycle's last event; the code of what the live view forgets with it (see RunView.live) leaves memory."""
         rec = self.rec
         solution_ids = list(rec.solution_ids)
         self.ctx.run.record(CycleEnd(cycle=rec.cycle_id, node=rec.node_id, passed=passed, attempts=len(rec.attempts),
                                      budget_cut=self.budget_cut, abandoned=abandoned))
-        self.ctx.evals.forget(solution_ids)
+        self.ctx.evals.uncache(i for i in solution_ids if i not in self.ctx.run.view.results)
 

@@ -9,7 +9,7 @@ between candidates (`search.noise_share` of its time), for the noise only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.describe import EvaluatorInfo
@@ -72,12 +72,10 @@ class Evaluations:
             self._solutions[solution_id] = self.store.load_solution(solution_id)
         return self._solutions[solution_id]
 
-    def forget(self, solution_ids: list[str]) -> None:
-        """A cycle ended: its solutions whose results the live view forgot leave memory too (a later need, if
-        any, reads them from the store)."""
+    def uncache(self, solution_ids: Iterable[str]) -> None:
+        """These solutions' code leaves memory (a later need, if any, reads it from the store)."""
         for solution_id in solution_ids:
-            if solution_id not in self.view.results:
-                self._solutions.pop(solution_id, None)
+            self._solutions.pop(solution_id, None)
 
     def save_solution(self, solution: Solution) -> str:
         self._solutions[solution.id] = solution

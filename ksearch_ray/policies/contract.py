@@ -164,7 +164,7 @@ class CodeRequest:
     current_times: list[WorkloadTime] = field(default_factory=list)
     history: list[Attempt] = field(default_factory=list)  # the cycle's latest settled attempts, oldest first
     earlier_attempts: int = 0  # the cycle's settled attempts before `history`, not carried (a wide cycle has hundreds)
-    solutions: dict[str, Solution] = field(default_factory=dict)  # the solutions of `history`, by id
+    solutions: dict[str, Solution] = field(default_factory=dict)  # the solutions of `history`, the current and the best
     seeds: dict[str, Solution] = field(default_factory=dict)
     noise: float | None = None
     prompt_budget_tokens: int | None = None  # None: what the model's context window allows

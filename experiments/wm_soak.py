@@ -17,6 +17,7 @@ id, with no limit on evaluations at once. Printed per width, as a Markdown row:
     world-model files files under world_model/ and their size: one per version before the deltas
                       (issue 42); checkpoints and deltas.jsonl after
     run dir / round   the whole run directory's size over the rounds
+    coder request     every 16th request to the coder, pickled as a Ray call would ship it: median and largest KB
 
 It reads only what both layouts have, so the same script measures main and a branch:
 `PYTHONPATH=<checkout> python experiments/wm_soak.py` measures that checkout's code.
@@ -28,8 +29,10 @@ import argparse
 import asyncio
 import json
 import os
+import pickle
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +78,7 @@ class InstantCoder:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.request_bytes: list[int] = []  # every 16th request, pickled (what a Ray call would ship)
 
     async def name(self) -> str:
         return "soak coder"
@@ -87,6 +91,8 @@ class InstantCoder:
         from ksearch_ray.policies.contract import CodeReply
 
         self.calls += 1
+        if self.calls % 16 == 0:
+            self.request_bytes.append(len(pickle.dumps(request)))
         tag = f"k{self.calls}"
         return CodeReply(solution=Solution(
             name=tag, task="toy_axpy", language="python", entry_file="k.py", entry_point="run",
@@ -157,7 +163,8 @@ def one_run(run_dir: Path, width: int, rounds: int, eval_ms: float, ideas: int) 
                               "budget": {"rounds": rounds}})
     store = RunStore.create(run_dir, {"run_id": run_dir.name, "config": config.model_dump(mode="json")})
     task = find_task(config.task, config.task_dirs)
-    backends = local_backends(config, task, store, planner=InstantPlanner(ideas), coder=InstantCoder(),
+    coder = InstantCoder()
+    backends = local_backends(config, task, store, planner=InstantPlanner(ideas), coder=coder,
                               evaluators=SleepingEvaluators(eval_ms / 1e3))
     search = Search(config, task, store, backends, method_for(config, store.load_solution))
     t0 = time.monotonic()
@@ -190,6 +197,8 @@ def one_run(run_dir: Path, width: int, rounds: int, eval_ms: float, ideas: int) 
         "wm_files": len(wm_files), "wm_mb": sum(p.stat().st_size for p in wm_files) / 1e6,
         "events_mb": (run_dir / "events.jsonl").stat().st_size / 1e6, "run_dir_mb": all_bytes / 1e6,
         "run_dir_kb_per_round": all_bytes / 1e3 / max(end["rounds"], 1),
+        "request_kb": (f"{statistics.median(coder.request_bytes) / 1e3:.0f} / {max(coder.request_bytes) / 1e3:.0f}"
+                       if coder.request_bytes else "?"),
         "rss_quarters": " / ".join(f"{rss_at[q]:.0f}" if q in rss_at else "?" for q in range(1, 5)),
     }
 
@@ -201,7 +210,7 @@ def _rss_mb() -> float:
 
 
 ROW = ("| {width} | {rounds} | {rounds_per_s:.1f} | {max_rss_mb:.0f} MB | {rss_quarters} | {wm_s:.1f} s | {wm_files} | "
-       "{wm_mb:.1f} | {events_mb:.1f} | {run_dir_mb:.1f} | {run_dir_kb_per_round:.1f} |")
+       "{wm_mb:.1f} | {events_mb:.1f} | {run_dir_mb:.1f} | {run_dir_kb_per_round:.1f} | {request_kb} |")
 
 
 def main() -> None:
@@ -223,8 +232,8 @@ def main() -> None:
           f"ksearch_ray from {Path(ksearch_ray.__file__).parent}; run directories under {out}")
     print(f"{args.rounds} rounds, fake evaluations of {args.eval_ms:g} ms, {args.ideas} actions per plan")
     print("| width | rounds | rounds/s | max RSS | RSS MB at 1/4 / 1/2 / 3/4 / all rounds | world-model time | "
-          "world-model files | world-model MB | events.jsonl MB | run dir MB | run dir KB / round |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "world-model files | world-model MB | events.jsonl MB | run dir MB | run dir KB / round | coder request KB median / max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for width in args.width:
         child = subprocess.run([sys.executable, __file__, "--one", str(width), "--rounds", str(args.rounds),
                                 "--eval-ms", str(args.eval_ms), "--ideas", str(args.ideas), "--out", str(out)],

@@ -220,13 +220,10 @@ def evolve_prompt() -> list[dict[str, str]]:
 
 
 def test_golden_evolve_prompt():
-    import os
+    from golden import check_golden
 
     text = "\n".join(f"<<< {m['role']} >>>\n{m['content']}" for m in evolve_prompt())
-    path = GOLDEN / "evolve.txt"
-    if os.environ.get("KSEARCH_UPDATE_PROMPTS"):
-        path.write_text(text)
-    assert text == path.read_text(), "the evolve prompt changed; review the diff, then KSEARCH_UPDATE_PROMPTS=1"
+    check_golden(text, GOLDEN / "evolve.txt", "evolve prompt")
 
 
 def test_the_standin_answers_an_evolve_prompt_with_a_tunable_change_of_the_parent():

@@ -8,12 +8,12 @@ change: KSEARCH_UPDATE_PROMPTS=1 pytest -k golden.
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import check_golden
 
 from ksearch_ray.config import LLMConfig
 from ksearch_ray.evaluation.describe import DATASHEETS, EvaluatorInfo
@@ -266,13 +266,7 @@ def rendered(kind: str, scenario: Scenario) -> str:
 @pytest.mark.parametrize("kind", [*PLAN_KINDS, *CODE_KINDS])
 def test_golden_prompt(kind: str, scenario: str) -> None:
     make, directory = SCENARIOS[scenario]
-    text = rendered(kind, make())
-    path = directory / f"{kind}.txt"
-    if os.environ.get("KSEARCH_UPDATE_PROMPTS"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"no golden file {path}: run with KSEARCH_UPDATE_PROMPTS=1 to write it"
-    assert text == path.read_text(), f"the {kind} prompt changed; review the diff, then KSEARCH_UPDATE_PROMPTS=1"
+    check_golden(rendered(kind, make()), directory / f"{kind}.txt", f"{kind} prompt")
 
 
 def test_the_h200_prompts_carry_the_facts_a_kernel_engineer_needs() -> None:

@@ -184,8 +184,8 @@ def test_a_width_4_search_learns_from_its_failures_and_beats_its_seed(tmp_path):
     assert failures, "the stand-in's bold drafts should have failed"
     debug_prompts = [x.prompt for x in exchanges if "Call: debug" in x.prompt]
     assert any(f.result.message in p for f in failures for p in debug_prompts)
-    debugged = [e for e in events if e.kind == "evaluation" and e.result.status == "PASSED"
-                and state.candidates[e.round].attempt_kind == "debug"]
+    kinds = {e.round: e.attempt_kind for e in events if e.kind == "candidate"}
+    debugged = [e for e in events if e.kind == "evaluation" and e.result.status == "PASSED" and kinds[e.round] == "debug"]
     assert debugged, "a broken draft was fixed from its error text"
     planner_prompts = [x.prompt for x in exchanges if any(call in x.prompt for call in PLANNER_CALLS)]
     assert any(f.result.message in prompt for f in failures for prompt in planner_prompts)

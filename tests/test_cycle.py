@@ -258,6 +258,26 @@ def test_code_identical_to_an_evaluated_candidate_is_recognised_and_not_evaluate
     assert [s.id for s in evaluators.evaluated].count(same.id) == 1
 
 
+def test_code_a_cycle_that_ended_already_judged_is_still_recognised_after_the_live_view_forgot_its_result(tmp_path):
+    """The live view forgets an ended cycle's failed results (issue 42) and keeps their verdict: a later cycle handed
+    the same code is told how it fared, and it is not evaluated again."""
+    broken = kernel("broken")
+    evaluators = FakeEvaluators(judge)
+    search = local_search(tmp_path, planner([insert("root", "tile"), insert("root", "unroll")]),
+                          ScriptedPolicy(code=lambda request: CodeReply(solution=broken)), evaluators, rounds=2,
+                          stagnation_window=1)
+    state = run(search)
+    events = search.store.read_events()
+    candidates = [e for e in events if e.kind == "candidate"]
+    assert [c.cycle for c in candidates] == ["c1", "c2"] and candidates[0].solution_id == broken.id
+    c1_end = next(e.seq for e in events if e.kind == "cycle_end" and e.cycle == "c1")
+    assert c1_end < candidates[1].seq  # c1 ended (and the live view forgot its result) before c2's reply came
+    assert broken.id in state.forgotten and broken.id not in state.results
+    assert candidates[1].solution_id is None and f"identical to solution {broken.id}" in candidates[1].error
+    assert "COMPILE_ERROR: build failed: broken" in candidates[1].error
+    assert [s.id for s in evaluators.evaluated].count(broken.id) == 1
+
+
 def test_the_best_node_gets_an_open_continuation_when_the_planner_left_it_none(tmp_path):
     plans = planner([insert("root", "tile")], later=[])  # refine proposes nothing under the new best
     search = local_search(tmp_path, plans, coder("ms=1.5", "ms=1.4"), FakeEvaluators(judge), rounds=4,

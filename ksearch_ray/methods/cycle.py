@@ -236,9 +236,7 @@ class ActionCycle:
         if last is not None and not last.passed:
             failure = FailedAttempt(round=last.round, kind=last.kind, solution=sols.get(last.solution_id or ""),
                                     result=last.result, error=last.error, reply_start=last.reply_start)
-        best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
-        if best is not None and best.solution_id:
-            sols[best.solution_id] = ctx.evals.solution(best.solution_id)
+        best = current if current is not None and current.passed else None  # (current_attempt: the best passing one)
         # The code of attempts older than the carried ones leaves memory: a wide cycle makes thousands.
         ctx.evals.uncache(a.solution_id for a in attempts[:-CODE_HISTORY] if a.solution_id and a.solution_id not in sols)
         request = ctx.llm.code_request(

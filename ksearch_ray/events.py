@@ -574,13 +574,11 @@ class RunView:
     """A live view: solution id -> the status and message of a result it forgot (see `live`)."""
     llm_calls: list[LlmCallEvent] = field(default_factory=list)
     """Every LLM call (a reader's view; a live view keeps the counts below only)."""
-    llm_call_count: int = 0
     llm_replies: int = 0
     """Calls that came back with a reply, usable or not."""
     llm_last_error: str | None = None
     llm_ledger: dict[str, dict[str, float]] = field(default_factory=dict)
     """Role -> its calls' LEDGER_FIELDS: how many, failed, from the cache, tokens, dollars."""
-    llm_failed_calls: int = 0
     llm_cost_usd: float = 0.0
     llm_tokens: int = 0
     scores: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)
@@ -625,6 +623,14 @@ class RunView:
         return view
 
     # --- derived facts -----------------------------------------------------------------------------
+
+    @property
+    def llm_call_count(self) -> int:
+        return int(sum(row["calls"] for row in self.llm_ledger.values()))
+
+    @property
+    def llm_failed_calls(self) -> int:
+        return int(sum(row["failed"] for row in self.llm_ledger.values()))
 
     @property
     def session_start_t(self) -> float | None:
@@ -777,7 +783,6 @@ class RunView:
             if not self.live:
                 self.llm_calls.append(e)
             call = e.call
-            self.llm_call_count += 1
             self.llm_replies += call.error is None or error_class(call.error_kind) == "unusable"
             self.llm_last_error = call.error or self.llm_last_error
             ledger = self.llm_ledger.setdefault(e.role, dict.fromkeys(LEDGER_FIELDS, 0.0))
@@ -785,7 +790,6 @@ class RunView:
                                 ("prompt_tokens", call.prompt_tokens), ("completion_tokens", call.completion_tokens),
                                 ("cost_usd", call.cost_usd)):
                 ledger[name] += value
-            self.llm_failed_calls += e.call.error is not None
             self.llm_cost_usd += e.call.cost_usd
             self.llm_tokens += e.call.prompt_tokens + e.call.completion_tokens
         elif isinstance(e, CycleStart):

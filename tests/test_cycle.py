@@ -334,7 +334,12 @@ def test_a_long_cycle_s_coder_request_carries_its_latest_attempts_and_the_best_n
     cached: list[int] = []  # the engine's solutions in memory at each request
     answer = code._code
     assert answer is not None
-    code._code = lambda request: (cached.append(len(search.evals._solutions)), answer(request))[1]
+
+    def counting(request: CodeRequest) -> CodeReply:
+        cached.append(len(search.evals._solutions))
+        return answer(request)
+
+    code._code = counting
     search = local_search(tmp_path, planner([insert("root", "tile")]), code, FakeEvaluators(judge), rounds=rounds,
                           stagnation_window=rounds)
     run(search)

@@ -9,6 +9,9 @@ Each width is one run, in a process of its own (its own cluster; max RSS is that
 
     busy        evaluators' share of time measuring, once warmed up (from one longest LLM reply after the first
                 round to the last round handed out), sampled every simulated second
+    candidates / tuning / idle tuning
+                what the evaluators' measured seconds went to, over the whole run: the coder's candidates,
+                --autotune's variants, and idle tuning's (--tune-when-idle)
     slots       the width's share at work in that window: coder calls in flight, and candidates with the evaluators
                 (waiting for one, or measured), over the width
     cycles      action cycles running, mean in that window and peak
@@ -37,7 +40,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-ROW = ("| {width} | {gpus} on {nodes} nodes | {rounds} | {busy} | {slots} | {mean_cycles} / {peak_cycles} | "
+ROW = ("| {width} | {gpus} on {nodes} nodes | {rounds} | {busy} | {split} | {slots} | {mean_cycles} / {peak_cycles} | "
        "{rounds_per_sim_s:.2f} | {driver_cpu} | {max_rss_mb:.0f} MB | {run_dir_kb_per_round:.1f} | "
        "{provider_requests} | {provider_429s} | {end} |")
 
@@ -60,6 +63,8 @@ def main() -> None:
                         help="search.ksearch.max_parallel_attempts 1: every cycle one attempt at a time (before)")
     parser.add_argument("--policy-actors", type=int, default=4)
     parser.add_argument("--autotune", type=int, default=0, help="search.autotune_variants: tuner evaluations per passed candidate")
+    parser.add_argument("--tune-when-idle", action="store_true",
+                        help="search.tune_when_idle: evaluators that would idle tune the fastest passed candidates")
     parser.add_argument("--repeated-code", action="store_true",
                         help="the stand-in's own changes only (it may write a file again) instead of a file of its own each reply")
     parser.add_argument("--out", type=Path, default=None)
@@ -86,6 +91,7 @@ def main() -> None:
                                tell_limits=not args.learn_limits, policy_actors=args.policy_actors,
                                max_parallel_attempts=1 if args.sequential else None,
                                distinct_code=not args.repeated_code, autotune_variants=args.autotune,
+                               tune_when_idle=args.tune_when_idle,
                                eval_latency=EvalLatency(time_factor=args.time_factor))
         print(json.dumps(simulate(settings, out / f"w{args.one}")))
         return
@@ -94,10 +100,11 @@ def main() -> None:
           f"provider {args.rpm} requests and {args.tpm} tokens a minute"
           + (" (learnt)" if args.learn_limits else " (told)") + (", sequential cycles" if args.sequential else "")
           + (", the stand-in's code may repeat" if args.repeated_code else ", a file of its own each reply")
-          + (f", {args.autotune} tuner evaluations per passed candidate" if args.autotune else ""))
-    print("| width | GPUs | rounds | busy | slots | cycles mean / peak | rounds/s | driver CPU | RSS | KB/round | "
-          "requests | 429s | end |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          + (f", {args.autotune} tuner evaluations per passed candidate" if args.autotune else "")
+          + (", idle evaluators tune" if args.tune_when_idle else ""))
+    print("| width | GPUs | rounds | busy | candidates / tuning / idle tuning | slots | cycles mean / peak | rounds/s | "
+          "driver CPU | RSS | KB/round | requests | 429s | end |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     series = {}
     for width in args.width:
         cmd = [sys.executable, __file__, "--one", str(width)] + _without_widths(sys.argv[1:])
@@ -106,7 +113,8 @@ def main() -> None:
             sys.exit(f"width {width} failed:\n{child.stderr[-3000:]}")
         figures = json.loads(child.stdout.strip().splitlines()[-1])
         series[width] = figures.pop("samples")
-        print(ROW.format(**figures, busy=pct(figures["busy_share"]), slots=pct(figures["slot_share"]),
+        split = " / ".join(pct(figures["measured_shares"].get(k)) for k in ("candidates", "tuning", "idle tuning"))
+        print(ROW.format(**figures, busy=pct(figures["busy_share"]), slots=pct(figures["slot_share"]), split=split,
                          mean_cycles=f"{figures['mean_cycles_warm'] or 0:.0f}", driver_cpu=pct(figures["driver_cpu_share"])),
               flush=True)
     if args.plot:

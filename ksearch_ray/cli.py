@@ -248,6 +248,7 @@ RUN_FLAGS: list[tuple[str, str, str]] = [
     ("language", "--language", "search.language"),
     ("random_seed", "--random-seed", "search.random_seed"),
     ("autotune", "--autotune", "search.autotune_variants"),
+    ("tune_when_idle", "--tune-when-idle/--no-tune-when-idle", "search.tune_when_idle"),
     ("noise_repeats", "--noise-repeats", "search.noise_repeats"),
     ("confirm_repeats", "--confirm-repeats", "search.confirm_repeats"),
     ("stagnation_window", "--stagnation-window", "search.ksearch.stagnation_window"),

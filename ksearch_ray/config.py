@@ -128,6 +128,10 @@ class SearchConfig(_Section):
     autotune_variants: int = Field(
         default=0, ge=0, description="Evaluations the tuner may spend on each passed candidate's tunables (0: none)."
     )
+    tune_when_idle: bool = Field(
+        default=False, description="Lend evaluators that would otherwise idle (no candidate waiting) to tuning the "
+        "tunables of the fastest passed candidates, one choice at a time, until none is faster: evaluations, not rounds."
+    )
     noise_repeats: int = Field(
         default=24, ge=1, description="Measurements of the baseline per evaluator at the start of every session, for the "
         "noise: this many, or fewer (never below 3) once they have taken noise_budget_s; the seed is measured "

@@ -322,6 +322,9 @@ class Tune(_Where):
     gpu: str | None = None
     result: EvalResult
     speedup: float | None = None
+    idle: bool = False
+    """Measured by an evaluator that would otherwise have idled (`search.tune_when_idle`), after the method saw the
+    candidate: it changes no attempt; a variant beyond the noise may become a best."""
 
 
 class Tuned(_Where):
@@ -889,19 +892,25 @@ class RunView:
             return result.status, result.message
         return self.forgotten.get(solution_id)
 
-    def _forget(self, record: CycleRecord) -> None:
-        """A live view at the end of a cycle: its attempts and candidates, and the results nothing refers to."""
-        keep = {b.solution_id for b in self.best_by_gpu.values()}
+    def let_go(self, solution_ids: Iterable[str], keep: Iterable[str] = ()) -> None:
+        """A live view forgets these results unless something refers to them (a best, the seed, `keep`); their
+        verdicts stay (`verdict`). A reader keeps everything."""
+        if not self.live:
+            return
+        kept = {b.solution_id for b in self.best_by_gpu.values()} | set(keep)
         if self.seed is not None and self.seed.solution_id:
-            keep.add(self.seed.solution_id)
-        node = self.wm.tree.nodes.get(record.node_id) if self.wm is not None else None
-        if node is not None and node.solution is not None:
-            keep.add(node.solution.solution_id)
-        for solution_id in record.solution_ids:
+            kept.add(self.seed.solution_id)
+        for solution_id in solution_ids:
             result = self.results.get(solution_id)
-            if result is not None and solution_id not in keep:
+            if result is not None and solution_id not in kept:
                 self.forgotten[solution_id] = (result.status, clip(result.message, VERDICT_CHARS))
                 del self.results[solution_id]
+
+    def _forget(self, record: CycleRecord) -> None:
+        """A live view at the end of a cycle: its attempts and candidates, and the results nothing refers to."""
+        node = self.wm.tree.nodes.get(record.node_id) if self.wm is not None else None
+        attached = [node.solution.solution_id] if node is not None and node.solution is not None else []
+        self.let_go(record.solution_ids, keep=attached)
         for attempt in record.attempts:
             self.candidates.pop(attempt.round, None)
         record.attempts, record.by_round, record.solution_ids = [], {}, []

@@ -10,7 +10,9 @@ whichever evaluator is free first (`evaluate`) or from one evaluator in particul
   a library that built is passed to the evaluator through the object store (its node fetches
   the bytes) and only loaded and measured there. Each node also keeps a build cache.
 * **An idle queue**, so evaluations in flight never exceed the evaluators, and a lock per
-  evaluator, so an addressed evaluation never runs beside another on the same GPU.
+  evaluator, so an addressed evaluation never runs beside another on the same GPU. An evaluator that
+  would idle is lent to spare work (`take_spare`, `evaluate_spare`: idle tuning) only while no
+  evaluation waits for one.
 * **Losses.** When an evaluator dies mid-evaluation (its process, or its whole node), the loss is
   reported through `on_lost` (so the run log says which evaluations a failure cost) and a
   replacement actor is started in the background; it takes the dead one's place only once it
@@ -42,7 +44,7 @@ from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.evaluation.sandbox.build import arch_for
 from ksearch_ray.models import EvalResult, Solution, Status
-from ksearch_ray.run.backends import BUILDER
+from ksearch_ray.run.backends import BUILDER, IdleEvaluators
 from ksearch_ray.run.errors import SearchError
 
 log = logging.getLogger(__name__)
@@ -111,9 +113,9 @@ class RayEvaluatorPool:
         self.device = self.config.evaluation.device or "cpu"
         self.size = evaluator_count(self.config)
         self.actors = [self._make(i) for i in range(self.size)]
-        self.idle: asyncio.Queue[int] = asyncio.Queue()
+        self.idle = IdleEvaluators()
         for i in range(self.size):
-            self.idle.put_nowait(i)
+            self.idle.put(i)
         # One measurement at a time per evaluator, whether it came through the idle queue or was
         # addressed to that evaluator (baselines and re-timing are measured on each GPU itself).
         self._locks = [asyncio.Lock() for _ in range(self.size)]
@@ -175,7 +177,7 @@ class RayEvaluatorPool:
         else:
             if index in self._parked:
                 self._parked.discard(index)
-                self.idle.put_nowait(index)
+                self.idle.put(index)
         finally:
             self._replacing.pop(index, None)
 
@@ -289,10 +291,38 @@ class RayEvaluatorPool:
                     raise EvaluatorPoolError(f"{solution.name}: its evaluator died {ACTOR_RETRIES} times in a row") from None
                 continue
             except BaseException:
-                self.idle.put_nowait(index)  # the actor is alive; the error is ours to raise
+                self.idle.put(index)  # the actor is alive; the error is ours to raise
                 raise
-            self.idle.put_nowait(index)
+            self.idle.put(index)
             return result, index
+
+    def take_spare(self) -> int | None:
+        while (index := self.idle.spare()) is not None:
+            if index not in self._replacing and index not in self._given_up:
+                return index
+            self._parked.add(index)  # its replacement puts it back once it runs
+        return None
+
+    async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
+        record, library = await self._built(solution)
+        if record is not None and not record.passed:
+            return self._build_verdict(solution, workload_set, record), None
+        return None, (record, library)
+
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+        record, library = prepared
+        try:
+            result = await self._on(index, solution, workload_set, record, library)
+        except RayActorError:
+            log.warning("evaluator %d died mid-evaluation of %s (spare work: not run again)", index, solution.name)
+            self._parked.add(index)
+            self._lose(index, solution)
+            return None
+        except BaseException:
+            self.idle.put(index)
+            raise
+        self.idle.put(index)
+        return result
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
         """The verdict of evaluator `index` (waits until it is free; if it dies, until its replacement runs)."""

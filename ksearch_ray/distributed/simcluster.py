@@ -133,6 +133,8 @@ class SimSettings:
     solution cache then answers most candidates, and the GPUs idle for want of new code, not of machinery)."""
     autotune_variants: int = 0
     """search.autotune_variants: evaluations of each passed candidate's tunables, beside the coder's candidates."""
+    tune_when_idle: bool = False
+    """search.tune_when_idle: evaluators that would idle tune the fastest passed candidates (`run.idle_tuning`)."""
     sample_s: float = 1.0
     """Simulated seconds between samples of the busy share and the cycles at work."""
     task_dirs: tuple[str, ...] = (str(TOY_TASKS),)
@@ -164,7 +166,7 @@ def run_config(s: SimSettings, api_base: str, run_dir: Path) -> Any:
         "evaluation": {"device": "cpu", "evaluators": s.gpus, "evaluator_cpus": 0.0001, "evaluator_gpus": True},
         "search": {"width": s.width, "noise_repeats": 1, "confirm_repeats": 0, "warmup": False,
                    "retime_best": False, "ksearch": {"max_parallel_attempts": s.max_parallel_attempts},
-                   "autotune_variants": s.autotune_variants},
+                   "autotune_variants": s.autotune_variants, "tune_when_idle": s.tune_when_idle},
         "budget": {"rounds": s.rounds},
         "cluster": {"policy_actors": s.policy_actors},
     })
@@ -274,12 +276,19 @@ def figures(s: SimSettings, run_dir: Path, samples: list[Sample], wall_s: float,
     busy = sum(x.evaluators_busy for x in warm) / (len(warm) * s.gpus) if warm else None
     slots = sum(min(x.attempts, s.width) for x in warm) / (len(warm) * s.width) if warm else None
     all_bytes = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+    seconds = {"candidates": 0.0, "tuning": 0.0, "idle tuning": 0.0}
+    for e in events:
+        if e["kind"] == "evaluation" or e["kind"] == "tune":
+            part = "candidates" if e["kind"] == "evaluation" else "idle tuning" if e.get("idle") else "tuning"
+            seconds[part] += e["result"].get("seconds") or 0.0
+    measured = sum(seconds.values())
     sim_wall = wall_s / s.time_factor
     return {
         "width": s.width, "gpus": s.gpus, "nodes": s.nodes, "rounds": rounds, "time_factor": s.time_factor,
         "wall_s": wall_s, "sim_wall_s": sim_wall, "rounds_per_sim_s": rounds / sim_wall if sim_wall else 0.0,
         "warm_s": (warm[-1].t - warm[0].t) if len(warm) > 1 else 0.0,
         "busy_share": busy, "slot_share": slots,
+        "measured_shares": {k: v / measured for k, v in seconds.items()} if measured else {},
         "peak_cycles": max((x.cycles for x in samples), default=0),
         "mean_cycles_warm": sum(x.cycles for x in warm) / len(warm) if warm else None,
         "driver_cpu_share": driver_cpu_s / wall_s if wall_s else None,

@@ -7,9 +7,10 @@ an evaluator pool of threads around `Evaluator`s); `distributed` implements them
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ksearch_ray.evaluation.describe import EvaluatorInfo
 from ksearch_ray.evaluation.profiling import ProfileResult
@@ -21,6 +22,39 @@ from ksearch_ray.worldmodel.tree import Tree
 
 BUILDER = -1
 """The evaluator index of a verdict that came from a build (a compile error): no evaluator was used."""
+
+
+class IdleEvaluators:
+    """The evaluators free now, first come first served. One that would otherwise idle is lent to spare work (idle
+    tuning: `run.idle_tuning`) only while no evaluation waits for an evaluator, so spare work never queues ahead of a
+    candidate; it can delay one by at most the spare evaluation that was running when the candidate came."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[int] = asyncio.Queue()
+        self.waiting = 0
+        """Evaluations waiting for an evaluator now."""
+        self.on_free: Callable[[], None] = lambda: None
+        """Called whenever an evaluator comes back (idle tuning wakes on it)."""
+
+    def put(self, index: int) -> None:
+        self._queue.put_nowait(index)
+        self.on_free()
+
+    async def get(self) -> int:
+        self.waiting += 1
+        try:
+            return await self._queue.get()
+        finally:
+            self.waiting -= 1
+
+    def spare(self) -> int | None:
+        """An evaluator no evaluation waits for, taken out of the queue; None if there is none."""
+        if self.waiting or self._queue.empty():
+            return None
+        return self._queue.get_nowait()
+
+    def spare_count(self) -> int:
+        return 0 if self.waiting else self._queue.qsize()
 
 
 class WorldModelBackend(Protocol):
@@ -57,6 +91,23 @@ class EvaluatorBackend(Protocol):
         ...
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult: ...
+
+    idle: IdleEvaluators
+
+    def take_spare(self) -> int | None:
+        """An evaluator that would otherwise idle, out of the queue until `evaluate_spare` gives it back; None if every
+        evaluator is at work or an evaluation waits for one."""
+        ...
+
+    async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
+        """What a spare evaluation needs before it takes an evaluator (a CUDA/C++ build on the build pool, holding no
+        GPU): (the verdict when the build failed, else None; what `evaluate_spare` takes)."""
+        ...
+
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+        """The verdict of evaluator `index` (from `take_spare`), which then goes back to the queue; None if it died
+        meanwhile (spare work is not run again)."""
+        ...
 
     async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult: ...
 

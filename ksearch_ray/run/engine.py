@@ -10,7 +10,8 @@ budget) and builds the other services of its `SearchContext`:
 * `evals` (`run.evaluations`): the solution cache, verdicts, the noise, the best (`run.profiles`: profiles
   of the bests);
 
-and, for its own start and end, `calibration` (`run.calibration`: the baselines, the seed or the best beside
+`idle_tuning` (`run.idle_tuning`, with `search.tune_when_idle`: evaluators that would idle tune the fastest
+passed candidates while the method runs), and, for its own start and end, `calibration` (`run.calibration`: the baselines, the seed or the best beside
 them, the final re-timing) and `budget` (`run.budget`). It reaches the world model, the planner, the coder
 and the evaluators through small interfaces (`run.backends`), so the same logic runs in this process
 (`run.local`) and on Ray (`distributed`).
@@ -29,6 +30,7 @@ from ksearch_ray.run.backends import Backends
 from ksearch_ray.run.budget import Budget
 from ksearch_ray.run.calibration import Calibration
 from ksearch_ray.run.evaluations import Evaluations
+from ksearch_ray.run.idle_tuning import IdleTuning
 from ksearch_ray.run.llm_calls import LlmCalls
 from ksearch_ray.run.mirror import WorldModelMirror
 from ksearch_ray.run.outcome import EXTEND_FLAG
@@ -70,6 +72,7 @@ class Search:
                             self.evals, self.changed)
         self.calibration = Calibration(config, self, store, self.evals, self.world, self.budget)
         self.context = SearchContext(run=self, world=self.world, llm=self.llm, evals=self.evals)
+        self.idle_tuning = IdleTuning(self) if config.search.tune_when_idle else None
 
     # --- the log: the run's record ----------------------------------------------------------------------
 
@@ -78,6 +81,8 @@ class Search:
         self.store.append(event)
         self.view.apply(event)
         self.method.observe(event)
+        if self.idle_tuning is not None:
+            self.idle_tuning.observe(event)
         for observer in self.observers:
             observer(event, self.view)
         if isinstance(event, Candidate):
@@ -164,7 +169,11 @@ class Search:
             if spent:
                 self.on_line(f"the run's budget is spent ({spent}); `ksearch resume {self.store.root} "
                              f"{EXTEND_FLAG[spent]}` extends it")
+            if self.idle_tuning is not None:
+                self.idle_tuning.start()
             reason = await self.method.run(self.context)
+            if self.idle_tuning is not None:
+                await self.idle_tuning.stop()
             await profiles.done()
             await self.calibration.confirm()
             await profiles.done()  # a best given back to the seed is profiled already; anything else, now
@@ -177,6 +186,8 @@ class Search:
             return self.view
         finally:
             profiles.cancel()
+            if self.idle_tuning is not None:
+                self.idle_tuning.cancel()
             self.release()
 
     def _say_estimate(self) -> None:

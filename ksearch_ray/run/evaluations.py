@@ -10,6 +10,7 @@ between candidates (`search.noise_share` of its time), for the noise only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.describe import EvaluatorInfo
@@ -102,6 +103,15 @@ class Evaluations:
             self.measuring -= 1
         await self._baseline_now_and_then(evaluator, result.seconds)
         return result, evaluator, self.speedup_of(result, evaluator) if result.passed else None
+
+    async def measure_spare(self, index: int, solution: Solution, prepared: Any) -> tuple[EvalResult, float | None] | None:
+        """A verdict from evaluator `index`, lent by the pool because it would otherwise idle (`pool.take_spare`), and
+        the speedup (None unless it passed); None if the evaluator died meanwhile. Nothing recorded."""
+        result = await self.pool.evaluate_spare(index, solution, self.workload_set, prepared)
+        if result is None:
+            return None
+        await self._baseline_now_and_then(index, result.seconds)
+        return result, self.speedup_of(result, index) if result.passed else None
 
     async def _baseline_now_and_then(self, evaluator: int, seconds: float) -> None:
         """Make up the baseline measurements the session's start left out for its time budget: until the

@@ -25,7 +25,7 @@ from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies import make_policy
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
 from ksearch_ray.policies.llm.ratelimit import LocalLimiter, RateBook
-from ksearch_ray.run.backends import Backends
+from ksearch_ray.run.backends import Backends, IdleEvaluators
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.evaluators import build_evaluator
 from ksearch_ray.store import RunStore
@@ -89,14 +89,14 @@ class LocalEvaluatorPool:
         self.done = 0
         self.busy_s: dict[int, float] = {}
         self.in_flight: dict[int, tuple[str, float]] = {}
-        self.idle: asyncio.Queue[int] = asyncio.Queue()
+        self.idle = IdleEvaluators()
         self._locks = [asyncio.Lock() for _ in range(size)]
 
     async def describe_all(self) -> list[EvaluatorInfo]:
         if not self.evaluators:
             self.evaluators = [self._make(i) for i in range(self.size)]
             for i in range(self.size):
-                self.idle.put_nowait(i)
+                self.idle.put(i)
         return list(await asyncio.gather(*(asyncio.to_thread(describe, ev) for ev in self.evaluators)))
 
     async def _on(self, index: int, solution: Solution, label: str, work: Callable[[Evaluator], Any]) -> Any:
@@ -118,9 +118,23 @@ class LocalEvaluatorPool:
         try:
             result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
         finally:
-            self.idle.put_nowait(index)
+            self.idle.put(index)
         self.done += 1
         return result, index
+
+    def take_spare(self) -> int | None:
+        return self.idle.spare()
+
+    async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
+        return None, None  # each evaluator builds in its own sandbox
+
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+        try:
+            result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
+        finally:
+            self.idle.put(index)
+        self.done += 1
+        return result
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
         result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))

@@ -271,3 +271,30 @@ def test_the_live_view_heads_with_the_run_directory_and_gives_a_rate_only_for_ev
     asyncio.run(search.run())
     after = shown()
     assert "evaluations 1 (" in after and "/min)" in after
+
+
+@pytest.mark.parametrize("model", [None, "hosted_vllm/m"])
+def test_a_plan_request_carries_the_code_its_policy_reads_not_the_whole_tree(tmp_path, model):
+    """The offline policy reads every attached solution (each node's configuration); an LLM planner's prompt shows
+    at most the seed, the cycle's last and best attempts and the node's own code, so its requests carry only those
+    (issue 42: at width 1,024 a tree holds thousands of kernels)."""
+    from ksearch_ray.policies.contract import shown_plan_code
+
+    tags = [f"k{i}" for i in range(12)]
+    # Each cycle: a faster kernel, then a slow one that ends it (stagnation window 1) and attaches the faster.
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0]} | {t: [1.0 / (i + 2) if i % 2 == 0 else 3.0] for i, t in enumerate(tags)})
+    plans = planner()
+    search = local_search(tmp_path, plans, coder(*tags), evaluators, rounds=12, stagnation_window=1,
+                          parent_patience=1, model=model)
+    asyncio.run(search.run())
+    late = [r for r in plans.plans if sum(1 for n in r.tree.nodes.values() if n.solution) >= 3]
+    assert late, "the tree never held three attached kernels"
+    left_out = 0
+    for request in late:
+        attached = {n.solution.solution_id for n in request.tree.nodes.values() if n.solution}
+        if model is None:
+            assert attached <= set(request.solutions)
+        else:
+            assert set(request.solutions) == shown_plan_code(request.tree, request.node_id, request.attempts)
+            left_out += len(attached - set(request.solutions))
+    assert (left_out > 0) == (model is not None)

@@ -27,3 +27,10 @@ def make_policy(llm: LLMConfig, cache_dir: Path | None = None, prompts_dir: Path
     from ksearch_ray.policies.llm.llm_policy import LLMPolicy
 
     return LLMPolicy(llm, cache_dir=cache_dir, prompts_dir=prompts_dir, limiter=limiter)
+
+
+def reads_every_plan_solution(llm: LLMConfig) -> bool:
+    """Whether the policy `make_policy` builds reads the code of every attached solution when it plans: the offline
+    policy does (each node's configuration); the LLM planner reads only what its prompt shows
+    (`contract.shown_plan_code`), so its requests stay small however large the tree grows."""
+    return llm.model is None

@@ -125,7 +125,9 @@ class PlanRequest:
     node_id: str | None = None  # the node to expand (propose_actions) or just implemented (refine, too_hard)
     attempts: list[Attempt] = field(default_factory=list)  # the finished cycle's, for refine / too_hard
     evidence: list[AttemptEvidence] = field(default_factory=list)  # the same attempts, as the planner reads them
-    solutions: dict[str, Solution] = field(default_factory=dict)  # attached solutions, by id
+    solutions: dict[str, Solution] = field(default_factory=dict)
+    """Code by id: every attached solution and attempt for a policy that reads them all (the offline policy's
+    configurations), else those the prompt can show (`shown_plan_code`)."""
     seeds: dict[str, Solution] = field(default_factory=dict)  # the task's seed kernels, by name
     seed_times: list[WorkloadTime] = field(default_factory=list)  # the seed's measured times (initialize_tree)
     max_actions: int = 6  # new actions this reply may add (K-Search: 3; more for the first plan)
@@ -303,6 +305,19 @@ CODE_REQUESTS: dict[str, type[CodeRequest]] = {
     "generate_from_spec": GenerateFromSpec, "generate_from_base": GenerateFromBase, "debug": Debug, "improve": Improve,
     "evolve": Evolve,
 }
+
+
+def shown_plan_code(tree: Tree, node_id: str | None, attempts: list[Attempt]) -> set[str]:
+    """The kernels an LLM planner's prompt can show (`LLMPolicy._seed_text`, `_code_text`): the root's (the seed), the
+    cycle's last attempt with code (too_hard), its best passing attempt, and the node's own solution."""
+    ids = {tree.root.solution.solution_id} if tree.root.solution else set()
+    last = next((a for a in reversed(attempts) if a.solution_id), None)
+    best = max((a for a in attempts if a.passed), key=lambda a: a.speedup or 0.0, default=None)
+    node = tree.nodes.get(node_id or "")
+    for solution_id in (last and last.solution_id, best and best.solution_id, node and node.solution and node.solution.solution_id):
+        if solution_id:
+            ids.add(solution_id)
+    return ids
 
 
 def plan_request(kind: str, **fields: Any) -> PlanRequest:

@@ -20,6 +20,7 @@ from ksearch_ray.config import RunConfig
 from ksearch_ray.events import Candidate, LlmCallEvent, NoStream, Outage, PlanEmpty, PlanFailed, PolicyFault
 from ksearch_ray.methods.context import Refused, RunRecord, Where, WorldModel
 from ksearch_ray.models import Solution
+from ksearch_ray.policies import reads_every_plan_solution
 from ksearch_ray.policies.contract import (
     Attempt,
     CodeReply,
@@ -30,6 +31,7 @@ from ksearch_ray.policies.contract import (
     WorkloadShape,
     code_request,
     plan_request,
+    shown_plan_code,
 )
 from ksearch_ray.policies.llm_call import LLMCall, error_class
 from ksearch_ray.run.backends import PolicyBackend
@@ -267,7 +269,8 @@ class LlmCalls:
             max(self.config.search.width, ks.max_new_actions, 4) if kind == "initialize_tree" else ks.max_new_actions)
         return plan_request(
             kind, task=self.run.task.definition, tree=tree, hardware=self.evals.hardware,
-            language=self.config.search.language, solutions=self._tree_solutions(tree, attempts), seeds=self.evals.seeds(),
+            language=self.config.search.language, solutions=self._plan_solutions(tree, fields.get("node_id"), attempts),
+            seeds=self.evals.seeds(),
             max_actions=max_actions, noise=self._noise_value(), prompt_budget_tokens=self.config.llm.prompt_budget_tokens,
             facts=self.facts(), rejected=self._rejections(),
             profiles={role: p.result for role, p in self.run.view.best_profiles().items()}, **fields,
@@ -350,9 +353,14 @@ class LlmCalls:
             self.run.say(f"round {round_} ({where.key}, {request.kind}): no code: {clip(error, 160)}{said}")
         return attempt
 
-    def _tree_solutions(self, tree: Tree, attempts: list[Any]) -> dict[str, Solution]:
-        ids = {n.solution.solution_id for n in tree.nodes.values() if n.solution}
-        if tree.root.solution:
-            ids.add(tree.root.solution.solution_id)
-        ids |= {a.solution_id for a in attempts if a.solution_id}
+    def _plan_solutions(self, tree: Tree, node_id: str | None, attempts: list[Any]) -> dict[str, Solution]:
+        """The code a plan request carries (`PlanRequest.solutions`): all of the tree's and the attempts' for a
+        policy that reads them all, else what the prompt can show (at most four kernels)."""
+        if reads_every_plan_solution(self.config.llm):
+            ids = {n.solution.solution_id for n in tree.nodes.values() if n.solution}
+            if tree.root.solution:
+                ids.add(tree.root.solution.solution_id)
+            ids |= {a.solution_id for a in attempts if a.solution_id}
+        else:
+            ids = shown_plan_code(tree, node_id, attempts)
         return {i: self.evals.solution(i) for i in ids if self.store.has_solution(i)}

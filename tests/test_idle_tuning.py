@@ -14,9 +14,10 @@ from test_methods import Recording, by_tunables, run, search
 
 from ksearch_ray.config import SearchConfig
 from ksearch_ray.events import RunView, Tune
-from ksearch_ray.models import Solution
+from ksearch_ray.models import Solution, Status
 from ksearch_ray.policies.offline.offline_policy import OfflinePolicy
 from ksearch_ray.run.backends import IdleEvaluators
+from ksearch_ray.taskspec.task import find_task
 from ksearch_ray.taskspec.tunables import read_tunables, with_values
 
 
@@ -110,9 +111,10 @@ def test_idle_evaluators_climb_to_the_fastest_tunables_while_the_coder_waits_and
     tunes = [e for e in events if isinstance(e, Tune)]
     candidates = [e for e in events if e.kind == "candidate"]
     assert tunes and all(e.idle for e in tunes) and not [e for e in events if e.kind == "tuned"]
-    # Variants are not rounds. (A coder's kernel that idle tuning measured already is declined, as any repeat.)
+    # Variants are not rounds. (The offline coder searches the same grid: a kernel of its that idle tuning measured
+    # already is declined, as any repeat.)
     assert state.rounds_used == 3 == len(candidates)
-    assert state.evaluations == len([c for c in candidates if c.solution_id]) >= 2
+    assert state.evaluations == len([c for c in candidates if c.solution_id]) >= 1
     assert state.tune_evaluations == len(tunes) == len(evaluators.spares)
     for tune in tunes:  # a variant is its candidate with other tunable values, nothing else
         original, measured = s.store.load_solution(tune.original), s.store.load_solution(tune.solution_id)
@@ -177,3 +179,29 @@ def test_idle_tuning_from_the_command_line_with_a_model_that_takes_its_time(tmp_
     assert idle and all(e.idle and e.result.timed for e in idle if e.result.passed)
     said = done.stdout + done.stderr
     assert f"idle tuning: {len(idle)} variant(s) measured by evaluators that would have idled" in said
+
+
+def test_a_climb_on_a_local_optimum_looks_farther_out_nearest_first(tmp_path):
+    from ksearch_ray.run.idle_tuning import _nearest_first
+    from ksearch_ray.taskspec.tunables import declared_tunables
+
+    seed = find_task("toy_axpy", [str(DATA)]).solution("triton_seed")
+    grid = {n: t.choices for n, t in declared_tunables(seed).items()}
+    start = {"BLOCK": 256, "NUM_WARPS": 4}
+    order = list(_nearest_first(seed, start))
+    distance = [sum(abs(grid[n].index(v[n]) - grid[n].index(start[n])) for n in grid) for v in order]
+    assert len(order) == len({repr(sorted(v.items())) for v in order}) == 5 * 3 - 1 and start not in order
+    assert distance == sorted(distance) and distance[0] == 1
+
+    # Every neighbour of BLOCK 256 / 4 warps is slower; two steps out, BLOCK 1024 is much faster.
+    def judge(solution: Solution):  # type: ignore[no-untyped-def]
+        if "axpy.py" not in solution.sources:
+            return 1.0, Status.PASSED, ""
+        v = values(solution)
+        return (0.1 if v == {"BLOCK": 1024, "NUM_WARPS": 4} else 0.5 if v == start else 0.8), Status.PASSED, ""
+
+    s = search(tmp_path, SlowCoder(0.8), Queued(judge, size=2, seconds=0.02), method="refine", width=1, rounds=2,
+               tune_when_idle=True)
+    state = run(s)
+    assert values(s.store.load_solution(state.best.solution_id)) == {"BLOCK": 1024, "NUM_WARPS": 4}
+    assert state.best.solution_id in {e.solution_id for e in s.store.read_events() if isinstance(e, Tune) and e.idle}

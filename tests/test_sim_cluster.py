@@ -37,6 +37,22 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     assert figures["slot_share"] is not None and figures["slot_share"] >= 0.9  # one attempt a cycle gave ~0.4 (older window)
 
 
+@pytest.mark.timeout(300)
+def test_on_a_simulated_cluster_evaluators_that_would_idle_tune_and_keep_busy(tmp_path: Path) -> None:
+    """Width 4 on 4 GPUs: replies of 40 s against evaluations of 2.1 s leave the GPUs about 5 % busy on candidates
+    alone. With --tune-when-idle the Ray pool lends each free evaluator to tuning the passed candidates (the stand-in's
+    kernels declare tunables), and the busy share rises to most of the time, with every round still a candidate."""
+    settings = SimSettings(task_dirs=(str(Path(__file__).parent / "data"),),
+                           width=4, gpus=4, nodes=2, rounds=12, time_factor=FACTOR, policy_actors=1,
+                           eval_latency=EvalLatency(time_factor=FACTOR), tune_when_idle=True)
+    figures = simulate(settings, tmp_path / "run")
+
+    assert figures["end"] == "rounds" and figures["rounds"] == 12
+    shares = figures["measured_shares"]
+    assert shares["idle tuning"] > 0.5 and shares["candidates"] > 0 and shares["tuning"] == 0
+    assert figures["busy_share"] is not None and figures["busy_share"] >= 0.6
+
+
 def _prompt(name: str) -> list[dict[str, str]]:
     """A golden prompt (tests/data/prompts) as the chat messages it was sent as."""
     text = (Path(__file__).parent / "data" / "prompts" / name).read_text()

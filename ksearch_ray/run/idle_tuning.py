@@ -8,10 +8,11 @@ idle tuning spends exactly the evaluator time nobody else wants, and none of the
   (`run.backends.IdleEvaluators`): tuning never queues ahead of a candidate, and delays one by at most the variant
   that was being measured when it came. A CUDA/C++ variant is built on the build pool first, holding no GPU.
 * **Climbs.** Each passed candidate that declares tunables (`taskspec/tunables.py`) starts a climb at its values,
-  the fastest `CLIMBS_PER_EVALUATOR` per evaluator kept. A free evaluator measures an untried neighbour (one tunable
-  one choice up or down: `methods.tuner.neighbours`) of the fastest climb's point. A variant faster than its climb's
-  point by more than the measured noise moves the climb there; a climb with no untried neighbour left ends. With
-  `--autotune` the climb starts where the tuner left the candidate.
+  the fastest `CLIMBS_PER_EVALUATOR` per evaluator kept. A free evaluator measures the untried point nearest to the
+  fastest climb's point: its neighbours first (one tunable one choice up or down: `methods.tuner.neighbours`), then
+  theirs, outward, so a climb stuck on a local optimum goes on looking farther while evaluators would idle. A
+  variant faster than its climb's point by more than the measured noise moves the climb there; a climb ends when its
+  grid is tried. With `--autotune` the climb starts where the tuner left the candidate.
 * **What it records.** Each variant is a `tune` event with `idle: true`: an evaluation, not a round. It changes no
   attempt and no world-model node (the method has moved on); a variant that moves its climb is offered as a best
   (`Evaluations.note_best`: beyond the best's noise, then re-timed), and the run's best reaches the world model
@@ -23,6 +24,7 @@ idle tuning spends exactly the evaluator time nobody else wants, and none of the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,21 @@ CLIMBS_PER_EVALUATOR = 2
 
 def _key(values: dict[str, Any]) -> str:
     return repr(sorted(values.items()))
+
+
+def _nearest_first(solution: Solution, point: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every other point of the tunables' grid, nearest to `point` first: its neighbours (one tunable one choice up or
+    down: `methods.tuner.neighbours`), then theirs, outward until the grid is covered."""
+    seen, layer = {_key(point)}, [point]
+    while layer:
+        outer = []
+        for inner in layer:
+            for values in neighbours(solution, inner):
+                if _key(values) not in seen:
+                    seen.add(_key(values))
+                    outer.append(values)
+                    yield values
+        layer = outer
 
 
 @dataclass(eq=False)
@@ -186,9 +203,10 @@ class IdleTuning:
     # --- the climbs ---------------------------------------------------------------------------------
 
     def _next(self) -> tuple[Climb, dict[str, Any], Solution] | None:
-        """An untried neighbour of the fastest climb's point that this run has not judged; climbs with none left end."""
+        """The nearest untried point to the fastest climb's point that this run has not judged; climbs with none
+        left end."""
         for climb in sorted(self.climbs.values(), key=lambda c: c.speedup, reverse=True):
-            for values in neighbours(climb.solution, climb.point):
+            for values in _nearest_first(climb.solution, climb.point):
                 if _key(values) in climb.tried:
                     continue
                 climb.tried.add(_key(values))

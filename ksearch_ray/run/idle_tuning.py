@@ -95,6 +95,7 @@ class IdleTuning:
         self.ready: list[_Ready] = []
         self.preparing = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self.preparing_tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.variants = 0
         """Variants measured this session."""
@@ -142,8 +143,10 @@ class IdleTuning:
         self._loop = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """Take no more evaluators; wait for the variants being measured."""
+        """Take no more evaluators; wait for the variants being measured (a build still running is not waited for)."""
         self._halt()
+        for task in self.preparing_tasks:
+            task.cancel()
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
         if self.variants:
@@ -182,15 +185,17 @@ class IdleTuning:
         while wanted > 0 and (choice := self._next()) is not None:
             wanted -= 1
             self.preparing += 1
-            self._spawn(self._prepare(*choice))
+            self.preparing_tasks.add(self._spawn(self._prepare(*choice)))
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
+        self.preparing_tasks.discard(task)
         if task.cancelled():
             return
         exc = task.exception()

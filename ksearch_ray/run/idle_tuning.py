@@ -76,6 +76,8 @@ class Climb:
     method: str | None
     tried: set[str] = field(default_factory=set)
     measuring: int = 0
+    order: Iterator[dict[str, Any]] | None = None
+    """The grid from `point` outward (`_nearest_first`), where the last pick left it; anew when the point moves."""
 
 
 @dataclass
@@ -211,7 +213,9 @@ class IdleTuning:
         """The nearest untried point to the fastest climb's point that this run has not judged; climbs with none
         left end."""
         for climb in sorted(self.climbs.values(), key=lambda c: c.speedup, reverse=True):
-            for values in _nearest_first(climb.solution, climb.point):
+            if climb.order is None:
+                climb.order = _nearest_first(climb.solution, climb.point)
+            for values in climb.order:
                 if _key(values) in climb.tried:
                     continue
                 climb.tried.add(_key(values))
@@ -264,7 +268,7 @@ class IdleTuning:
                              node=climb.node, method=climb.method, idle=True))
         noise = self.evals.noise(evaluator)
         if value is not None and value > climb.speedup * (1.0 + (noise.value if noise else 0.0)):
-            before, climb.point, climb.speedup = climb.speedup, values, value
+            before, climb.point, climb.speedup, climb.order = climb.speedup, values, value, None
             self.faster += 1
             label = ", ".join(f"{k}={v!r}" for k, v in changed.items())
             self.run.say(f"idle tuning: {climb.solution.name} of round {climb.round} with {label}: "

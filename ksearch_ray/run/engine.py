@@ -11,10 +11,10 @@ budget) and builds the other services of its `SearchContext`:
   of the bests);
 
 `idle_tuning` (`run.idle_tuning`, with `search.tune_when_idle`: evaluators that would idle tune the fastest
-passed candidates while the method runs), and, for its own start and end, `calibration` (`run.calibration`: the baselines, the seed or the best beside
-them, the final re-timing) and `budget` (`run.budget`). It reaches the world model, the planner, the coder
-and the evaluators through small interfaces (`run.backends`), so the same logic runs in this process
-(`run.local`) and on Ray (`distributed`).
+passed candidates while the method runs), and, for its own start and end, `calibration` (`run.calibration`: the
+baselines, the seed or the best beside them, the final re-timing) and `budget` (`run.budget`). It reaches the
+world model, the planner, the coder and the evaluators through small interfaces (`run.backends`), so the same logic
+runs in this process (`run.local`) and on Ray (`distributed`).
 """
 
 from __future__ import annotations

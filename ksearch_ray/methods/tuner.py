@@ -29,6 +29,15 @@ from ksearch_ray.policies.contract import Attempt
 from ksearch_ray.taskspec.tunables import TunableError, declared_tunables, with_values
 
 
+def tunable_values(solution: Solution) -> dict[str, Any]:
+    """The values of a kernel's declared tunables; none when it declares none or its markers are malformed (the
+    candidate is then measured as written)."""
+    try:
+        return {name: t.value for name, t in declared_tunables(solution).items()}
+    except TunableError:
+        return {}
+
+
 def neighbours(solution: Solution, point: dict[str, Any]) -> list[dict[str, Any]]:
     """The values one step away from `point`: each tunable one choice up, then one down."""
     out = []
@@ -59,10 +68,7 @@ async def autotune(run: RunRecord, evals: Evaluations, attempt: Attempt, where: 
         return
     assert attempt.solution_id is not None and attempt.result is not None
     original = evals.solution(attempt.solution_id)
-    try:
-        start = {name: t.value for name, t in declared_tunables(original).items()}
-    except TunableError:
-        return  # malformed markers: the candidate is measured as written
+    start = tunable_values(original)
     if not start:
         return
     best: tuple[Solution, EvalResult, int, float] = (original, attempt.result, attempt.evaluator, attempt.speedup)

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ksearch_ray.events import Evaluation, Event, Tune, Tuned
-from ksearch_ray.methods.tuner import neighbours, variant
+from ksearch_ray.methods.tuner import neighbours, tunable_values, variant
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.run.backends import BUILDER
 from ksearch_ray.run.errors import SearchError
-from ksearch_ray.taskspec.tunables import TunableError, declared_tunables
 from ksearch_ray.text import clip
 
 if TYPE_CHECKING:
@@ -122,10 +121,7 @@ class IdleTuning:
         if solution_id in self.climbs:
             return
         solution = self.evals.solution(solution_id)
-        try:
-            start = {name: t.value for name, t in declared_tunables(solution).items()}
-        except TunableError:
-            return  # malformed markers: the candidate is measured as written
+        start = tunable_values(solution)
         if not start:
             return
         if len(self.climbs) >= self.cap:

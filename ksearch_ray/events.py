@@ -905,9 +905,6 @@ class RunView:
             if result is not None and solution_id not in kept:
                 self.forgotten[solution_id] = (result.status, clip(result.message, VERDICT_CHARS))
                 del self.results[solution_id]
-                for by_solution in self.scores.values():  # a lone score says nothing of the noise (measure.noise_of)
-                    if len(by_solution.get(solution_id, ())) < 2:
-                        by_solution.pop(solution_id, None)
 
     def _forget(self, record: CycleRecord) -> None:
         """A live view at the end of a cycle: its attempts and candidates, and the results nothing refers to."""

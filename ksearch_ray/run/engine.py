@@ -72,7 +72,7 @@ class Search:
                             self.evals, self.changed)
         self.calibration = Calibration(config, self, store, self.evals, self.world, self.budget)
         self.context = SearchContext(run=self, world=self.world, llm=self.llm, evals=self.evals)
-        self.idle_tuning = IdleTuning(self) if config.search.tune_when_idle else None
+        self.idle_tuning = IdleTuning(self, self.evals) if config.search.tune_when_idle else None
 
     # --- the log: the run's record ----------------------------------------------------------------------
 

@@ -26,17 +26,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ksearch_ray.events import Evaluation, Event, Tune, Tuned
+from ksearch_ray.methods.context import RunRecord
 from ksearch_ray.methods.tuner import neighbours, tunable_values, variant
 from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.run.backends import BUILDER
 from ksearch_ray.run.errors import SearchError
+from ksearch_ray.run.evaluations import Evaluations
 from ksearch_ray.text import clip
-
-if TYPE_CHECKING:
-    from ksearch_ray.run.engine import Search
 
 CLIMBS_PER_EVALUATOR = 2
 """Climbs kept per evaluator (at least 16 in all): the fastest passed candidates' (a slower one is let go)."""
@@ -88,10 +87,10 @@ class _Ready:
 
 
 class IdleTuning:
-    def __init__(self, run: Search):
+    def __init__(self, run: RunRecord, evals: Evaluations):
         self.run = run
-        self.evals = run.evals
-        self.pool = run.evals.pool
+        self.evals = evals
+        self.pool = evals.pool
         self.climbs: dict[str, Climb] = {}
         self.ready: list[_Ready] = []
         self.preparing = 0

@@ -130,7 +130,8 @@ class SearchConfig(_Section):
     )
     tune_when_idle: bool = Field(
         default=False, description="Lend evaluators that would otherwise idle (no candidate waiting) to tuning the "
-        "tunables of the fastest passed candidates, one choice at a time, until none is faster: evaluations, not rounds."
+        "tunables of the fastest passed candidates, nearest values first, until each one's grid is tried: evaluations, "
+        "not rounds."
     )
     noise_repeats: int = Field(
         default=24, ge=1, description="Measurements of the baseline per evaluator at the start of every session, for the "

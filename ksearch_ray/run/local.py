@@ -115,11 +115,8 @@ class LocalEvaluatorPool:
 
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
         index = await self.idle.get()
-        try:
-            result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
-        finally:
-            self.idle.put(index)
-        self.done += 1
+        result = await self.evaluate_spare(index, solution, workload_set, None)
+        assert result is not None  # (a local evaluator does not die away)
         return result, index
 
     def take_spare(self) -> int | None:
@@ -129,6 +126,7 @@ class LocalEvaluatorPool:
         return None, None  # each evaluator builds in its own sandbox
 
     async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+        """Also the body of `evaluate`, once it has an evaluator: measure on `index`, then give it back."""
         try:
             result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
         finally:

@@ -34,7 +34,11 @@ the evaluator's figures are the results. `graphs` times every solution named the
 process (trusted code only), a CUDA-graph replay after an L2 flush with a solution's per-input setup
 run before the capture: kernel against kernel, as the evaluator now times a prepared baseline too,
 for any variant's source, such as a library wrapper with other settings. `once` calls a solution on one workload and does nothing
-else, for a profiler such as `ncu`.
+else, for a profiler such as `ncu`. `host` gives each solution's host work per call (the host's
+microseconds, the call figure, and a cProfile of the first workload), side by side:
+
+    python experiments/decode_kernels.py --task mla_decode host --solutions triton_splitkv,flashinfer_kernel \
+        --workloads feedback --out host.json
 """
 
 from __future__ import annotations
@@ -347,6 +351,78 @@ def cmd_graphs(args: argparse.Namespace) -> dict[str, Any]:
     return {"means_ms": means, "samples_ms": per}
 
 
+def cmd_host(args: argparse.Namespace) -> dict[str, Any]:
+    """Each solution's host work per call (issue 45), side by side in this process (trusted code only):
+    the call's own seconds on the host (it returns once its kernels are queued; the GPU is idle before
+    each call), the call as the evaluator's call figure times it (an L2 flush, a synchronize, then CUDA
+    events around one call), and, on the first workload, where the host's time goes (cProfile, the
+    functions with most time of their own). A solution with a per-input setup (`flashinfer_kernel`'s
+    plan) runs it once per input set, untimed. One input set per workload: the host work of a call
+    depends on the shapes, not the contents."""
+    import cProfile
+    import pstats
+
+    task = find_task(TASKS[args.task])
+    names = args.solutions.split(",")
+    inputs = _inputs(task, args.workloads, 1, reference=False, device=args.device)
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=args.device)
+    out: dict[str, Any] = {}
+    for n, name in enumerate(names):
+        solution = _solution(task, name, args.base)
+        path = Path(tempfile.mkdtemp()) / solution.entry_file  # Triton reads kernel source from the file
+        path.write_text(solution.sources[solution.entry_file])
+        mod = load_module_file(path, f"host_{n}")
+        rows: dict[str, Any] = {}
+        for i, (workload, data, _) in enumerate(inputs):
+            if solution.prepare:
+                task.call(getattr(mod, solution.prepare), data)
+            for _ in range(3):
+                task.call(mod.run, data)
+            host, call = [], []
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(args.calls):
+                flush.zero_()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                task.call(mod.run, data)
+                host.append((time.perf_counter() - t0) * 1e6)
+                flush.zero_()
+                torch.cuda.synchronize()
+                start.record()
+                task.call(mod.run, data)
+                end.record()
+                torch.cuda.synchronize()
+                call.append(start.elapsed_time(end))
+            rows[workload] = {"host_us": round(statistics.median(host), 1), "call_ms": round(statistics.median(call), 5)}
+            if i == 0:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.calls):
+                    task.call(mod.run, data)
+                prof.disable()
+                torch.cuda.synchronize()
+                stats = pstats.Stats(prof)
+                top = [(f"{fn[0].rsplit('/', 1)[-1]}:{fn[1]}({fn[2]})", round(st[2] / args.calls * 1e6, 1))
+                       for fn, st in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]]  # type: ignore[attr-defined]
+                rows[workload]["profile_us_per_call"] = top
+        out[name] = rows
+        first = rows[inputs[0][0]]
+        print(f"{_label(name)}: geomean call {_geomean([v['call_ms'] for v in rows.values()]):.5f} ms, median host "
+              f"{statistics.median(v['host_us'] for v in rows.values()):.1f} us", flush=True)
+        print("  own time per call on the first workload (cProfile, us): "
+              + ", ".join(f"{f} {t}" for f, t in first["profile_us_per_call"]), flush=True)
+    against = names[-1]
+    for w in out[against]:
+        print(f"    {w[:8]} " + " | ".join(f"{_label(n)} host {out[n][w]['host_us']} us call {out[n][w]['call_ms']:.4f}"
+                                         for n in names), flush=True)
+    for name in names[:-1]:
+        ratios = [out[against][w]["call_ms"] / out[name][w]["call_ms"] for w in out[name]]
+        print(f"{_label(name)} vs {_label(against)} as calls: {sum(ratios) / len(ratios):.3f}x (mean of ratios, "
+              f"{min(ratios):.2f}-{max(ratios):.2f}); geomeans {_geomean([out[against][w]['call_ms'] for w in out[name]]) / _geomean([out[name][w]['call_ms'] for w in out[name]]):.3f}x",
+              flush=True)
+    return out
+
+
 def cmd_once(args: argparse.Namespace) -> dict[str, Any]:
     """A few calls of the solution on one workload and nothing else, for `ncu` to profile."""
     task = find_task(TASKS[args.task])
@@ -365,7 +441,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="gqa")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("peak", "eval", "sweep", "graphs", "once"):
+    for name in ("peak", "eval", "sweep", "graphs", "once", "host"):
         p = sub.add_parser(name)
         p.add_argument("--out", required=name != "once")
         p.add_argument("--deadline", type=float, default=math.inf, help="Epoch seconds: start nothing after it.")
@@ -399,6 +475,13 @@ def main() -> None:
     on.add_argument("--solution", default="", help="A solution's name, or a .py file (default: the task's kernel).")
     on.add_argument("--workload", required=True, help="Prefix of the workload's name (set `all`).")
     on.add_argument("--calls", type=int, default=3)
+    ho = sub.choices["host"]
+    ho.add_argument("--solutions", default="", help="Comma-separated names or .py files; the last one is what the "
+                    "others are compared with (default: the task's kernel, triton_seed, flashinfer_kernel).")
+    ho.add_argument("--device", default="cuda")
+    ho.add_argument("--workloads", default="feedback", help="A workload set.")
+    ho.add_argument("--calls", type=int, default=50)
+    ho.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     if getattr(args, "device", "cuda") == "cpu":  # in-process runs (graphs, sweep) need the interpreter too
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -410,7 +493,8 @@ def main() -> None:
         args.solution = kernel
     info = {"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
-    result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "graphs": cmd_graphs, "once": cmd_once}[args.cmd](args)
+    result = {"peak": cmd_peak, "eval": cmd_eval, "sweep": cmd_sweep, "graphs": cmd_graphs, "once": cmd_once,
+              "host": cmd_host}[args.cmd](args)
     if args.out:
         Path(args.out).write_text(json.dumps({"info": info, "result": result}, indent=1, default=str))
 

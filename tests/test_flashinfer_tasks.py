@@ -597,6 +597,19 @@ def test_splitkv_plan_covers_every_split_and_fills_the_gpu(name):
                 assert pieces * per_piece >= mod.PROGRAMS_PER_SM * 132 * 2 // 3, (wl.name, style, pieces)
 
 
+
+@pytest.mark.parametrize("name", SPLITKV_TASKS)
+def test_splitkv_host_arithmetic_is_tritons_and_the_interpreter_keeps_tritons_entry_point(name):
+    """run() plans with plain integers instead of Triton's constexpr helpers (host microseconds): they
+    must give the same numbers; and CPU tensors (the interpreter) never take the direct launch."""
+    import triton
+
+    mod = _splitkv_module(name)
+    assert [mod._pow2(n) for n in range(1, 4100)] == [triton.next_power_of_2(n) for n in range(1, 4100)]
+    assert all(mod._cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 3000, 7) for b in (1, 3, 16, 32, 64, 132))
+    q = torch.zeros(2, 16, 8)
+    assert mod._call_key((q, q), 2, 7, 1.0) is None and mod._stream(None) is None
+
 def _splitkv_cases(chunk: int) -> dict[str, list[int]]:
     return {
         "one_token": [1],

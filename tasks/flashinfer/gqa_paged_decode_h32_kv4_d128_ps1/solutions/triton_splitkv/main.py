@@ -17,6 +17,12 @@ program per request and KV head, writes empty requests too, and the merge is not
 The merge kernel, one program per (request, query head), combines the partial outputs of a request
 cut into several pieces by their lse, and writes 0 and -inf for an empty request.
 
+Host work counts: FlashInfer-Bench times run() as a call, and at these sizes the host's part of a
+call (its Python and the launches) is longer than the kernels. So run() does plain integer arithmetic
+(no constexpr helpers of Triton's), no autograd context, and after a call key's first launches goes
+to the compiled kernels directly (DIRECT_LAUNCH below). Nothing cached depends on the inputs'
+contents: the key is the sizes, sm_scale and the inputs' dtypes, device and 16-byte alignment.
+
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
 tolerance on its own. Their defaults are the best of a coordinate sweep on the H200 over the
 feedback workloads (docs/benchmarks.md, 2026-12-01).
@@ -52,6 +58,88 @@ H200_SMS = 132  # what the interpreter plans for, so the CPU exercises the GPU's
 MAX_BLOCK_B = 1024  # requests read per step of the prefix sum over kv_indptr
 
 _sm_counts: dict[int, int] = {}
+
+
+# Host work per call (FlashInfer-Bench times run() as a call, host work included). True: after a
+# kernel's first launch with a given call key (the sizes, sm_scale, and the inputs' dtypes, device
+# and 16-byte alignment: everything the launches' arguments and Triton's specialization follow
+# from), later launches with that key call the compiled kernel directly, skipping Triton's
+# per-launch argument binding, specialization and cache lookup. False: every launch goes through
+# Triton's JIT entry point. Launch hooks (profilers) and Triton's interpreter (the CPU) always do.
+DIRECT_LAUNCH = True  # tunable: [True, False]
+
+_CALL_KEYS: dict[tuple, int] = {}  # a call's key -> a small number standing for it in launch keys
+_COMPILED: dict[tuple, tuple] = {}  # (kernel's name, call key's number) -> (launcher, its fixed arguments)
+
+
+def _call_key(tensors, *sizes):
+    """A number for everything a call's launches follow from besides the tensors' addresses and
+    contents; None when launches go through Triton's entry point."""
+    if not DIRECT_LAUNCH or not tensors[0].is_cuda:
+        return None
+    key = (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors],
+           *[t.data_ptr() % 16 == 0 for t in tensors])
+    number = _CALL_KEYS.get(key)
+    if number is None:
+        number = _CALL_KEYS[key] = len(_CALL_KEYS)
+    return number
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (Triton's knobs hold an empty HookChain when none is)."""
+    hooks = triton.knobs.runtime
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (hooks.launch_enter_hook, hooks.launch_exit_hook))
+
+
+def _direct(compiled) -> tuple:
+    """(launcher, the arguments it takes between the stream and the kernel's own) of a compiled
+    kernel: Triton 3.6's C launcher where its argument layout is the one this file knows (no
+    scratch, no tensor descriptors), else the compiled kernel's own `run` (its Python wrapper)."""
+    run = compiled.run
+    try:
+        import triton.backends.nvidia.driver as nv
+        layout = getattr(nv, "_BASE_ARGS_FORMAT", None)
+    except ImportError:
+        layout = None
+    launch = getattr(run, "launch", None)
+    if layout == "iiiKKppOOOOOO" and launch is not None and not getattr(run, "global_scratch_size", 1) \
+            and not getattr(run, "profile_scratch_size", 1) \
+            and getattr(launch, "__qualname__", "") != "wrap_handle_tensordesc.<locals>.inner":
+        return launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                        compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _launch(fn, name, grid, call_key, stream, args, **options):
+    """fn[grid](*args, **options): `args` are every parameter of fn in signature order, constexprs
+    included (the compiled kernel takes them so), `options` only launch options (num_warps,
+    num_stages, launch_pdl). Directly through the compiled kernel once this call key's first launch
+    through Triton has compiled it."""
+    hit = None if call_key is None else _COMPILED.get((name, call_key))
+    if hit is None or _hooked():
+        compiled = fn[grid](*args, **options)
+        if call_key is not None and hit is None and compiled is not None:
+            _COMPILED[(name, call_key)] = _direct(compiled)
+        return
+    launcher, fixed = hit
+    launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, *fixed, *args)
+
+
+def _stream(call_key):
+    """The current stream's handle, as Triton launches on it (None on Triton's own path)."""
+    if call_key is None:
+        return None
+    driver = triton.runtime.driver.active
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _cdiv(a: int, b: int) -> int:  # triton.cdiv is a constexpr function: microseconds a call on the host
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:  # triton.next_power_of_2, in plain integers
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -197,10 +285,10 @@ def _merge_kernel(
         tl.store(lse_ptr + row, top + tl.log2(total))
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
+def _num_sms(index: int) -> int:
+    """The SM count of CUDA device `index` (asked once), or the H200's for the interpreter (-1)."""
+    if index < 0:
         return H200_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _sm_counts:
         _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _sm_counts[index]
@@ -215,11 +303,10 @@ def plan(batch: int, tokens: int, num_kv_heads: int, sms: int) -> tuple[int, int
     has ceil(n / chunk) pieces, and summed over the requests that is at most
     (tokens + batch * (chunk - 1)) // chunk, and at most `tokens`: `pieces`, whatever the split."""
     per_kv_head = max(1, PROGRAMS_PER_SM * sms // num_kv_heads)
-    chunk = max(MIN_PIECE_TILES, triton.cdiv(triton.cdiv(tokens, per_kv_head), BLOCK_KV)) * BLOCK_KV
+    chunk = max(MIN_PIECE_TILES, _cdiv(_cdiv(tokens, per_kv_head), BLOCK_KV)) * BLOCK_KV
     return chunk, min(tokens, (tokens + batch * (chunk - 1)) // chunk)
 
 
-@torch.no_grad()
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -231,31 +318,31 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
     lse = torch.empty((batch, num_qo_heads), dtype=torch.float32, device=q.device)
     if batch == 0:
         return out, lse
-    chunk, pieces = plan(batch, kv_indices.shape[0], num_kv_heads, _num_sms(q.device))
+    tokens = kv_indices.shape[0]
+    device = q.get_device()  # -1: CPU tensors, which mean Triton's interpreter
+    chunk, pieces = plan(batch, tokens, num_kv_heads, _num_sms(device))
     # Every request in one piece (the bound on tokens is within a chunk): one program per request and
     # KV head writes the result, empty requests included, and the merge is not launched. Decided from
     # shapes alone, like the plan, so a captured graph stays right for every split.
-    single = kv_indices.shape[0] <= chunk
-    block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
-    interpret = q.device.type == "cpu"  # CPU tensors mean the interpreter
+    single = tokens <= chunk
+    block_b = min(MAX_BLOCK_B, _pow2(batch))
+    interpret = device < 0
     # Partial outputs and lse of every piece, one allocation: [pieces, heads, dim] then [pieces, heads].
     rows = max(pieces, 1) * num_qo_heads
     work = torch.empty(rows * (head_dim + 1), dtype=torch.float32, device=q.device)
     part_o, part_lse = work[: rows * head_dim], work[rows * head_dim :]
+    scale = float(sm_scale)
+    key = _call_key((q, k_cache, v_cache, kv_indptr, kv_indices), batch, tokens, num_qo_heads, num_kv_heads,
+                    head_dim, scale)
+    stream = _stream(key)
     if pieces > 0 or single:
-        _split_kernel[((batch if single else pieces) * num_kv_heads,)](
-            q, k_cache, v_cache, kv_indptr, kv_indices, out, lse, part_o, part_lse,
-            batch, chunk, float(sm_scale) * LOG2E,
-            NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
-            BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
-            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
-        )
+        _launch(_split_kernel, "split", ((batch if single else pieces) * num_kv_heads,), key, stream, (
+            q, k_cache, v_cache, kv_indptr, kv_indices, out, lse, part_o, part_lse, batch, chunk, scale * LOG2E,
+            num_qo_heads, num_kv_heads, group, max(16, _pow2(group)), head_dim, BLOCK_KV, block_b, PV_PRECISION,
+            single, interpret), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if single:
         return out, lse
-    _merge_kernel[(batch, num_qo_heads)](
-        kv_indptr, out, lse, part_o, part_lse, chunk,
-        NUM_QO_HEADS=num_qo_heads, HEAD_DIM=head_dim, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK,
-        num_warps=MERGE_WARPS,
-    )
+    _launch(_merge_kernel, "merge", (batch, num_qo_heads), key, stream, (
+        kv_indptr, out, lse, part_o, part_lse, chunk, num_qo_heads, head_dim, block_b, MERGE_BLOCK),
+        num_warps=MERGE_WARPS)
     return out, lse

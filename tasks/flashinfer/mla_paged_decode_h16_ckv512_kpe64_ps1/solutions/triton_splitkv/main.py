@@ -17,6 +17,12 @@ Otherwise the merge kernel, one program per (request, head, slice of MERGE_DIM o
 combines the partial outputs of a request cut into several pieces by their lse, and writes 0 and
 -inf for an empty request.
 
+Host work counts: FlashInfer-Bench times run() as a call, and at these sizes the host's part of a
+call (its Python and the launches) is longer than the kernels. So run() does plain integer arithmetic
+(no constexpr helpers of Triton's), no autograd context, and after a call key's first launches goes
+to the compiled kernels directly (DIRECT_LAUNCH below). Nothing cached depends on the inputs'
+contents: the key is the sizes, sm_scale and the inputs' dtypes, device and 16-byte alignment.
+
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
 tolerance on its own.
 """
@@ -60,6 +66,88 @@ MAX_BLOCK_B = 1024  # requests read per step of the prefix sum over kv_indptr
 
 _sm_counts: dict[int, int] = {}
 _capabilities: dict[int, int] = {}
+
+
+# Host work per call (FlashInfer-Bench times run() as a call, host work included). True: after a
+# kernel's first launch with a given call key (the sizes, sm_scale, and the inputs' dtypes, device
+# and 16-byte alignment: everything the launches' arguments and Triton's specialization follow
+# from), later launches with that key call the compiled kernel directly, skipping Triton's
+# per-launch argument binding, specialization and cache lookup. False: every launch goes through
+# Triton's JIT entry point. Launch hooks (profilers) and Triton's interpreter (the CPU) always do.
+DIRECT_LAUNCH = True  # tunable: [True, False]
+
+_CALL_KEYS: dict[tuple, int] = {}  # a call's key -> a small number standing for it in launch keys
+_COMPILED: dict[tuple, tuple] = {}  # (kernel's name, call key's number) -> (launcher, its fixed arguments)
+
+
+def _call_key(tensors, *sizes):
+    """A number for everything a call's launches follow from besides the tensors' addresses and
+    contents; None when launches go through Triton's entry point."""
+    if not DIRECT_LAUNCH or not tensors[0].is_cuda:
+        return None
+    key = (*sizes, *[t.dtype for t in tensors], *[t.get_device() for t in tensors],
+           *[t.data_ptr() % 16 == 0 for t in tensors])
+    number = _CALL_KEYS.get(key)
+    if number is None:
+        number = _CALL_KEYS[key] = len(_CALL_KEYS)
+    return number
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (Triton's knobs hold an empty HookChain when none is)."""
+    hooks = triton.knobs.runtime
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (hooks.launch_enter_hook, hooks.launch_exit_hook))
+
+
+def _direct(compiled) -> tuple:
+    """(launcher, the arguments it takes between the stream and the kernel's own) of a compiled
+    kernel: Triton 3.6's C launcher where its argument layout is the one this file knows (no
+    scratch, no tensor descriptors), else the compiled kernel's own `run` (its Python wrapper)."""
+    run = compiled.run
+    try:
+        import triton.backends.nvidia.driver as nv
+        layout = getattr(nv, "_BASE_ARGS_FORMAT", None)
+    except ImportError:
+        layout = None
+    launch = getattr(run, "launch", None)
+    if layout == "iiiKKppOOOOOO" and launch is not None and not getattr(run, "global_scratch_size", 1) \
+            and not getattr(run, "profile_scratch_size", 1) \
+            and getattr(launch, "__qualname__", "") != "wrap_handle_tensordesc.<locals>.inner":
+        return launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                        compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _launch(fn, name, grid, call_key, stream, args, **options):
+    """fn[grid](*args, **options): `args` are every parameter of fn in signature order, constexprs
+    included (the compiled kernel takes them so), `options` only launch options (num_warps,
+    num_stages, launch_pdl). Directly through the compiled kernel once this call key's first launch
+    through Triton has compiled it."""
+    hit = None if call_key is None else _COMPILED.get((name, call_key))
+    if hit is None or _hooked():
+        compiled = fn[grid](*args, **options)
+        if call_key is not None and hit is None and compiled is not None:
+            _COMPILED[(name, call_key)] = _direct(compiled)
+        return
+    launcher, fixed = hit
+    launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, *fixed, *args)
+
+
+def _stream(call_key):
+    """The current stream's handle, as Triton launches on it (None on Triton's own path)."""
+    if call_key is None:
+        return None
+    driver = triton.runtime.driver.active
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _cdiv(a: int, b: int) -> int:  # triton.cdiv is a constexpr function: microseconds a call on the host
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:  # triton.next_power_of_2, in plain integers
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -213,18 +301,17 @@ def _merge_kernel(
             tl.store(lse_ptr + row, top + tl.log2(total))
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
+def _num_sms(index: int) -> int:
+    """The SM count of CUDA device `index` (asked once), or the H200's for the interpreter (-1)."""
+    if index < 0:
         return H200_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _sm_counts:
         _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _sm_counts[index]
 
 
-def _capability(device: torch.device) -> int:
-    """The device's major compute capability (9 for Hopper), asked once per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _capability(index: int) -> int:
+    """CUDA device `index`'s major compute capability (9 for Hopper), asked once per device."""
     if index not in _capabilities:
         _capabilities[index] = torch.cuda.get_device_capability(index)[0]
     return _capabilities[index]
@@ -239,46 +326,46 @@ def plan(batch: int, tokens: int, sms: int) -> tuple[int, int]:
     has ceil(n / chunk) pieces, and summed over the requests that is at most
     (tokens + batch * (chunk - 1)) // chunk, and at most `tokens`: `pieces`, whatever the split."""
     programs = max(1, PROGRAMS_PER_SM * sms)
-    chunk = max(MIN_PIECE_TILES, triton.cdiv(triton.cdiv(tokens, programs), BLOCK_KV)) * BLOCK_KV
+    chunk = max(MIN_PIECE_TILES, _cdiv(_cdiv(tokens, programs), BLOCK_KV)) * BLOCK_KV
     return chunk, min(tokens, (tokens + batch * (chunk - 1)) // chunk)
 
 
-@torch.no_grad()
 def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
     batch, num_heads, dim_ckv = q_nope.shape
     dim_kpe = q_pe.shape[-1]
     q_nope, q_pe = q_nope.contiguous(), q_pe.contiguous()
-    ckv = ckv_cache.reshape(-1, dim_ckv).contiguous()  # page size 1: a page is a token
-    kpe = kpe_cache.reshape(-1, dim_kpe).contiguous()
+    # Page size 1: a page is a token, so the contiguous caches are [tokens, dim] rows as they are.
+    ckv, kpe = ckv_cache.contiguous(), kpe_cache.contiguous()
     out = torch.empty_like(q_nope)
     lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q_nope.device)
     if batch == 0:
         return out, lse
-    chunk, pieces = plan(batch, kv_indices.shape[0], _num_sms(q_nope.device))
+    tokens = kv_indices.shape[0]
+    device = q_nope.get_device()  # -1: CPU tensors, which mean Triton's interpreter
+    chunk, pieces = plan(batch, tokens, _num_sms(device))
     # Every request in one piece (the bound on tokens is within a chunk): one program per request
     # writes the result, empty requests included, and the merge is not launched. Decided from
     # shapes alone, like the plan, so a captured graph stays right for every split.
-    single = kv_indices.shape[0] <= chunk
-    block_b = min(MAX_BLOCK_B, triton.next_power_of_2(batch))
-    interpret = q_nope.device.type == "cpu"  # CPU tensors mean the interpreter
-    pdl = USE_PDL and not interpret and _capability(q_nope.device) >= 9
+    single = tokens <= chunk
+    block_b = min(MAX_BLOCK_B, _pow2(batch))
+    interpret = device < 0
+    pdl = USE_PDL and not interpret and _capability(device) >= 9
     # Partial outputs and lse of every piece, one allocation: [pieces, heads, 512] then [pieces, heads].
     rows = (1 if single else max(pieces, 1)) * num_heads
     work = torch.empty(rows * (dim_ckv + 1), dtype=torch.float32, device=q_nope.device)
     part_o, part_lse = work[: rows * dim_ckv], work[rows * dim_ckv :]
+    scale = float(sm_scale)
+    key = _call_key((q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices), batch, tokens, num_heads, dim_ckv, dim_kpe,
+                    scale)
+    stream = _stream(key)
     if pieces > 0 or single:
-        _split_kernel[(batch if single else pieces,)](
-            q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, out, lse, part_o, part_lse,
-            batch, chunk, float(sm_scale) * LOG2E,
-            NUM_HEADS=num_heads, DIM_CKV=dim_ckv, DIM_KPE=dim_kpe, BLOCK_KV=BLOCK_KV, BLOCK_B=block_b,
-            PV_PRECISION=PV_PRECISION, SINGLE=single, INTERPRET=interpret, PDL=pdl and not single,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-        )
+        _launch(_split_kernel, "split", (batch if single else pieces,), key, stream, (
+            q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, out, lse, part_o, part_lse, batch, chunk, scale * LOG2E,
+            num_heads, dim_ckv, dim_kpe, BLOCK_KV, block_b, PV_PRECISION, single, interpret, pdl and not single),
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if single:
         return out, lse
-    _merge_kernel[(batch, num_heads, triton.cdiv(dim_ckv, MERGE_DIM))](
-        kv_indptr, out, lse, part_o, part_lse, chunk,
-        NUM_HEADS=num_heads, DIM_CKV=dim_ckv, BLOCK_B=block_b, MERGE_BLOCK=MERGE_BLOCK, MERGE_DIM=MERGE_DIM,
-        PDL=pdl, num_warps=MERGE_WARPS, **({"launch_pdl": True} if pdl else {}),
-    )
+    _launch(_merge_kernel, "merge", (batch, num_heads, _cdiv(dim_ckv, MERGE_DIM)), key, stream, (
+        kv_indptr, out, lse, part_o, part_lse, chunk, num_heads, dim_ckv, block_b, MERGE_BLOCK, MERGE_DIM, pdl),
+        num_warps=MERGE_WARPS, **({"launch_pdl": True} if pdl else {}))
     return out, lse

@@ -45,7 +45,7 @@ def _stand_in_driver() -> None:
             self.backend = "cuda"
 
         def get_current_target(self) -> GPUTarget:
-            return GPUTarget("cuda", 90, 128)
+            return GPUTarget("cuda", 90, 32)  # warp size 32, as CudaDriver reports for a real H100/H200
 
         def get_current_device(self) -> int:
             return 0

@@ -1,4 +1,5 @@
-"""build_extension: a Ray task that builds one CUDA/C++ candidate on a CPU worker, on any node.
+"""build_extension: a Ray task that builds one CUDA/C++ candidate on a CPU worker, on any node;
+build_triton: one that compiles a Python candidate's Triton kernels for the evaluators' GPU there.
 
 It asks for CPUs only (the pool sets how many, and optionally a custom resource that only the
 cluster's build nodes declare). The Builder, and so its sandbox's zygote, lives as long as the
@@ -19,6 +20,7 @@ from ksearch_ray.evaluation.buildcache import scratch_dir as node_scratch_dir
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.models import Solution
+from ksearch_ray.taskspec.task import find_task
 
 _BUILDERS: dict[tuple[str, float, int, str], Builder] = {}
 
@@ -44,3 +46,14 @@ def build_extension(solution: Solution, target: BuildTarget, scratch_dir: str | 
     """`isolation`: the run's (evaluation.isolation): a build runs the candidate's code too (its compiler
     input, its static initialisers at import)."""
     return _builder(scratch_dir, timeout_s, max_jobs, isolation).build(solution, target)
+
+
+@ray.remote(num_returns=2, max_retries=3)
+def build_triton(solution: Solution, target: BuildTarget, task_name: str, task_dirs: list[str], workload_set: str,
+                 scratch_dir: str | None, timeout_s: float, max_jobs: int,
+                 isolation: str = "best-effort") -> tuple[BuildRecord, bytes | None]:
+    """A Python candidate's Triton kernels compiled for `target` as `workload_set`'s workloads launch them;
+    the second value is the pack of its Triton cache (evaluation/tritoncache.py). `max_jobs`: as for
+    build_extension, so that both kinds of build share this process's Builder and its sandbox."""
+    return _builder(scratch_dir, timeout_s, max_jobs, isolation).build_triton(
+        solution, target, find_task(task_name, task_dirs), workload_set)

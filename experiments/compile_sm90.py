@@ -34,32 +34,11 @@ SHARED_LIMIT = 232448
 
 
 def _stand_in_driver() -> None:
-    """Make Triton's active driver a CUDA driver for an sm_90 device that is not there."""
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.driver import CudaDriver
-    from triton.runtime.driver import driver
+    """Make Triton's active driver a CUDA driver for an sm_90 device that is not there (the build
+    workers' own, ksearch_ray/evaluation/sandbox/triton_build.py); the inputs here are CPU tensors."""
+    from ksearch_ray.evaluation.sandbox.triton_build import stand_in_driver
 
-    class Sm90(CudaDriver):
-        def __init__(self) -> None:  # CudaDriver's own would load libcuda
-            self.backend = "cuda"
-
-        def get_current_target(self) -> GPUTarget:
-            return GPUTarget("cuda", 90, 32)  # warp size 32, as CudaDriver reports for a real H100/H200
-
-        def get_current_device(self) -> int:
-            return 0
-
-        def get_current_stream(self, device: int | None = None) -> int:
-            return 0
-
-        def get_device_capability(self, device: int = 0) -> tuple[int, int]:
-            return (9, 0)
-
-        def get_active_torch_device(self) -> Any:
-            return torch.device("cpu")
-
-    driver.set_active(Sm90())
+    stand_in_driver(90, torch_device="cpu")
 
 
 def _usage(cubin: bytes) -> dict[str, int]:

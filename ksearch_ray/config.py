@@ -229,6 +229,10 @@ class ClusterConfig(_Section):
     build_pool: bool = Field(
         default=True, description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (Ray only)."
     )
+    triton_builds: bool = Field(
+        default=False, description="Also compile Python candidates' Triton kernels for the evaluators' GPU in CPU build "
+        "tasks, so that a GPU worker only loads them (GPU evaluators, with build_pool; not yet measured on a GPU, "
+        "hence off by default).")
     build_cpus: float = Field(default=2.0, gt=0, description="num_cpus of each build task (also its ninja MAX_JOBS).")
     build_resource: str | None = Field(
         default=None,

@@ -165,6 +165,21 @@ class EvalResult(BaseModel):
         description="Of `seconds`, the build stage: compiling (or importing) the candidate, or loading a library "
         "built ahead of time on a CPU worker (whose compile time is not counted here).",
     )
+    triton_prebuilt: int | None = Field(
+        default=None,
+        description="Triton kernels of this candidate compiled ahead on a CPU worker and handed to this evaluation "
+        "(None: no Triton build was given).",
+    )
+    triton_compiled: int | None = Field(
+        default=None,
+        description="Triton kernels this evaluation's GPU worker compiled itself (its JIT): those no build had, or "
+        "all of them without one. None on the CPU path, where Triton interprets.",
+    )
+    triton_not_built: dict[str, str] = Field(
+        default_factory=dict,
+        description="Workloads whose kernels the Triton build could not compile ahead, and why; the worker's JIT "
+        "compiled them.",
+    )
     stages: dict[str, float] = Field(
         default_factory=dict,
         description="Wall seconds of the evaluation by what the evaluator was waiting for: start (the sandbox "

@@ -204,3 +204,15 @@ def test_trimul_kernels_takes_several_tunables_of_a_solution_in_a_comma_separate
         solution = tk._solution(task, spec)
         values = {t.name: t.value for t in read_tunables(solution.sources[solution.entry_file]).values()}
         assert (values["PROJ_BLOCK_M"], values["PROJ_WARPS"]) == (64, 8), spec
+
+
+def test_the_triton_builds_search_summary_reads_a_runs_own_evaluation_records():
+    """issue 40's figures from a run directory: new candidates once each, busy time, the timed share."""
+    run = DATA / "old_run_dirs" / "schema2_offline"
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "triton_builds.py"), "search", str(run)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    evaluations = [e for e in events if e["kind"] == "evaluation"]
+    new = {e["solution_id"] for e in evaluations if e["evaluator"] >= 0}
+    share = sum(e["result"]["timed_seconds"] for e in evaluations) / sum(e["result"]["seconds"] for e in evaluations)
+    assert f"{len(new)} new candidates;" in out and f"kernels timed {100 * share:.1f} %" in out, out

@@ -123,7 +123,7 @@ class RayEvaluatorPool:
         self._replacing: dict[int, asyncio.Task[None]] = {}
         self._parked: set[int] = set()  # out of the idle queue until its replacement runs
         self._given_up: set[int] = set()
-        self._builds: dict[tuple[str, BuildTarget], _Build] = {}
+        self._builds: dict[tuple[str, BuildTarget, str | None], _Build] = {}
         self._task: Any = None
 
     # --- evaluator actors ------------------------------------------------------------------------
@@ -206,41 +206,61 @@ class RayEvaluatorPool:
                  if info.compute_capability}
         return BuildTarget(archs=tuple(sorted(archs)))
 
-    def _start_build(self, solution: Solution, target: BuildTarget) -> _Build:
-        key = (solution.id, target)
+    def _start_build(self, solution: Solution, target: BuildTarget, triton_set: str | None) -> _Build:
+        """`triton_set`: compile the Triton kernels of a Python candidate as that workload set launches them."""
+        key = (solution.id, target, triton_set)
         if key in self._builds:
             self.build_hits += 1
             return self._builds[key]
-        from ksearch_ray.actors.build_task import build_extension
+        from ksearch_ray.actors.build_task import build_extension, build_triton
 
         options: dict[str, Any] = {"num_cpus": self.config.cluster.build_cpus}
         if self.config.cluster.build_resource:
             options["resources"] = {self.config.cluster.build_resource: 0.01}
-        record, library = build_extension.options(**options).remote(
-            solution, target, self.config.cluster.scratch_dir, self.config.cluster.build_timeout_s, max(1, round(self.config.cluster.build_cpus)),
-            isolation=self.config.evaluation.isolation,
-        )
+        cluster, isolation = self.config.cluster, self.config.evaluation.isolation
+        jobs = max(1, round(cluster.build_cpus))
+        if triton_set is not None:
+            record, library = build_triton.options(**options).remote(
+                solution, target, self.config.task, self.config.task_dirs, triton_set, cluster.scratch_dir,
+                cluster.build_timeout_s, jobs, isolation=isolation)
+        else:
+            record, library = build_extension.options(**options).remote(
+                solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)
         self._builds[key] = _Build(record, library)
         return self._builds[key]
 
-    async def _built(self, solution: Solution) -> tuple[BuildRecord | None, Any]:
-        """For a CUDA/C++ candidate: start (or join) its build now and wait for it, holding no evaluator.
+    def _builds_triton(self, solution: Solution) -> bool:
+        return (solution.language == "python" and self.device == "cuda" and self.config.cluster.triton_builds
+                and self.config.cluster.build_pool)
+
+    async def _built(self, solution: Solution, workload_set: str) -> tuple[BuildRecord | None, Any]:
+        """For a CUDA/C++ candidate (and, with cluster.triton_builds, a Python one's Triton kernels): start (or
+        join) its build now and wait for it, holding no evaluator.
 
         A failed build stays known for the run (its verdict is the source's); a library is let go
         of once evaluated, so the object store does not keep every library of a long run: a later
-        evaluation of the same solution finds it in a node's cache instead.
+        evaluation of the same solution finds it in a node's cache instead. A Triton build's only verdict is
+        a compile error: any other failure leaves the kernels to the evaluation's worker, as without one.
         """
-        if solution.language != "cuda" or not self.config.cluster.build_pool:
+        triton = self._builds_triton(solution)
+        if not triton and (solution.language != "cuda" or not self.config.cluster.build_pool):
             return None, None
         if self.device == "cuda" and not self.infos:
             await self.describe()
         target = self._target()
-        build = self._start_build(solution, target)
+        if triton and not target.archs:  # no evaluator reported its GPU's compute capability: nothing to build for
+            return None, None
+        key = (solution.id, target, workload_set if triton else None)
+        build = self._start_build(solution, target, key[2])
         self.building[solution.id] = time.monotonic()
         try:
             record: BuildRecord = await build.record
         except RayError as exc:
-            self._builds.pop((solution.id, target), None)
+            self._builds.pop(key, None)
+            if triton:
+                log.warning("the Triton build of %s failed in Ray (%s); its worker compiles the kernels", solution.name,
+                            type(exc).__name__)
+                return None, None
             raise EvaluatorPoolError(f"the build task for {solution.name} failed in Ray: {type(exc).__name__}") from None
         finally:
             self.building.pop(solution.id, None)
@@ -251,7 +271,11 @@ class RayEvaluatorPool:
             self.build_s += record.seconds
             build.counted = True
         if record.status not in (Status.PASSED, Status.COMPILE_ERROR):
-            self._builds.pop((solution.id, target), None)  # a timeout or crash is not the source's verdict: retry later
+            self._builds.pop(key, None)  # a timeout or crash is not the source's verdict: retry later
+            if triton:
+                log.warning("the Triton build of %s ended %s (%s); its worker compiles the kernels", solution.name,
+                            record.status.value, record.message)
+                return None, None
         return record, build.library
 
     def _build_verdict(self, solution: Solution, workload_set: str, record: BuildRecord) -> EvalResult:
@@ -273,7 +297,7 @@ class RayEvaluatorPool:
     async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
         """The verdict on `solution` from whichever evaluator is free first, and which one it was
         (`BUILDER` for a compile error)."""
-        record, library = await self._built(solution)
+        record, library = await self._built(solution, workload_set)
         if record is not None and not record.passed:
             return self._build_verdict(solution, workload_set, record), BUILDER
         losses = 0
@@ -304,7 +328,7 @@ class RayEvaluatorPool:
         return None
 
     async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
-        record, library = await self._built(solution)
+        record, library = await self._built(solution, workload_set)
         if record is not None and not record.passed:
             return self._build_verdict(solution, workload_set, record), None
         return None, (record, library)
@@ -326,7 +350,7 @@ class RayEvaluatorPool:
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult:
         """The verdict of evaluator `index` (waits until it is free; if it dies, until its replacement runs)."""
-        record, library = await self._built(solution)
+        record, library = await self._built(solution, workload_set)
         if record is not None and not record.passed:
             return self._build_verdict(solution, workload_set, record)
         for attempt in range(1, ACTOR_RETRIES + 1):
@@ -395,7 +419,7 @@ class RayEvaluatorPool:
         self.done += 1
         self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
         if record is not None:
-            self._builds.pop((solution.id, record.target), None)
+            self._builds.pop((solution.id, record.target, workload_set if record.kind == "triton" else None), None)
         return result
 
     def release(self) -> None:

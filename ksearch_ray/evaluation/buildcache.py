@@ -9,7 +9,8 @@ can travel through Ray's object store as bytes and be used, and kept, on any oth
 A node keeps its builds in one directory (`BuildCache`), shared by all of its processes:
 
     <root>/<key[:2]>/<key>/record.json     the BuildRecord (status, module name, sha256, log)
-    <root>/<key[:2]>/<key>/library.so      the extension, for builds that passed
+    <root>/<key[:2]>/<key>/library.so      the extension, for builds that passed (for a Triton build,
+                                           the pack of its compiled kernels: evaluation/tritoncache.py)
 
 Only trusted code writes it (the builder after its sandboxed compiler process is gone, and
 evaluator actors); the path never reaches a sandbox, and candidates load a private copy of the
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +81,12 @@ class BuildRecord(BaseModel):
     target: BuildTarget
     built_on: str = Field(default="", description="Ray node id (or host name) that compiled it.")
     cached: bool = Field(default=False, description="True when this answer came from a cache, not a compile.")
+    kind: Literal["cuda", "triton"] = Field(default="cuda", description=(
+        "cuda: a C++/CUDA extension (the bytes: the library); triton: a Python candidate's Triton kernels "
+        "compiled for the evaluators' GPU (the bytes: a pack of its Triton cache, evaluation/tritoncache.py)."))
+    kernels: int = Field(default=0, description="Triton builds: the kernels compiled.")
+    not_built: dict[str, str] = Field(default_factory=dict, description=(
+        "Triton builds: workload -> why its call could not be compiled ahead (the evaluation compiles it)."))
 
     @property
     def passed(self) -> bool:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from ksearch_ray.evaluation.buildcache import (
     BuildCache,
@@ -34,10 +37,22 @@ from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
 from ksearch_ray.evaluation.sandbox.handle import Sandbox
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
-from ksearch_ray.evaluation.sandbox.protocol import BuildJob, Built, Fail, ProtocolError, parse_report
+from ksearch_ray.evaluation.sandbox.protocol import (
+    BuildJob,
+    Built,
+    Fail,
+    ProtocolError,
+    TritonBuildJob,
+    TritonBuilt,
+    parse_report,
+)
 from ksearch_ray.evaluation.sandbox.resources import LOG_TAIL_BYTES, Resources, read_tail
 from ksearch_ray.evaluation.settings import Limits
+from ksearch_ray.evaluation.tritoncache import PackError, capability_of, triton_build_key
+from ksearch_ray.evaluation.tritoncache import pack as pack_kernels
 from ksearch_ray.models import Solution, Status
+from ksearch_ray.taskspec.spec import Workload
+from ksearch_ray.taskspec.task import Task
 from ksearch_ray.text import Redactor, clip
 
 
@@ -52,7 +67,9 @@ class Builder:
         self.max_jobs = max_jobs
         self.node = node
         # A build needs no GPU, and sees none; it has a candidate's limits (the defaults: compilers need no more).
-        self.sandbox = Sandbox("cpu", self.work_root, resources=Resources(**Limits().resources()), isolation=isolation)
+        # Its Triton compiles for the evaluators' GPU (Triton builds), never interprets.
+        self.sandbox = Sandbox("cpu", self.work_root, resources=Resources(**Limits().resources()), isolation=isolation,
+                               triton_compiles=True)
         self.redact = Redactor.from_environment()
 
     def close(self) -> None:
@@ -72,45 +89,32 @@ class Builder:
         self.cache.put(record, library)
         return record, library
 
+    def build_triton(self, solution: Solution, target: BuildTarget, task: Task, workload_set: str) -> tuple[BuildRecord, bytes | None]:
+        """The Triton kernels of `solution` (a Python candidate) compiled for `target`'s GPUs, as each
+        workload of `workload_set` (its GPU variant) launches them: from this node's cache, or compiled
+        now (and cached). The bytes are a pack of the kernels (evaluation/tritoncache.py)."""
+        if not target.archs:
+            raise ValueError("a Triton build needs the evaluators' GPU architectures (BuildTarget.archs)")
+        workloads = task.workloads(workload_set, "cuda")
+        key = triton_build_key(solution, target, probe_toolchain(), task.name, workloads)
+        hit = self.cache.get(key)
+        if hit is not None:
+            record, pack = hit
+            return record.model_copy(update={"solution_id": solution.id}), pack
+        record, pack = self._compile_triton(solution, target, task, workloads, key)
+        self.cache.put(record, pack)
+        return record, pack
+
     def _compile(self, solution: Solution, target: BuildTarget, key: str) -> tuple[BuildRecord, bytes | None]:
         module = module_name_for(key)
         record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=module,
                              toolchain=probe_toolchain(), target=target, built_on=self.node)
-        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
-        src = workdir / "src"
-        src.mkdir(parents=True)
-        for name, text in solution.sources.items():
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"solution file name {name!r} is not a plain file name")
-            (src / name).write_text(text)
+        workdir = self._workdir(solution)
         job = BuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), module_name=module,
                        archs=list(target.archs), max_jobs=self.max_jobs)
-        t0 = time.monotonic()
-        worker = self.sandbox.start(job.model_dump(mode="json"))
         library = None
         try:
-            msg = parse_report(worker.chan.recv(self.timeout_s))
-            if isinstance(msg, Fail):
-                # Whatever status a compromised worker claims, a failed build is a compile error.
-                record.status, record.message, record.log = Status.COMPILE_ERROR, clip(msg.message, 500), msg.log
-            elif not isinstance(msg, Built):
-                record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.type!r} from the build"
-        except ProtocolError as exc:
-            record.status, record.message = Status.INTEGRITY_VIOLATION, f"malformed message from the build ({exc})"
-        except ChannelTimeout:
-            record.status, record.message = Status.TIMEOUT, f"the build gave no result in {self.timeout_s:.0f} s"
-        except ChannelClosed:
-            record.status, record.message, record.log = Status.CRASHED, "the build process died", _tail(workdir)
-        except ChannelForgery as exc:
-            record.status, record.message = Status.INTEGRITY_VIOLATION, f"forged message on the build channel ({exc})"
-        finally:
-            # Nothing the candidate started may still run while its output is read.
-            self.sandbox.kill(worker)
-            self.sandbox.reap(worker)
-        record.seconds = time.monotonic() - t0
-        record.message, record.log = self.redact(record.message), self.redact(record.log)  # candidate output, in
-        try:
-            if record.passed:
+            if isinstance(self._run(record, [job], workdir, Built), Built):
                 path = workdir / "build" / f"{module}.so"
                 if not path.is_file():
                     record.status, record.message = Status.CRASHED, "the build reported success but left no library"
@@ -120,6 +124,77 @@ class Builder:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return record, library
+
+    def _compile_triton(self, solution: Solution, target: BuildTarget, task: Task, workloads: list[Workload],
+                        key: str) -> tuple[BuildRecord, bytes | None]:
+        record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=f"ks_{solution.id}",
+                             toolchain=probe_toolchain(), target=target, built_on=self.node, kind="triton")
+        workdir = self._workdir(solution)
+        jobs = [TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), task_root=str(task.root),
+                               solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
+                               capability=capability, workloads=workloads)
+                for capability in sorted({capability_of(arch) for arch in target.archs})]
+        pack = None
+        try:
+            report = self._run(record, jobs, workdir, TritonBuilt)
+            if isinstance(report, TritonBuilt):
+                record.not_built = {name: self.redact(why) for name, why in report.not_built.items()}
+                try:
+                    pack, record.kernels = pack_kernels(workdir / "triton")
+                except (PackError, OSError) as exc:  # left by the candidate's process: its doing
+                    limit = isinstance(exc, PackError) and exc.over_limit
+                    record.status = Status.RESOURCE_LIMIT if limit else Status.INTEGRITY_VIOLATION
+                    record.message, pack = f"the compiled kernels were not kept: {exc}", None
+                else:
+                    record.sha256, record.size = sha256_bytes(pack), len(pack)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return record, pack
+
+    def _workdir(self, solution: Solution) -> Path:
+        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
+        src = workdir / "src"
+        src.mkdir(parents=True)
+        for name, text in solution.sources.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"solution file name {name!r} is not a plain file name")
+            (src / name).write_text(text)
+        return workdir
+
+    def _run(self, record: BuildRecord, jobs: Sequence[BaseModel], workdir: Path, success: type[BaseModel]) -> BaseModel | None:
+        """Run `jobs` one after another in sandboxed workers (one per job) and read each one's report into
+        `record` (a failure's status and message); the last report when every job reported `success`."""
+        t0 = time.monotonic()
+        report: BaseModel | None = None
+        for job in jobs:
+            worker = self.sandbox.start(job.model_dump(mode="json"))
+            report = None
+            try:
+                msg = parse_report(worker.chan.recv(self.timeout_s))
+                if isinstance(msg, Fail):
+                    # Whatever status a compromised worker claims, a failed build is a compile error.
+                    record.status, record.message, record.log = Status.COMPILE_ERROR, clip(msg.message, 500), msg.log
+                elif not isinstance(msg, success):
+                    record.status, record.message = Status.INTEGRITY_VIOLATION, f"unexpected message {msg.type!r} from the build"
+                else:
+                    report = msg
+            except ProtocolError as exc:
+                record.status, record.message = Status.INTEGRITY_VIOLATION, f"malformed message from the build ({exc})"
+            except ChannelTimeout:
+                record.status, record.message = Status.TIMEOUT, f"the build gave no result in {self.timeout_s:.0f} s"
+            except ChannelClosed:
+                record.status, record.message, record.log = Status.CRASHED, "the build process died", _tail(workdir)
+            except ChannelForgery as exc:
+                record.status, record.message = Status.INTEGRITY_VIOLATION, f"forged message on the build channel ({exc})"
+            finally:
+                # Nothing the candidate started may still run while its output is read.
+                self.sandbox.kill(worker)
+                self.sandbox.reap(worker)
+            if report is None:
+                break
+        record.seconds = time.monotonic() - t0
+        record.message, record.log = self.redact(record.message), self.redact(record.log)  # candidate output, in
+        return report
 
 
 def _tail(workdir: Path) -> str:

@@ -57,6 +57,8 @@ from ksearch_ray.evaluation.sandbox.resources import Resources
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
+from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs
+from ksearch_ray.evaluation.tritoncache import unpack as unpack_kernels
 from ksearch_ray.evaluation.worker_session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.models import EvalResult, Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.spec import TaskError, Workload
@@ -195,6 +197,9 @@ class Evaluator:
         timed = (workload_set != "tests") if timed is None else timed
         if prebuilt is not None and (prebuilt[0].solution_id != solution.id or sha256_bytes(prebuilt[1]) != prebuilt[0].sha256):
             raise ValueError(f"the prebuilt library given for {solution.id} is not this solution's build")
+        triton_build = None
+        if prebuilt is not None and prebuilt[0].kind == "triton":  # kernels for the Triton cache, not a library
+            triton_build, prebuilt = prebuilt, None
         workloads = task.workloads(workload_set, self.device)
         tag = "time" if stage is None else "retime"
         run = RunSpec(
@@ -217,6 +222,7 @@ class Evaluator:
             prepared_untimed=run.prepare is not None,
         )
         t0 = time.monotonic()
+        kernels_before = self._triton_cache(solution, triton_build, result)
         self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
@@ -243,6 +249,8 @@ class Evaluator:
             shutil.rmtree(workdir, ignore_errors=True)
             result.stages = session.finish()
         result.workloads = run.results
+        if kernels_before is not None:
+            result.triton_compiled = len(kernel_dirs(self._triton_cache_dir(solution)) - kernels_before)
         result.seconds = time.monotonic() - t0
         result.overhead_seconds = max(0.0, result.seconds - busy)
         result.build_seconds = run.build_seconds
@@ -318,8 +326,7 @@ class Evaluator:
             return ProfileResult(status="failed", solution_id=solution.id, workload=name,
                                  message=f"the workload set {measured.workload_set} has no workload {name}")
         workdir = self._workdir(solution, gpumode=task.definition.interface == "gpumode")
-        cache = self.work_root / "cache" / solution.id / "triton"
-        cache.mkdir(parents=True, exist_ok=True)
+        cache = self._triton_cache_dir(solution)
         job = ProfileJob(
             workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(task.root), device="cuda" if self.device == "cuda" else "cpu",
             options=sorted(options), solution_id=solution.id, language=solution.language, entry_file=solution.entry_file,
@@ -439,6 +446,28 @@ class Evaluator:
         return self.wait_limit(run.task, workload_set, stage, compiles=compiles, session_waits=session_waits,
                                own_waits=own_waits, language_waits=language_waits)
 
+    def _triton_cache_dir(self, solution: Solution) -> Path:
+        """The Triton cache of `solution`'s workers on this evaluator: its own, kept between its evaluations."""
+        cache = self.work_root / "cache" / solution.id / "triton"
+        cache.mkdir(parents=True, exist_ok=True)
+        return cache
+
+    def _triton_cache(self, solution: Solution, build: tuple[BuildRecord, bytes] | None,
+                      result: EvalResult) -> set[str] | None:
+        """Put a Triton build's kernels into `solution`'s Triton cache, noting on `result` what it holds; the
+        kernels there before the worker starts (None on the CPU path, where Triton compiles nothing)."""
+        if build is not None:
+            record, pack = build
+            result.triton_not_built = dict(record.not_built)
+            try:
+                result.triton_prebuilt = unpack_kernels(pack, self._triton_cache_dir(solution))
+            except PackError as exc:  # the worker's JIT compiles them all, as without a build
+                result.triton_prebuilt = 0
+                result.triton_not_built = {"(all)": f"the build's kernels were refused: {exc}"}
+        if self.device != "cuda" or solution.language != "python":
+            return None
+        return kernel_dirs(self._triton_cache_dir(solution))
+
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
         src = workdir / "src"
@@ -457,8 +486,7 @@ class Evaluator:
 
     def _job(self, run: RunSpec, workdir: Path) -> Job:
         sol = run.solution
-        cache = self.work_root / "cache" / sol.id / "triton"
-        cache.mkdir(parents=True, exist_ok=True)
+        cache = self._triton_cache_dir(sol)
         return Job(
             workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(run.task.root),
             device="cuda" if run.device == "cuda" else "cpu", options=sorted(run.options), solution_id=sol.id,

@@ -173,10 +173,13 @@ def _pipe_for_records() -> tuple[int, int]:
 class Sandbox:
     def __init__(self, device: str, work_root: Path, *, startup_timeout: float = 300.0,
                  isolation: Isolation = Isolation.BEST_EFFORT, resources: Resources | None = None,
-                 refused: frozenset[str] = frozenset()):
+                 refused: frozenset[str] = frozenset(), triton_compiles: bool = False):
         """`resources`: every worker's limits (sandbox/resources.py). `refused`: environment variables that
-        never reach a candidate whatever their name (the run's API key variable)."""
+        never reach a candidate whatever their name (the run's API key variable). `triton_compiles`: on the
+        CPU, Triton compiles for a GPU rather than interpreting (build workers, evaluation/builder.py): the
+        zygote imports it so, since Triton's own library functions are made interpreted or not at import."""
         self.device = device
+        self.triton_compiles = triton_compiles
         self.work_root = Path(work_root).resolve()  # the worker chdirs into job dirs below it from elsewhere
         self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:  # the zygote loads its native stopwatch from here: nobody else may write it
@@ -218,6 +221,12 @@ class Sandbox:
             self.close()
             return False
 
+    def _environment(self) -> dict[str, str]:
+        env = scrubbed_environment(self.device, self.visible_gpu, refused=self.refused)
+        if self.triton_compiles:
+            env.pop("TRITON_INTERPRET", None)
+        return env
+
     def _start_zygote(self) -> None:
         self.close()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -227,8 +236,7 @@ class Sandbox:
                 [sys.executable, "-m", "ksearch_ray.evaluation.sandbox.zygote", str(child.fileno()), self.device,
                  self.isolation.value],
                 pass_fds=[child.fileno()],
-                env={**scrubbed_environment(self.device, self.visible_gpu, refused=self.refused),
-                     "HOME": str(self.work_root)},  # the zygote's tools write nothing into the user's home
+                env={**self._environment(), "HOME": str(self.work_root)},  # its tools write nothing into the user's home
                 cwd=self.work_root,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -66,6 +66,41 @@ def _candidate_traceback(exc: BaseException, candidate_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def call_failure(exc: BaseException, src: Path) -> CandidateFailure:
+    """What an exception out of the candidate's call means: a Triton compile error is COMPILE_ERROR,
+    anything else RUNTIME_ERROR (sys.exit: CRASHED), with its first line and the candidate's frames."""
+    if isinstance(exc, CandidateFailure):
+        return exc
+    if isinstance(exc, SystemExit):
+        return CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning")
+    compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
+    status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
+    if "out of memory" in str(exc).lower():
+        status = Status.RUNTIME_ERROR
+    first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
+    return CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, src))
+
+
+def import_candidate(src: Path, language: str, entry_file: str, entry_point: str, solution_id: str,
+                     prebuilt: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The candidate's entry point, imported under the module name every worker of it uses
+    (`ks_<solution id>`: a Triton kernel's cache key must not depend on which worker compiled it);
+    CandidateFailure when it does not build or import."""
+    try:
+        return load_entry(src, language, entry_file, entry_point, f"ks_{solution_id}", prebuilt=prebuilt)
+    except BuildError as exc:
+        raise CandidateFailure(Status.COMPILE_ERROR, "build failed", str(exc)) from None
+    except SyntaxError as exc:
+        raise CandidateFailure(Status.COMPILE_ERROR,
+                               f"SyntaxError: {exc.msg} ({Path(exc.filename or '').name}:{exc.lineno})",
+                               (exc.text or "").rstrip()) from None
+    except SystemExit as exc:
+        raise CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) at import") from None
+    except Exception as exc:  # import-time failure of candidate code
+        raise CandidateFailure(Status.COMPILE_ERROR, f"import failed: {type(exc).__name__}: {exc}",
+                               _candidate_traceback(exc, src)) from None
+
+
 class Worker:
     def __init__(self, chan: Channel, job: Job):
         self.chan = chan
@@ -190,16 +225,7 @@ class Worker:
 
     def failure(self, exc: BaseException) -> CandidateFailure:
         """What an exception out of the candidate's call means (the timed calls catch it themselves)."""
-        if isinstance(exc, CandidateFailure):
-            return exc
-        if isinstance(exc, SystemExit):
-            return CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) instead of returning")
-        compile_error = type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure"}
-        status = Status.COMPILE_ERROR if compile_error else Status.RUNTIME_ERROR
-        if "out of memory" in str(exc).lower():
-            status = Status.RUNTIME_ERROR
-        first = clip(str(exc).strip().splitlines()[0], 300) if str(exc).strip() else ""
-        return CandidateFailure(status, f"{type(exc).__name__}: {first}", _candidate_traceback(exc, self.src))
+        return call_failure(exc, self.src)
 
     def check_outputs(self, result: Any, inputs: dict[str, Any],
                       pristine: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
@@ -228,20 +254,8 @@ class Worker:
     def build(self) -> None:
         job = self.job
         t0 = _perf()
-        try:
-            self.entry = load_entry(self.src, job.language, job.entry_file, job.entry_point, f"ks_{job.solution_id}",
-                                    prebuilt=job.prebuilt.model_dump() if job.prebuilt else None)
-        except BuildError as exc:
-            raise CandidateFailure(Status.COMPILE_ERROR, "build failed", str(exc)) from None
-        except SyntaxError as exc:
-            raise CandidateFailure(Status.COMPILE_ERROR,
-                                   f"SyntaxError: {exc.msg} ({Path(exc.filename or '').name}:{exc.lineno})",
-                                   (exc.text or "").rstrip()) from None
-        except SystemExit as exc:
-            raise CandidateFailure(Status.CRASHED, f"the candidate called sys.exit({exc.code!r}) at import") from None
-        except Exception as exc:  # import-time failure of candidate code
-            raise CandidateFailure(Status.COMPILE_ERROR, f"import failed: {type(exc).__name__}: {exc}",
-                                   _candidate_traceback(exc, self.src)) from None
+        self.entry = import_candidate(self.src, job.language, job.entry_file, job.entry_point, job.solution_id,
+                                      prebuilt=job.prebuilt.model_dump() if job.prebuilt else None)
         if job.prepare:  # set by the evaluator for a task's own bundled solution only
             module = sys.modules.get(f"ks_{job.solution_id}")
             self.prepare = getattr(module, job.prepare, None)

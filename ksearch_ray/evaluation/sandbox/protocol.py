@@ -100,6 +100,22 @@ class BuildJob(_Message):
     max_jobs: int = 1
 
 
+class TritonBuildJob(_Message):
+    """A Triton candidate's kernels compiled ahead of its evaluation, on a CPU (evaluation/builder.py,
+    sandbox/triton_build.py): every Triton launch of one call per workload becomes a compile for
+    `capability` into the job's Triton cache, and nothing runs on a GPU."""
+
+    type: Literal["triton_build"] = "triton_build"
+    workdir: str
+    triton_cache_dir: str
+    task_root: str
+    solution_id: str
+    entry_file: str
+    entry_point: str
+    capability: int = Field(ge=10, le=200, description="The evaluators' compute capability as Triton writes it: 90 for 9.0.")
+    workloads: list[Workload]
+
+
 class ProfileJob(_CandidateJob):
     """One call of a candidate under Nsight Compute (sandbox/profiler.py), outside any timed measurement:
     the worker runs `ncu` as the wrapper of a fresh Python that builds the candidate, warms it up on
@@ -156,6 +172,17 @@ class Ready(_Message):
 class Built(_Message):
     type: Literal["built"] = "built"
     seconds: float
+
+
+class TritonBuilt(_Message):
+    """A Triton build's report: what it compiled, and per workload that it could not call, why (the
+    evaluation's worker compiles those kernels itself)."""
+
+    type: Literal["triton_built"] = "triton_built"
+    seconds: float
+    launches: int = Field(ge=0, description="Triton launches compiled (one per kernel launch of each call).")
+    built: list[str] = Field(description="Workloads whose call ran to its end here.")
+    not_built: dict[str, str] = Field(default_factory=dict, description="Workload -> why its call stopped (one line).")
 
 
 class Progress(_Message):
@@ -242,7 +269,7 @@ class Profiled(_Message):
     code: int
 
 
-ReportMessage = (Ready | Built | Progress | Output | Checked | Warmed | Tick | Timed | CallOutput | Done | Fail | Prepared
+ReportMessage = (Ready | Built | TritonBuilt | Progress | Output | Checked | Warmed | Tick | Timed | CallOutput | Done | Fail | Prepared
                  | Ran | Profiled)
 Report = Annotated[ReportMessage, Field(discriminator="type")]
 

@@ -91,6 +91,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         from ksearch_ray.evaluation.sandbox.build import serve_build
 
         return serve_build(chan, job)
+    if job.get("type") == "triton_build":  # a Triton candidate's kernels compiled on a CPU (evaluation/builder.py)
+        from ksearch_ray.evaluation.sandbox.triton_build import serve_triton_build
+
+        return serve_triton_build(chan, job)
     if job.get("type") == "reference":  # an untrusted task's references (evaluation/reference.py)
         from ksearch_ray.evaluation.sandbox.reference_worker import serve_reference
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Triton builds on CPU workers, on the H200 (issue 40). PARTS picks what runs (default: tests evals):
+#   tests   the CPU-side Triton build tests with this machine's Triton (3.6: the GPU's), and the GPU sandbox tests
+#   evals   experiments/triton_builds.py evals: each TriMul seed's evaluation with the worker's own JIT and with
+#           a build made beforehand on this machine's CPUs, alternating, in one warm evaluator (--isolation require)
+#   search  two offline TriMul searches as a user runs them (Ray, width 4, one evaluator, ROUNDS rounds),
+#           cluster.triton_builds off then on, summarized by experiments/triton_builds.py search
+# Outputs under $OUT (tarred by the caller's command).
+#   PARTS="tests evals" SITE=.gpubundle_s bash experiments/gpu/h200_triton_builds.sh
+set -uo pipefail
+export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
+mkdir -p /tmp/site && for b in "${SITE:-.gpubundle_s}"/*.tar.xz; do tar xJf "$b" -C /tmp/site; done
+export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+{ date -u; nvidia-smi -L; bash experiments/gpu/source_hash.sh
+  python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"; } | tee "$OUT/machine.txt"
+stamp() { date -u +"%H:%M:%S $*" | tee -a "$OUT/times.txt"; }
+for part in ${PARTS:-tests evals}; do
+  stamp "$part"
+  case $part in
+    tests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_triton_builds.py -k "not pools" 2>&1 | tail -15 | tee "$OUT/tests.log"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sandbox_gpu.py 2>&1 | tail -4 | tee -a "$OUT/tests.log" ;;
+    evals)
+      timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task trimul --solutions "${SOLUTIONS:-triton_seed,triton_fused}" \
+        --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;
+    search)
+      printf 'cluster:\n  triton_builds: true\n' > /tmp/triton_builds.yaml
+      for v in off on; do
+        rm -rf "/tmp/run_$v"; extra=""; [ "$v" = on ] && extra="--config /tmp/triton_builds.yaml"
+        ( cd /tmp && timeout "${SEARCH_S:-270}" python3 -m ksearch_ray run --task trimul --width 4 --rounds "${ROUNDS:-32}" \
+            --evaluators 1 --isolation require --run-dir "/tmp/run_$v" --no-progress $extra ) > "$OUT/run_$v.out" 2> "$OUT/run_$v.err"
+        echo "run $v exit $?"; tail -4 "$OUT/run_$v.out"
+      done
+      python3 experiments/triton_builds.py search /tmp/run_off /tmp/run_on | tee "$OUT/search.txt"
+      for v in off on; do cp "/tmp/run_$v/events.jsonl" "$OUT/events_$v.jsonl" 2>/dev/null; done ;;
+  esac
+done
+stamp end

@@ -1,0 +1,157 @@
+"""What compiling Triton candidates on CPU build workers saves the GPU (issue 40), measured two ways.
+
+`evals`: each solution's evaluation, side by side in one warm evaluator on the GPU, with its Triton
+kernels compiled by the evaluation's own worker (`jit`: the solution's Triton cache emptied first, as
+for a new candidate) and loaded from a build made beforehand on this machine's CPUs (`built`), in
+alternation, `--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share and
+the kernels the GPU worker compiled. The build's own seconds (CPU, off the GPU) are printed apart.
+
+    python experiments/triton_builds.py evals --task trimul --solutions triton_seed,triton_fused --repeats 3 --out e.json
+
+`search`: the figures of issue 40's goal from a run directory's own evaluation records: new
+candidates, median GPU-busy seconds per new candidate (its evaluation's seconds), candidates per
+GPU-hour at that busy time, the share of the evaluator's busy time spent in timed kernels, and the
+kernels built ahead and compiled on the GPU worker.
+
+    python experiments/triton_builds.py search RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _row(variant: str, solution: str, result: Any) -> dict[str, Any]:
+    return {"variant": variant, "solution": solution, "status": result.status.value, "seconds": round(result.seconds, 3),
+            "stages": {k: round(v, 3) for k, v in result.stages.items()},
+            "timed_share": round(result.timed_seconds / result.seconds, 4) if result.seconds else 0.0,
+            "triton_prebuilt": result.triton_prebuilt, "triton_compiled": result.triton_compiled,
+            "not_built": result.triton_not_built, "score": result.score}
+
+
+def evals(args: argparse.Namespace) -> None:
+    import torch
+
+    from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget
+    from ksearch_ray.evaluation.builder import Builder
+    from ksearch_ray.evaluation.evaluator import Evaluator
+    from ksearch_ray.evaluation.sandbox.build import arch_for
+    from ksearch_ray.evaluation.sandbox.isolation import Isolation
+    from ksearch_ray.taskspec.task import find_task
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: `evals` measures a GPU worker: no GPU is visible")
+    task = find_task(args.task)
+    workload_set = args.workloads or ("benchmarks" if "benchmarks" in task.definition.workload_sets else "feedback")
+    root = Path(tempfile.mkdtemp(prefix="triton-builds-"))
+    isolation = Isolation(args.isolation)
+    builder = Builder(root / "builder", BuildCache(root / "build-cache"), isolation=isolation)
+    evaluator = Evaluator("cuda", root / "evaluator", isolation=isolation)
+    target = BuildTarget(archs=(arch_for(*torch.cuda.get_device_capability()),))
+    rows: list[dict[str, Any]] = []
+    builds: dict[str, dict[str, Any]] = {}
+    try:
+        baseline = evaluator.evaluate(task, task.baseline(), workload_set=workload_set)  # as a search starts
+        print(f"baseline {baseline.status.value} {baseline.seconds:.2f} s", flush=True)
+        for name in args.solutions.split(","):
+            solution = task.solution(name)
+            t0 = time.monotonic()
+            record, pack = builder.build_triton(solution, target, task, workload_set)
+            builds[name] = {"status": record.status.value, "seconds": round(time.monotonic() - t0, 2),
+                            "kernels": record.kernels, "not_built": record.not_built, "bytes": record.size,
+                            "message": record.message}
+            print(f"{name}: build {builds[name]}", flush=True)
+            if not record.passed or pack is None:
+                continue
+            for _ in range(args.repeats):
+                for variant in ("jit", "built"):
+                    shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
+                    result = evaluator.evaluate(task, solution, workload_set=workload_set,
+                                                prebuilt=(record, pack) if variant == "built" else None)
+                    rows.append(_row(variant, name, result))
+                    print(json.dumps(rows[-1]), flush=True)
+    finally:
+        evaluator.close()
+        builder.close()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
+          f"{'timing':>7} {'timed%':>7} {'compiled':>8}")
+    for name in builds:
+        for variant in ("jit", "built"):
+            mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
+            if not mine:
+                continue
+
+            def med(key: str, rows: list[dict[str, Any]] = mine) -> float:
+                return statistics.median(r["stages"].get(key, 0.0) for r in rows)
+
+            print(f"{name:<14} {variant:<6} {statistics.median(r['seconds'] for r in mine):>8.2f} {med('start'):>6.2f} "
+                  f"{med('correctness'):>8.2f} {med('judging'):>8.2f} {med('timing'):>7.2f} "
+                  f"{100 * statistics.median(r['timed_share'] for r in mine):>6.1f}% "
+                  f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,
+                                              "rows": rows, "gpu": torch.cuda.get_device_name()}, indent=1))
+
+
+def search(args: argparse.Namespace) -> None:
+    from ksearch_ray.events import Evaluation
+    from ksearch_ray.store import RunStore
+
+    for run_dir in args.run_dirs:
+        events = RunStore(run_dir).read_events()
+        seen: set[str] = set()
+        busy: list[float] = []
+        total = timed = 0.0
+        prebuilt = compiled = 0
+        for event in events:
+            if not isinstance(event, Evaluation):
+                continue
+            result = event.result
+            total += result.seconds
+            timed += result.timed_seconds
+            if event.solution_id in seen or event.evaluator < 0:  # a re-measurement, or a builder's verdict
+                continue
+            seen.add(event.solution_id)
+            busy.append(result.seconds)
+            prebuilt += result.triton_prebuilt or 0
+            compiled += result.triton_compiled or 0
+        if not busy:
+            print(f"{run_dir}: no evaluation of a new candidate")
+            continue
+        median = statistics.median(busy)
+        print(f"{run_dir}: {len(busy)} new candidates; median busy {median:.2f} s (mean {statistics.mean(busy):.2f} s); "
+              f"{3600 / statistics.mean(busy):.0f} candidates per GPU-hour at the mean; kernels timed "
+              f"{100 * timed / total:.1f} % of {total:.1f} s busy; Triton kernels built ahead {prebuilt}, "
+              f"compiled on the GPU worker {compiled}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("evals", help="JIT against built-ahead evaluations, side by side (GPU).")
+    e.add_argument("--task", default="trimul")
+    e.add_argument("--solutions", default="triton_seed,triton_fused")
+    e.add_argument("--workloads", default="", help="Workload set (default: benchmarks, else feedback).")
+    e.add_argument("--repeats", type=int, default=3)
+    e.add_argument("--isolation", default="best-effort", choices=["require", "best-effort", "off"])
+    e.add_argument("--out", default="")
+    s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")
+    s.add_argument("run_dirs", nargs="+")
+    args = ap.parse_args()
+    evals(args) if args.command == "evals" else search(args)
+
+
+if __name__ == "__main__":
+    main()

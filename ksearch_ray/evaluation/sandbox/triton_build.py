@@ -1,0 +1,164 @@
+"""Compiling a Triton candidate's kernels for the evaluators' GPU on a CPU: the sandboxed side of a
+Triton build job (evaluation/builder.py, `Builder.build_triton`).
+
+The worker calls the candidate once per workload of the set it will be evaluated on, with inputs of
+the GPU's shapes, dtypes, strides and alignment that hold no data (meta tensors, from the task's own
+input generator run under PyTorch's fake tensors), while Triton's active driver is a stand-in for a
+CUDA device of the evaluators' compute capability. Every Triton launch becomes a compile
+(`warmup=True`): Triton's frontend, LLVM and the ptxas it ships write each kernel into the job's
+Triton cache under the key a GPU worker computes for the same launch (source, specialization,
+target, options), and nothing is launched. The evaluation's worker, given a copy of that cache,
+only loads the kernels.
+
+What cannot be built this way is left to the evaluation's worker, which compiles it as it always
+did: a call that needs values (`.item()`, a page table read on the host), the GPU itself
+(`torch.cuda` calls, an autotuner's benchmark) or anything else that stops it. The report names
+each such workload and why. A Triton compile error is the candidate's verdict here, as on the GPU
+(`harness.call_failure`), before any GPU time is spent on it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, call_failure, import_candidate
+from ksearch_ray.evaluation.sandbox.protocol import Fail, TritonBuildJob, TritonBuilt
+from ksearch_ray.models import Status
+from ksearch_ray.text import clip
+
+
+def stand_in_driver(capability: int, torch_device: str = "meta") -> None:
+    """Make Triton's active driver a CUDA driver for a device of `capability` (90: sm_90) that is not
+    there: it answers the target, device and stream questions a compile asks, and loads nothing.
+    `torch_device`: the device it names as the active one (where the inputs are)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime.driver import driver
+
+    class StandIn(CudaDriver):  # type: ignore[misc]
+        def __init__(self) -> None:  # CudaDriver's own would load libcuda
+            self.backend = "cuda"
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", capability, 32)  # NVIDIA's warp is 32 wide, as CudaDriver reports
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_capability(self, device: int = 0) -> tuple[int, int]:
+            return divmod(capability, 10)
+
+        def get_active_torch_device(self) -> Any:
+            return torch.device(torch_device)
+
+    driver.set_active(StandIn())
+
+
+def shaped_like(value: Any) -> Any:
+    """`value` with every tensor replaced by a meta tensor of its shape, strides, storage offset and
+    dtype: a meta tensor's data_ptr() is its byte offset, so Triton's 16-byte alignment test sees what
+    a GPU allocation (512-byte aligned) gives."""
+    if isinstance(value, torch.Tensor):
+        elements = max(1, value.untyped_storage().nbytes() // max(1, value.element_size()))
+        base = torch.empty(elements, dtype=value.dtype, device="meta")
+        return base.as_strided(value.shape, value.stride(), value.storage_offset())
+    if isinstance(value, dict):
+        return {k: shaped_like(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(shaped_like(v) for v in value)
+    return value
+
+
+def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
+    """The task's inputs for `workload` at the GPU's shapes, as meta tensors. Its generator runs under
+    fake tensors (shapes only, so even TriMul's 3 GB inputs cost nothing), or, where it needs values
+    (`.item()`, indices read on the host), for real on the CPU. Seed 0: a shape that depends on the
+    seed only costs a kernel the evaluation's worker compiles itself."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            inputs = task.generate_inputs(workload, 0, "cpu")
+    except Exception:  # noqa: BLE001  (values were needed: make them, then keep only their shapes)
+        inputs = task.generate_inputs(workload, 0, "cpu")
+    return dict(shaped_like(inputs))
+
+
+def _where(exc: BaseException, src: Path) -> str:
+    """ ' (at file.py:line)': the innermost frame in the candidate's files, else the innermost of all."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if f.filename.startswith(str(src))]
+    chosen = own or frames
+    return f" (at {Path(chosen[-1].filename).name}:{chosen[-1].lineno})" if chosen else ""
+
+
+class _Launches:
+    """Triton's launch turned into a compile for as long as the build runs."""
+
+    def __init__(self) -> None:
+        from triton.runtime.jit import JITFunction
+
+        self.count = 0
+        run = JITFunction.run
+
+        def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            self.count += 1
+            return run(fn, *args, grid=grid, warmup=True, **kwargs)
+
+        JITFunction.run = compile_only
+
+
+def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
+    """Compile the candidate's kernels for every workload of the job, report, exit. The trusted
+    builder reads the Triton cache after this process is gone."""
+    from ksearch_ray.taskspec.task import Task
+
+    spec = TritonBuildJob.model_validate(job)
+    if os.environ.get("TRITON_INTERPRET"):  # the sandbox's fault, not the candidate's: the build crashes
+        raise RuntimeError("this sandbox runs Triton's interpreter: a Triton build needs Sandbox(triton_compiles=True)")
+    t0 = time.perf_counter()
+    task = Task.load(spec.task_root)
+    task.module  # noqa: B018  (the task's own code loads before any of the candidate's)
+    src = Path(spec.workdir) / "src"
+    current: str | None = None
+    try:
+        stand_in_driver(spec.capability)
+        launches = _Launches()
+        entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
+        built: list[str] = []
+        not_built: dict[str, str] = {}
+        for workload in spec.workloads:
+            current = workload.name
+            try:
+                inputs = meta_inputs(task, workload)
+            except Exception as exc:  # the task's own generator failed here: the GPU worker compiles these
+                not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
+                continue
+            try:
+                entry(*task.arguments(inputs))
+            except (Exception, SystemExit) as exc:
+                failure = call_failure(exc, src)
+                if failure.status is Status.COMPILE_ERROR:
+                    raise CandidateFailure(failure.status, failure.message, failure.log) from None
+                not_built[workload.name] = clip(f"{failure.message}{_where(exc, src)}", 300)
+                continue
+            built.append(workload.name)
+        chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built))
+    except CandidateFailure as failure:
+        status, message = failure.status, failure.message
+        if status.passed:  # the candidate raised the harness's exception with a verdict of its choosing
+            status, message = Status.INTEGRITY_VIOLATION, f"the candidate raised a failure that claims PASSED ({clip(message, 200)})"
+        chan.send(Fail(status=status, message=message, log=failure.log, workload=current))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0

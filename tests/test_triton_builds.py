@@ -1,0 +1,221 @@
+"""Triton builds off the GPU: a Python candidate's Triton kernels compiled for sm_90 on a CPU build worker,
+in the sandbox, and carried to its evaluation, which then only loads them.
+
+Real compiles throughout (Triton's CUDA backend and the ptxas its wheel ships, with a stand-in driver
+for a GPU that is not there); real sandbox workers, a real local Ray for the pool. What a CPU cannot
+show is a GPU worker loading the kernels: experiments/triton_builds.py measures that on the H200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from local_backends import settings
+
+from ksearch_ray.distributed.pool import RayEvaluatorPool
+from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, probe_toolchain
+from ksearch_ray.evaluation.builder import Builder
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.sandbox.protocol import TritonBuildJob, TritonBuilt, parse_report
+from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs, pack, triton_build_key, unpack
+from ksearch_ray.models import Solution, Status
+from ksearch_ray.run.backends import BUILDER
+from ksearch_ray.taskspec.task import find_task
+
+DATA = Path(__file__).parent / "data"
+TOY = find_task("toy_axpy", [str(DATA)])
+SEED = TOY.solution("triton_seed")
+SM90 = BuildTarget(archs=("9.0a",))
+
+
+def variant(solution: Solution, old: str, new: str) -> Solution:
+    text = solution.sources[solution.entry_file]
+    assert old in text
+    return Solution(**{**solution.model_dump(), "sources": {solution.entry_file: text.replace(old, new)}})
+
+
+# tl.arange's range must be a power of two: the interpreter runs this, Triton's compiler refuses it.
+NOT_A_POWER_OF_TWO = variant(SEED, "tl.arange(0, BLOCK)", "tl.arange(0, BLOCK - 1)")
+# Host code that needs the GPU before its launch: nothing of it can be compiled ahead.
+NEEDS_A_GPU = variant(SEED, "    y = torch.empty_like(x)\n", "    torch.cuda.current_stream()\n    y = torch.empty_like(x)\n")
+
+
+@pytest.fixture
+def builder(tmp_path: Path):
+    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
+    yield b
+    b.close()
+
+
+def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_every_kernel(builder: Builder,
+                                                                                           tmp_path: Path) -> None:
+    """The TriMul seed's kernels for all seven benchmark shapes (inputs of up to 3 GB, as meta tensors),
+    compiled for sm_90; a second worker elsewhere, its cache unpacked from the first's pack, compiles nothing."""
+    task = find_task("trimul")
+    solution = task.solution("triton_fused")
+    record, data = builder.build_triton(solution, SM90, task, "benchmarks")
+    assert record.status is Status.PASSED and record.kind == "triton" and not record.cached, record.message
+    assert record.not_built == {} and record.kernels >= 4 and data
+    # Another job directory, another process: Triton's keys hold nothing of where the code was compiled.
+    cache = tmp_path / "other-worker-cache"
+    assert unpack(data, cache) == record.kernels
+    before = kernel_dirs(cache)
+    workdir = builder._workdir(solution)
+    job = TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(task.root),
+                         solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
+                         capability=90, workloads=task.workloads("benchmarks", "cuda"))
+    worker = builder.sandbox.start(job.model_dump(mode="json"))
+    try:
+        report = parse_report(worker.chan.recv(300))
+    finally:
+        builder.sandbox.kill(worker)
+        builder.sandbox.reap(worker)
+    assert isinstance(report, TritonBuilt) and report.launches >= 7 * 4 and not report.not_built
+    assert kernel_dirs(cache) == before  # every launch found its kernel: none was compiled again
+    t0 = time.perf_counter()
+    again, same = builder.build_triton(solution, SM90, task, "benchmarks")
+    assert again.cached and same == data and time.perf_counter() - t0 < 0.5
+
+
+def test_a_triton_compile_error_is_the_candidates_verdict_and_is_cached(builder: Builder) -> None:
+    record, data = builder.build_triton(NOT_A_POWER_OF_TWO, SM90, TOY, "benchmarks")
+    assert record.status is Status.COMPILE_ERROR and data is None
+    assert record.message.startswith("CompilationError") and "axpy.py" in record.log
+    again, _ = builder.build_triton(NOT_A_POWER_OF_TWO, SM90, TOY, "benchmarks")
+    assert again.cached and again.status is Status.COMPILE_ERROR
+
+
+def test_host_code_that_needs_the_gpu_is_left_to_the_evaluations_worker(builder: Builder) -> None:
+    record, data = builder.build_triton(NEEDS_A_GPU, SM90, TOY, "benchmarks")
+    assert record.status is Status.PASSED and record.kernels == 0 and data is not None
+    assert set(record.not_built) == {"n1000", "n4096"}
+    assert all("axpy.py" in why and "Error" in why for why in record.not_built.values()), record.not_built
+    # A task whose input generator needs values (.item()) is generated for real and kept as shapes only.
+    good, _ = builder.build_triton(SEED, SM90, TOY, "benchmarks")
+    assert good.not_built == {} and good.kernels == 2  # n1000 and n4096: Triton's divisible-by-16 specialization
+
+
+def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> None:
+    tc = probe_toolchain()
+    workloads = TOY.workloads("benchmarks", "cuda")
+    base = triton_build_key(SEED, SM90, tc, TOY.name, workloads)
+    assert base == triton_build_key(SEED.model_copy(update={"name": "renamed"}), SM90, tc, TOY.name, workloads)
+    others = {
+        triton_build_key(variant(SEED, "BLOCK = 128", "BLOCK = 256"), SM90, tc, TOY.name, workloads),
+        triton_build_key(SEED, BuildTarget(archs=("8.0",)), tc, TOY.name, workloads),
+        triton_build_key(SEED, SM90, tc.model_copy(update={"torch": "0.0"}), TOY.name, workloads),
+        triton_build_key(SEED, SM90, tc, TOY.name, workloads[:1]),
+        triton_build_key(SEED, SM90, tc, "another_task", workloads),
+    }
+    assert base not in others and len(others) == 5
+
+
+def _kernel(cache: Path, name: str) -> Path:
+    folder = cache / name
+    folder.mkdir(parents=True)
+    (folder / "_k.cubin").write_bytes(b"\x7fELF" + os.urandom(64))
+    (folder / "__grp___k.json").write_text("{}")
+    return folder
+
+
+def test_a_pack_carries_only_kernel_files(tmp_path: Path) -> None:
+    """What a hostile build leaves in its Triton cache: links, a pipe, deeper folders, odd names."""
+    cache = tmp_path / "cache"
+    folder = _kernel(cache, "AAAA")
+    (folder / "passwd.cubin").symlink_to("/etc/passwd")
+    os.mkfifo(folder / "pipe.json")
+    (folder / "deeper").mkdir()
+    (folder / "deeper" / "x.cubin").write_text("x")
+    (folder / "bad name.cubin").write_text("x")
+    (cache / "LINKED").symlink_to(folder)  # a kernel folder that is a link is no kernel
+    (cache / "no-group").mkdir()
+    (cache / "no-group" / "_k.cubin").write_text("half a kernel")
+    data, kernels = pack(cache)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert sorted(tar.getnames()) == ["AAAA/__grp___k.json", "AAAA/_k.cubin"]
+    assert kernels == 1
+    (tmp_path / "link").symlink_to(cache)
+    with pytest.raises(PackError, match="not a folder"):
+        pack(tmp_path / "link")
+    with pytest.raises(PackError, match="exceed"):
+        pack(cache, limit=10)
+
+
+def test_unpacking_never_follows_a_link_a_worker_planted_and_keeps_files_already_there(tmp_path: Path) -> None:
+    source = tmp_path / "built"
+    _kernel(source, "AAAA")
+    data, _ = pack(source)
+    # An earlier worker of the same candidate made its kernel folder a link into the user's files.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    cache = tmp_path / "worker-cache"
+    cache.mkdir()
+    (cache / "AAAA").symlink_to(victim)
+    with pytest.raises(PackError):
+        unpack(data, cache)
+    assert list(victim.iterdir()) == []
+    # A file already there is kept (a worker's own compile of the same key wrote it).
+    clean = tmp_path / "clean"
+    _kernel(clean, "AAAA")
+    kept = (clean / "AAAA" / "_k.cubin").read_bytes()
+    assert unpack(data, clean) == 1 and (clean / "AAAA" / "_k.cubin").read_bytes() == kept
+    # A pack that names a path outside its cache is refused whole.
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as tar:
+        member = tarfile.TarInfo("../escaped")
+        member.size = 1
+        tar.addfile(member, io.BytesIO(b"x"))
+    with pytest.raises(PackError, match="not a kernel's file"):
+        unpack(evil.getvalue(), tmp_path / "fresh")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_an_evaluation_puts_the_builds_kernels_in_its_triton_cache_and_refuses_anothers(builder: Builder,
+                                                                                         tmp_path: Path) -> None:
+    record, data = builder.build_triton(SEED, SM90, TOY, "benchmarks")
+    assert data is not None
+    evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator")
+    try:
+        result = evaluator.evaluate(TOY, SEED, workload_set="tests", timed=False, prebuilt=(record, data))
+        assert result.passed, result.message
+        assert result.triton_prebuilt == 2 and result.triton_compiled is None  # the CPU path interprets
+        assert kernel_dirs(tmp_path / "evaluator" / "cache" / SEED.id / "triton") and result.triton_not_built == {}
+        other = variant(SEED, "NUM_WARPS = 4", "NUM_WARPS = 8")
+        with pytest.raises(ValueError, match="not this solution's build"):
+            evaluator.evaluate(TOY, other, workload_set="tests", timed=False, prebuilt=(record, data))
+    finally:
+        evaluator.close()
+
+
+# --- the pool: Triton builds on CPU tasks, ahead of the evaluators --------------------------------------
+
+
+@pytest.mark.slow
+def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_none(
+        ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU path interprets, so the pool would build no Triton kernels for it: here it is told its
+    evaluators are sm_90 GPUs. The build task, Ray's object store, the evaluator actor and its sandbox are real."""
+    monkeypatch.setattr(RayEvaluatorPool, "_builds_triton", lambda self, solution: solution.language != "cuda")
+    monkeypatch.setattr(RayEvaluatorPool, "_target", lambda self: SM90)
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
+                      scratch_dir=str(tmp_path / "scratch"), triton_builds=True)
+
+    async def go() -> tuple:
+        pool = RayEvaluatorPool(config, f"t{time.time_ns()}")
+        try:
+            good = await pool.evaluate(SEED, "tests")
+            broken = await pool.evaluate(NOT_A_POWER_OF_TWO, "tests")
+            return good, broken, pool
+        finally:
+            pool.release()
+
+    (good, good_index), (broken, broken_index), pool = asyncio.run(go())
+    assert good.passed and good_index == 0 and good.triton_prebuilt == 2, (good.message, good.triton_not_built)
+    assert broken.status is Status.COMPILE_ERROR and broken_index == BUILDER and "CompilationError" in broken.message
+    assert pool.builds == 2 and set(pool.busy_s) == {0}

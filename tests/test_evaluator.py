@@ -125,6 +125,22 @@ def test_a_reference_is_computed_once_per_input_set(evaluator, toy):
     assert evaluator.judge.misses == misses and evaluator.judge.hits == hits + 2
 
 
+def test_the_checks_references_stay_cached_past_the_timed_calls(tmp_path, toy):
+    """Room for the two check references only: the timed calls' references (seeds that depend on the stop
+    rule) are not kept, so they never push the checks' out, and the next candidate's checks all hit."""
+    ev = Evaluator("cpu", tmp_path, limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=120),
+                   timing=TimingPolicy(max_calls=4))
+    try:
+        ev.judge.cache_bytes = 4 * (1000 + 4096)  # n1000 and n4096, float32
+        assert ev.evaluate(toy, toy.baseline(), workload_set="benchmarks").passed
+        misses, hits = ev.judge.misses, ev.judge.hits
+        assert misses == 4 and hits == 0  # two checks, then each workload's last timed call
+        assert ev.evaluate(toy, toy.baseline(), workload_set="benchmarks").passed
+        assert ev.judge.hits == 2 and ev.judge.misses == misses + 2
+    finally:
+        ev.close()
+
+
 def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):
     result = evaluate(evaluator, toy, "runtime_error")
     assert "runtime_error.py:2" in result.log
@@ -332,3 +348,21 @@ def test_a_bundled_baselines_prepare_is_untimed_and_a_candidates_is_not(evaluato
     assert all(w.timing for w in library.workloads + other.workloads)
     assert max(w.timing.mean_ms for w in library.workloads if w.timing) < 50
     assert min(w.timing.mean_ms for w in other.workloads if w.timing) > 80
+
+
+def test_correctness_checks_the_cheapest_workload_first_and_reports_in_the_sets_order(evaluator, tmp_path):
+    """A copy of the toy task whose set lists the large workload first: a wrong candidate fails on the
+    small one, having checked nothing else; a right one's results come back in the set's order."""
+    import shutil
+
+    copy = tmp_path / "toy_reversed"
+    shutil.copytree(DATA / "toy", copy)
+    lines = (copy / "workloads.jsonl").read_text().splitlines()
+    (copy / "workloads.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    task = Task.load(copy)
+    assert [w.name for w in task.workloads("tests", "cpu")] == ["n4096", "n1000"]
+    wrong = evaluate(evaluator, task, "wrong_values", workload_set="tests")
+    assert wrong.status is Status.INCORRECT_NUMERICAL and wrong.message.startswith("n1000")
+    assert [w.workload for w in wrong.workloads] == ["n1000"]  # n4096 was never judged
+    right = evaluator.evaluate(task, task.baseline(), workload_set="tests", timed=False)
+    assert right.passed and [w.workload for w in right.workloads] == ["n4096", "n1000"]

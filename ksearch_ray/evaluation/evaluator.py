@@ -212,6 +212,7 @@ class Evaluator:
             flush_l2=self.timing.flush_l2 and task.definition.objective.flush_l2,
             recheck=mode == "fresh" and (task.definition.objective.recheck if self.timing.recheck is None
                                          else self.timing.recheck),
+            check_order=cheapest_first(task, workloads),
         )
         set_name = task.workload_set_name(workload_set, self.device)
         language = self._language_waits(task, solution)
@@ -493,8 +494,7 @@ class Evaluator:
             language=sol.language, entry_file=sol.entry_file, entry_point=sol.entry_point, prepare=run.prepare,
             prebuilt=Prebuilt(path=str(workdir / "prebuilt" / "library.so"), module=run.prebuilt.module_name)
             if run.prebuilt else None,
-            check=[WorkItem(index=i, workload=w, seed=s)
-                   for i, (w, s) in enumerate(zip(run.workloads, run.check_seeds, strict=True))],
+            check=[WorkItem(index=i, workload=run.workloads[i], seed=run.check_seeds[i]) for i in run.checks()],
             device_handover=self.device_handover,
             handover_bytes=output_bytes(run.task, run.workloads),
         )
@@ -519,17 +519,18 @@ class Evaluator:
         busy = run.build_seconds = built.seconds
         session.begin("correctness")
         t_check = time.monotonic()
-        verdicts: list[Future[Comparison]] = []
+        verdicts: list[tuple[int, Future[Comparison]]] = []
         try:
-            for i, workload in enumerate(run.workloads):
+            for i in run.checks():  # cheapest first: a wrong candidate fails at the least cost
+                workload = run.workloads[i]
                 msg = session.recv("correctness", f"correctness check of {workload.name}", Output)
                 if msg.index != i:
                     raise Failure(Status.INTEGRITY_VIOLATION, "correctness results arrived out of order")
-                verdicts.append(session.judge_later(i, run.check_seeds[i], session.take(msg.handover, workload.name)))
+                verdicts.append((i, session.judge_later(i, run.check_seeds[i], session.take(msg.handover, workload.name))))
                 self._settle(session, verdicts, block=False)
             session.recv("correctness", "correctness checks", Checked)
         except Failure:
-            self._settle(session, verdicts, block=True)  # an earlier workload's failure decides first
+            self._settle(session, verdicts, block=True)  # an earlier check's failure decides first
             raise
         busy += time.monotonic() - t_check
         if not timed:
@@ -544,20 +545,23 @@ class Evaluator:
         session.begin("warmup" if isinstance(stage, TimedStage) else "timing")
         return busy + stage(session)
 
-    def _settle(self, session: Session, verdicts: list[Future[Comparison]], *, block: bool) -> None:
-        """Record the verdicts that are in (all of them, when `block`), in workload order; the first
-        failure decides."""
+    def _settle(self, session: Session, verdicts: list[tuple[int, Future[Comparison]]], *, block: bool) -> None:
+        """Record the verdicts that are in (all of them, when `block`), in the order they were checked; the
+        first failure decides. Once all are in, the results are in the workload set's order."""
         run = session.run
         while len(run.results) < len(verdicts):
-            i = len(run.results)
-            if not block and not verdicts[i].done():
+            i, future = verdicts[len(run.results)]
+            if not block and not future.done():
                 return
-            verdict = session.verdict(i, verdicts[i].result())
+            verdict = session.verdict(i, future.result())
             run.results.append(WorkloadResult(
                 workload=run.workloads[i].name, status=Status.PASSED, max_abs_error=verdict.max_abs_error,
                 max_rel_error=verdict.max_rel_error, fraction_ok=verdict.fraction_ok,
             ))
-            self._progress(f"correct on {run.workloads[i].name} ({i + 1}/{len(run.workloads)})")
+            self._progress(f"correct on {run.workloads[i].name} ({len(run.results)}/{len(run.workloads)})")
+        if len(run.results) == len(run.workloads):
+            where = {w.name: i for i, w in enumerate(run.workloads)}
+            run.results.sort(key=lambda r: where[r.workload])  # the timing stage addresses them by index
 
     def _mark_failed(self, run: RunSpec, failure: Failure) -> None:
         name = failure.workload or "(build)"
@@ -566,6 +570,23 @@ class Evaluator:
                 r.status, r.message = failure.status, failure.message
                 return
         run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
+
+
+def cheapest_first(task: Task, workloads: list[Workload]) -> list[int]:
+    """The order the correctness stage checks `workloads` in: by the least time their declared work could
+    take (task.json's `cost`, at an H100's dense FP8 compute and HBM bandwidth: only the order matters), so a
+    wrong candidate fails on the cheapest; equal costs, and a task that declares none, keep the set's order."""
+    costs = []
+    for workload in workloads:
+        try:
+            cost = task.workload_cost(workload)
+        except TaskError:
+            cost = None
+        if cost is None:
+            return list(range(len(workloads)))
+        flops, nbytes = cost
+        costs.append(max(flops / 2e15, nbytes / 3.35e12))
+    return sorted(range(len(workloads)), key=lambda i: costs[i])
 
 
 def output_bytes(task: Task, workloads: list[Workload]) -> int | None:

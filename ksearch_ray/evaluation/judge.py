@@ -12,8 +12,9 @@ while the worker's calls are timed, so the two never compete for the GPU then.
 
 A reference depends only on the task, the workload, the seed and the compatibility options: the
 inputs are regenerated from the seed, bit for bit. Every candidate an evaluator judges gets the
-same secret-derived seeds, so the judge keeps references (up to `cache_bytes`) and computes each
-once per evaluator.
+same secret-derived seeds for its correctness checks, so the judge keeps those references (up to
+`cache_bytes`, least recently used out) and computes each once per evaluator; a timed call's reference
+is not kept, since its seed depends on how many calls the stop rule took.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class Judge:
         self.hits = self.misses = 0
 
     def submit(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
-               outputs: dict[str, torch.Tensor]) -> Future[Comparison]:
-        """The verdict on `outputs`, computed on the judge's thread."""
-        return self._pool.submit(self._judge, task, workload, seed, options, outputs)
+               outputs: dict[str, torch.Tensor], *, keep: bool = True) -> Future[Comparison]:
+        """The verdict on `outputs`, computed on the judge's thread. `keep`: cache the reference, for a seed
+        every candidate is checked on (the correctness stage's); a timed call's seed, which depends on how many
+        calls the stop rule took, is rarely seen again, and its reference would only push those out."""
+        return self._pool.submit(self._judge, task, workload, seed, options, outputs, keep)
 
     def prepare(self, task: Task) -> None:
         """Start `task`'s sandboxed reference worker now (on the judge's thread, beside the candidate's
@@ -92,10 +95,10 @@ class Judge:
     # --- on the judge's thread --------------------------------------------------------------
 
     def _judge(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
-               outputs: dict[str, torch.Tensor]) -> Comparison:
+               outputs: dict[str, torch.Tensor], keep: bool = True) -> Comparison:
         try:
             with self._on_stream(), torch.no_grad():
-                expected = self._expected(task, workload, seed, options)
+                expected = self._expected(task, workload, seed, options, keep)
                 relaxed = task.definition.tolerance.relaxed_dtype_option
                 return compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
                                        any_float_dtype=relaxed is not None and relaxed in options)
@@ -129,7 +132,8 @@ class Judge:
             yield
             self._stream.synchronize()  # nothing of this verdict is still running when its tensors are freed
 
-    def _expected(self, task: Task, workload: Workload, seed: int, options: frozenset[str]) -> dict[str, Any]:
+    def _expected(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
+                  keep: bool = True) -> dict[str, Any]:
         key = (str(task.root), task.name, workload.model_dump_json(), seed, tuple(sorted(options)))
         with self._lock:
             hit = self._cache.get(key)
@@ -146,7 +150,7 @@ class Judge:
         else:  # the task's code runs sandboxed; only its outputs come here
             expected = self._reference_worker(task).compute(workload, seed, options)
         size = _nbytes(expected)
-        if size <= self.cache_bytes:
+        if keep and size <= self.cache_bytes:
             with self._lock:
                 self._cache[key] = expected
                 self._cached += size

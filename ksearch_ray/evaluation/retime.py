@@ -155,7 +155,7 @@ class RetimeStage:
             session.send(OutputCmd(index=i))
             msg = session.recv("timing", f"re-timing of {workload.name}", Output)
             outputs = session.take(msg.handover, workload.name)
-            session.verdict(i, session.judge_later(i, call_seed(run.time_seeds[i], 0), outputs).result(),
+            session.verdict(i, session.judge_later(i, call_seed(run.time_seeds[i], 0), outputs, keep=False).result(),
                             " (during re-timing)")
             retimed = statistics.median(per_call)
             tol = TOLERANCE[(device, method)]

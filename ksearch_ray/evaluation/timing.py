@@ -112,7 +112,7 @@ class TimedStage:
         session.stop_worker()  # it is done: its teardown overlaps the judging
         session.begin("judging")
         # Each figure's last timed output, against the reference on inputs regenerated here.
-        futures = [[session.judge_later(i, call_seed(run.time_seeds[i], m.seed_index), out)
+        futures = [[session.judge_later(i, call_seed(run.time_seeds[i], m.seed_index), out, keep=False)
                     for m, out in zip(msgs, outs, strict=True)]
                    for i, (msgs, outs) in enumerate(zip(reports, outputs, strict=True))]
         outputs.clear()  # the judge holds them now
@@ -141,7 +141,7 @@ class TimedStage:
         if not run.recheck or msg.index != i or not last < msg.seed_index < self.policy.max_calls:
             raise Failure(Status.INTEGRITY_VIOLATION, f"{name}: a timed call's output arrived out of order")
         outputs = session.take(msg.handover, name)
-        comparison = session.judge_later(i, call_seed(run.time_seeds[i], msg.seed_index), outputs).result()
+        comparison = session.judge_later(i, call_seed(run.time_seeds[i], msg.seed_index), outputs, keep=False).result()
         del outputs
         session.verdict(i, comparison, f" (during timing, call {msg.seed_index})")
         session.send(Go())

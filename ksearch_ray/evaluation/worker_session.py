@@ -77,6 +77,11 @@ class RunSpec:
     recheck: bool = False  # every timed call's output judged before the next call (fresh inputs only)
     results: list[WorkloadResult] = field(default_factory=list)
     build_seconds: float = 0.0
+    check_order: list[int] = field(default_factory=list)
+    """Indices of `workloads` in the order the correctness stage checks them (cheapest first); empty: in order."""
+
+    def checks(self) -> list[int]:
+        return self.check_order or list(range(len(self.workloads)))
 
 
 @dataclass
@@ -207,9 +212,11 @@ class Session:
 
     # --- verdicts -----------------------------------------------------------------------------
 
-    def judge_later(self, index: int, seed: int, outputs: dict[str, torch.Tensor]) -> Future[Comparison]:
+    def judge_later(self, index: int, seed: int, outputs: dict[str, torch.Tensor], *,
+                    keep: bool = True) -> Future[Comparison]:
+        """`keep`: the reference is worth caching (Judge.submit): only for a correctness check's seed."""
         run = self.run
-        return self.judge.submit(run.task, run.workloads[index], seed, run.options, outputs)
+        return self.judge.submit(run.task, run.workloads[index], seed, run.options, outputs, keep=keep)
 
     def verdict(self, index: int, comparison: Comparison, during: str = "") -> Comparison:
         """`comparison`, or the Failure it means."""

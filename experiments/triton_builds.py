@@ -50,15 +50,16 @@ def evals(args: argparse.Namespace) -> None:
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
     from ksearch_ray.taskspec.task import find_task
 
-    if not torch.cuda.is_available():
-        raise SystemExit("error: `evals` measures a GPU worker: no GPU is visible")
-    task = find_task(args.task)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "")
+    if not device:
+        raise SystemExit("error: `evals` measures a GPU worker: no GPU is visible (--device cpu runs the plumbing alone)")
+    task = find_task(args.task, args.task_dir)
     workload_set = args.workloads or ("benchmarks" if "benchmarks" in task.definition.workload_sets else "feedback")
     root = Path(tempfile.mkdtemp(prefix="triton-builds-"))
     isolation = Isolation(args.isolation)
     builder = Builder(root / "builder", BuildCache(root / "build-cache"), isolation=isolation)
-    evaluator = Evaluator("cuda", root / "evaluator", isolation=isolation)
-    target = BuildTarget(archs=(arch_for(*torch.cuda.get_device_capability()),))
+    evaluator = Evaluator(device, root / "evaluator", isolation=isolation)
+    target = BuildTarget(archs=(arch_for(*torch.cuda.get_device_capability()) if device == "cuda" else args.arch,))
     rows: list[dict[str, Any]] = []
     builds: dict[str, dict[str, Any]] = {}
     try:
@@ -102,7 +103,8 @@ def evals(args: argparse.Namespace) -> None:
                   f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,
-                                              "rows": rows, "gpu": torch.cuda.get_device_name()}, indent=1))
+                                              "rows": rows, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"},
+                                             indent=1))
 
 
 def search(args: argparse.Namespace) -> None:
@@ -142,6 +144,10 @@ def main() -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     e = sub.add_parser("evals", help="JIT against built-ahead evaluations, side by side (GPU).")
     e.add_argument("--task", default="trimul")
+    e.add_argument("--task-dir", action="append", default=[], help="Extra directory of task bundles.")
+    e.add_argument("--device", default="", choices=["", "cuda", "cpu"],
+                   help="cpu: the plumbing alone (the interpreter compiles nothing), built for --arch.")
+    e.add_argument("--arch", default="9.0a", help="With --device cpu: the GPU architecture to build for.")
     e.add_argument("--solutions", default="triton_seed,triton_fused")
     e.add_argument("--workloads", default="", help="Workload set (default: benchmarks, else feedback).")
     e.add_argument("--repeats", type=int, default=3)

@@ -2,11 +2,16 @@
 
 `evals`: each solution's evaluation, side by side in one warm evaluator on the GPU, with its Triton
 kernels compiled by the evaluation's own worker (`jit`: the solution's Triton cache emptied first, as
-for a new candidate) and loaded from a build made beforehand on this machine's CPUs (`built`), in
-alternation, `--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share and
+for a new candidate), loaded from a build made beforehand on this machine's CPUs (`built`), and built
+with Triton's driver helper also compiled ahead by the evaluator (`helper`), in alternation,
+`--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share and
 the kernels the GPU worker compiled. The build's own seconds (CPU, off the GPU) are printed apart.
 
     python experiments/triton_builds.py evals --task trimul --solutions triton_seed,triton_fused --repeats 3 --out e.json
+
+`builds`: seconds per new candidate's Triton build on this machine's CPUs, in one warm builder.
+
+    python experiments/triton_builds.py builds --task trimul --solutions triton_seed,triton_fused --arch 9.0a
 
 `search`: the figures of issue 40's goal from a run directory's own evaluation records: new
 candidates, median GPU-busy seconds per new candidate (its evaluation's seconds), candidates per
@@ -29,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("jit", "built", "helper")
+"""jit: the worker compiles every kernel; built: they come from a build made beforehand on the CPUs; helper:
+built, and Triton's driver helper compiled once by the evaluator too (evaluation.triton_helper_ahead)."""
 sys.path.insert(0, str(ROOT))
 
 
@@ -76,10 +84,11 @@ def evals(args: argparse.Namespace) -> None:
             if not record.passed or pack is None:
                 continue
             for _ in range(args.repeats):
-                for variant in ("jit", "built"):
+                for variant in VARIANTS:
                     shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
+                    evaluator.triton_helper_ahead = device == "cuda" and variant == "helper"
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
-                                                prebuilt=(record, pack) if variant == "built" else None)
+                                                prebuilt=(record, pack) if variant != "jit" else None)
                     rows.append(_row(variant, name, result))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -89,7 +98,7 @@ def evals(args: argparse.Namespace) -> None:
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
           f"{'timing':>7} {'timed%':>7} {'compiled':>8}")
     for name in builds:
-        for variant in ("jit", "built"):
+        for variant in VARIANTS:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
             if not mine:
                 continue
@@ -105,6 +114,42 @@ def evals(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,
                                               "rows": rows, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"},
                                              indent=1))
+
+
+def builds(args: argparse.Namespace) -> None:
+    """Each solution's Triton build for `--arch` on this machine's CPUs, one after another in one warm Builder
+    (its zygote started by a first, throwaway build), as a build task sees them: seconds per new candidate."""
+    from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget
+    from ksearch_ray.evaluation.builder import Builder
+    from ksearch_ray.models import Solution
+    from ksearch_ray.taskspec.task import find_task
+
+    task = find_task(args.task, args.task_dir)
+    workload_set = args.workloads or ("benchmarks" if "benchmarks" in task.definition.workload_sets else "feedback")
+    root = Path(tempfile.mkdtemp(prefix="triton-builds-"))
+    builder = Builder(root / "builder", BuildCache(root / "build-cache"))
+    target = BuildTarget(archs=(args.arch,))
+    try:
+        names = args.solutions.split(",")
+        first = task.solution(names[0])
+        throwaway = Solution(**{**first.model_dump(), "sources": {
+            **first.sources, first.entry_file: first.sources[first.entry_file] + "\n# warm-up build\n"}})
+        t0 = time.monotonic()
+        builder.build_triton(throwaway, target, task, workload_set)
+        print(f"zygote start and a first build: {time.monotonic() - t0:.2f} s")
+        for name in names:
+            for _ in range(args.repeats):
+                solution = task.solution(name)
+                fresh = Solution(**{**solution.model_dump(), "sources": {  # a new candidate each time: no cache hit
+                    **solution.sources, solution.entry_file: solution.sources[solution.entry_file] + f"\n# {time.time_ns()}\n"}})
+                t0 = time.monotonic()
+                record, _ = builder.build_triton(fresh, target, task, workload_set)
+                print(f"{name}: {record.status.value} in {time.monotonic() - t0:.2f} s, {record.kernels} kernels for "
+                      f"{len(task.workloads(workload_set, 'cuda'))} workloads, {record.size} bytes, not built: "
+                      f"{record.not_built or 'none'}", flush=True)
+    finally:
+        builder.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def search(args: argparse.Namespace) -> None:
@@ -153,10 +198,17 @@ def main() -> None:
     e.add_argument("--repeats", type=int, default=3)
     e.add_argument("--isolation", default="best-effort", choices=["require", "best-effort", "off"])
     e.add_argument("--out", default="")
+    b = sub.add_parser("builds", help="Seconds per new candidate's Triton build on this machine's CPUs.")
+    b.add_argument("--task", default="trimul")
+    b.add_argument("--task-dir", action="append", default=[])
+    b.add_argument("--solutions", default="triton_seed,triton_fused")
+    b.add_argument("--workloads", default="")
+    b.add_argument("--arch", default="9.0a")
+    b.add_argument("--repeats", type=int, default=2)
     s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")
     s.add_argument("run_dirs", nargs="+")
     args = ap.parse_args()
-    evals(args) if args.command == "evals" else search(args)
+    {"evals": evals, "builds": builds, "search": search}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,10 @@ class EvaluationConfig(_Section):
     evaluators: int | None = Field(default=None, ge=1, description="Evaluators (default: one per GPU, or one on the CPU).")
     evaluator_cpus: float = Field(default=1.0, gt=0, description="num_cpus reserved by each evaluator actor.")
     evaluator_gpus: bool = Field(default=False, description="Reserve one GPU per evaluator even on the CPU path (tests with fake GPUs).")
+    triton_helper_ahead: bool = Field(
+        default=False, description="GPU evaluators: compile Triton's CUDA driver helper (a C module its launches go "
+        "through) once, in the evaluator's own process, and give each Triton candidate's cache a copy, so that a new "
+        "candidate's worker does not compile it again (not yet measured on a GPU, hence off by default).")
     replace_timeout_s: float = Field(
         default=600.0, gt=0, description="An evaluator started to replace a lost one and not running after this long is given up."
     )

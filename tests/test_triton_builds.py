@@ -140,6 +140,13 @@ def test_a_pack_carries_only_kernel_files(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert sorted(tar.getnames()) == ["AAAA/__grp___k.json", "AAAA/_k.cubin"]
     assert kernels == 1
+    # Triton's compiled helper modules (a folder without a group file) travel only when asked for.
+    helper = cache / "HELPER"
+    helper.mkdir()
+    (helper / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    everything, folders = pack(cache, kernels_only=False)
+    with tarfile.open(fileobj=io.BytesIO(everything)) as tar:
+        assert "HELPER/cuda_utils.cpython-311-x86_64-linux-gnu.so" in tar.getnames() and folders == 3
     (tmp_path / "link").symlink_to(cache)
     with pytest.raises(PackError, match="not a folder"):
         pack(tmp_path / "link")
@@ -201,7 +208,7 @@ def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_
         ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU path interprets, so the pool would build no Triton kernels for it: here it is told its
     evaluators are sm_90 GPUs. The build task, Ray's object store, the evaluator actor and its sandbox are real."""
-    monkeypatch.setattr(RayEvaluatorPool, "_builds_triton", lambda self, solution: solution.language != "cuda")
+    monkeypatch.setattr(RayEvaluatorPool, "_gpus_compile_triton", lambda self: True)
     monkeypatch.setattr(RayEvaluatorPool, "_target", lambda self: SM90)
     config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
                       scratch_dir=str(tmp_path / "scratch"), triton_builds=True)
@@ -219,3 +226,24 @@ def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_
     assert good.passed and good_index == 0 and good.triton_prebuilt == 2, (good.message, good.triton_not_built)
     assert broken.status is Status.COMPILE_ERROR and broken_index == BUILDER and "CompilationError" in broken.message
     assert pool.builds == 2 and set(pool.busy_s) == {0}
+
+
+def test_a_build_worker_inherits_tritons_key_from_its_zygote(builder: Builder) -> None:
+    """Triton's key (a hash of its installed files, 0.7 s here) is worked out once in the zygote, not in every
+    worker before its first kernel: this candidate refuses to import in a worker that would compute it."""
+    checks = variant(SEED, "import torch\n", "import torch\nfrom triton.runtime.cache import triton_key\n"
+                     "assert triton_key.cache_info().currsize == 1, 'this worker would hash Triton itself'\n")
+    record, _ = builder.build_triton(checks, SM90, TOY, "benchmarks")
+    assert record.status is Status.PASSED and record.kernels == 2, record.message
+
+
+def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(tmp_path: Path, caplog) -> None:
+    """No libcuda on this machine: the evaluator's one attempt fails, says so in one line, and is not repeated."""
+    evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator", start=False)
+    try:
+        evaluator.triton_helper_ahead = True  # as a GPU evaluator with evaluation.triton_helper_ahead has it
+        assert evaluator.triton_helper() is None and evaluator.triton_helper() is None
+        warnings = [r.getMessage() for r in caplog.records if "driver helper" in r.getMessage()]
+        assert len(warnings) == 1 and "CalledProcessError" in warnings[0], warnings
+    finally:
+        evaluator.close()

@@ -230,8 +230,13 @@ class RayEvaluatorPool:
         return self._builds[key]
 
     def _builds_triton(self, solution: Solution) -> bool:
-        return (solution.language == "python" and self.device == "cuda" and self.config.cluster.triton_builds
+        """Whether `solution` (Python or Triton: any but CUDA/C++) gets a Triton build ahead of its evaluation."""
+        return (solution.language != "cuda" and self._gpus_compile_triton() and self.config.cluster.triton_builds
                 and self.config.cluster.build_pool)
+
+    def _gpus_compile_triton(self) -> bool:
+        """GPU evaluators compile Triton kernels; the CPU path's interpret them, and a build is of no use there."""
+        return self.device == "cuda"
 
     async def _built(self, solution: Solution, workload_set: str) -> tuple[BuildRecord | None, Any]:
         """For a CUDA/C++ candidate (and, with cluster.triton_builds, a Python one's Triton kernels): start (or

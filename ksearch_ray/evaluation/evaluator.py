@@ -13,8 +13,11 @@ in the worker, nowhere else.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -39,6 +42,7 @@ from ksearch_ray.evaluation.sandbox.handle import (
     SandboxError,
     declared_environment,
     default_work_root,
+    scrubbed_environment,
 )
 from ksearch_ray.evaluation.sandbox.handover import describe
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
@@ -58,12 +62,15 @@ from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
 from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs
+from ksearch_ray.evaluation.tritoncache import pack as pack_kernels
 from ksearch_ray.evaluation.tritoncache import unpack as unpack_kernels
 from ksearch_ray.evaluation.worker_session import Failure, RunSpec, Session, WaitLimit
 from ksearch_ray.models import EvalResult, Objective, Solution, Status, WorkloadResult
 from ksearch_ray.taskspec.spec import TaskError, Workload
 from ksearch_ray.taskspec.task import Task
 from ksearch_ray.text import Redactor, clip
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
@@ -125,10 +132,13 @@ class Evaluator:
         device_handover: bool = True,
         profiler: ProfilerSettings | None = None,
         secret_names: frozenset[str] = frozenset(),
+        triton_helper_ahead: bool = False,
     ):
         """`secret_names`: environment variables holding secrets whatever their names (the run's API key
         variable): they never reach a candidate, and their values, with every other secret value of this
-        process's environment (text.secret_values), are redacted from everything a candidate produced."""
+        process's environment (text.secret_values), are redacted from everything a candidate produced.
+        `triton_helper_ahead`: Triton's CUDA driver helper compiled once here, a copy in each Triton
+        candidate's cache (`triton_helper`)."""
         if device == "cuda" and not torch.cuda.is_available():
             gpu_driver.check()  # a driver that this torch cannot use: GpuDriverError naming both versions
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
@@ -152,6 +162,8 @@ class Evaluator:
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._lang_waits: dict[tuple[str, str], dict[str, float]] = {}  # (task, language) -> longest passing waits
         self._progress: Callable[[str], None] = lambda _message: None
+        self.triton_helper_ahead = triton_helper_ahead and device == "cuda"
+        self._triton_helper: bytes | None = None
         if start:
             self.sandbox.ensure_started()
 
@@ -465,9 +477,37 @@ class Evaluator:
             except PackError as exc:  # the worker's JIT compiles them all, as without a build
                 result.triton_prebuilt = 0
                 result.triton_not_built = {"(all)": f"the build's kernels were refused: {exc}"}
-        if self.device != "cuda" or solution.language != "python":
+        if self.device != "cuda" or solution.language == "cuda":
             return None
+        helper = self.triton_helper()
+        if helper:
+            try:
+                unpack_kernels(helper, self._triton_cache_dir(solution))
+            except PackError as exc:  # the worker compiles the helper itself, as without one
+                log.warning("Triton's driver helper was not given to %s: %s", solution.name, exc)
         return kernel_dirs(self._triton_cache_dir(solution))
+
+    def triton_helper(self) -> bytes | None:
+        """With `triton_helper_ahead`: Triton's compiled CUDA driver helper (the C module every launch goes
+        through; a worker with an empty cache compiles it, half a second of a C compiler), packed. Compiled
+        once, by a process of this evaluator's own (trusted code only) in the candidates' environment, so that
+        its cache key is the one a worker computes; None when off or when that fails (one WARNING line)."""
+        if not self.triton_helper_ahead:
+            return None
+        if self._triton_helper is None:
+            self._triton_helper = b""
+            folder = self.work_root / "triton-helper"
+            env = {**scrubbed_environment("cuda", self.sandbox.visible_gpu, refused=self.sandbox.refused),
+                   "TRITON_CACHE_DIR": str(folder), "HOME": str(self.work_root)}
+            try:
+                subprocess.run([sys.executable, "-c", "import triton.runtime.driver as d; d.driver.active.utils"],
+                               env=env, cwd=self.work_root, timeout=300, check=True, capture_output=True)
+                self._triton_helper, _ = pack_kernels(folder, kernels_only=False)
+            except (OSError, subprocess.SubprocessError, PackError) as exc:
+                tail = getattr(exc, "stderr", b"") or b""
+                log.warning("Triton's driver helper could not be compiled ahead (%s%s); each worker compiles it",
+                            type(exc).__name__, f": {clip(tail.decode(errors='replace').strip()[-300:], 300)}" if tail else "")
+        return self._triton_helper or None
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"

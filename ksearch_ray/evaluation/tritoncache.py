@@ -99,14 +99,17 @@ def kernel_dirs(cache: Path) -> set[str]:
     return found
 
 
-def pack(cache: Path, limit: int = PACK_LIMIT) -> tuple[bytes, int]:
+def pack(cache: Path, limit: int = PACK_LIMIT, *, kernels_only: bool = True) -> tuple[bytes, int]:
     """The kernels of a build's Triton cache as one gzipped tar, and how many kernels it holds. Links,
-    devices, deeper folders and odd names are left out; PackError past `limit` bytes."""
+    devices, deeper folders and odd names are left out; PackError past `limit` bytes. `kernels_only=False`:
+    every folder's files (Triton's compiled helper modules too), and the count is of folders."""
     if os.path.lexists(cache) and not stat.S_ISDIR(os.lstat(cache).st_mode):  # the candidate may have made it a link
         raise PackError("the build's Triton cache is not a folder")
     buffer = io.BytesIO()
     total = 0
-    kernels = kernel_dirs(cache)
+    kernels = kernel_dirs(cache) if kernels_only else {
+        e.name for e in (os.scandir(cache) if os.path.isdir(cache) else ())
+        if e.is_dir(follow_symlinks=False) and _DIR.match(e.name)}
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         for name in sorted(kernels):
             folder = cache / name

@@ -282,6 +282,23 @@ def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
     return Prepared(body, readable, [job["workdir"], job["triton_cache_dir"]], logs=job["workdir"], limits=limits)
 
 
+def warm_triton() -> None:
+    """What every worker that compiles or loads a Triton kernel would otherwise work out itself, once: Triton's
+    own key (a hash of its installed sources and library: 0.7 s on a 2-core CPU, before a worker's first kernel,
+    even one its cache holds) and its compiler's modules. Nothing here touches CUDA."""
+    import importlib
+
+    try:
+        for where in ("triton.runtime.cache", "triton.compiler.compiler"):  # newer releases, then older ones
+            key = getattr(importlib.import_module(where), "triton_key", None)
+            if key is not None:
+                key()
+                return
+        raise LookupError("no triton_key in this Triton")
+    except Exception as exc:  # noqa: BLE001  (a Triton without these: its workers work it out themselves)
+        print(f"zygote: Triton's key was not computed ahead ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+
+
 def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
     from pathlib import Path
 
@@ -292,6 +309,8 @@ def main(ctrl_fd: int, device: str, mode: iso.Isolation) -> None:
     import ksearch_ray.taskspec.task  # noqa: F401
     from ksearch_ray.evaluation.sandbox import clock
 
+    if device == "cuda" or not os.environ.get("TRITON_INTERPRET"):
+        warm_triton()
     ctrl = socket.socket(fileno=ctrl_fd)
     iso.become_subreaper()  # whatever a worker leaves behind comes back here, to be killed
     clock.load(Path.cwd() / "native")  # before the plan: the stopwatch's folder stays out of the candidate's view

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Triton builds on CPU workers, on the H200 (issue 40). PARTS picks what runs (default: tests evals):
 #   tests   the CPU-side Triton build tests with this machine's Triton (3.6: the GPU's), and the GPU sandbox tests
-#   evals   experiments/triton_builds.py evals: each TriMul seed's evaluation with the worker's own JIT and with
-#           a build made beforehand on this machine's CPUs, alternating, in one warm evaluator (--isolation require)
-#   search  two offline TriMul searches as a user runs them (Ray, width 4, one evaluator, ROUNDS rounds),
-#           cluster.triton_builds off then on, summarized by experiments/triton_builds.py search
+#   evals   experiments/triton_builds.py evals: each TriMul seed's evaluation with the worker's own JIT, with
+#           a build made beforehand on this machine's CPUs, and with the driver helper compiled ahead too,
+#           alternating, in one warm evaluator (--isolation require)
+#   search  two offline TriMul searches as a user runs them (Ray, width 4, one evaluator, ROUNDS rounds), with
+#           cluster.triton_builds and evaluation.triton_helper_ahead off, then on; experiments/triton_builds.py search
 # Outputs under $OUT (tarred by the caller's command).
 #   PARTS="tests evals" SITE=.gpubundle_s bash experiments/gpu/h200_triton_builds.sh
 set -uo pipefail
@@ -25,7 +26,7 @@ for part in ${PARTS:-tests evals}; do
       timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task trimul --solutions "${SOLUTIONS:-triton_seed,triton_fused}" \
         --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;
     search)
-      printf 'cluster:\n  triton_builds: true\n' > /tmp/triton_builds.yaml
+      printf 'cluster:\n  triton_builds: true\nevaluation:\n  triton_helper_ahead: true\n' > /tmp/triton_builds.yaml
       for v in off on; do
         rm -rf "/tmp/run_$v"; extra=""; [ "$v" = on ] && extra="--config /tmp/triton_builds.yaml"
         ( cd /tmp && timeout "${SEARCH_S:-270}" python3 -m ksearch_ray run --task trimul --width 4 --rounds "${ROUNDS:-32}" \

@@ -218,13 +218,15 @@ def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_
         try:
             good = await pool.evaluate(SEED, "tests")
             broken = await pool.evaluate(NOT_A_POWER_OF_TWO, "tests")
-            return good, broken, pool
+            plain = await pool.evaluate(TOY.solution("good"), "tests")  # PyTorch only: no build to wait for
+            return good, broken, plain, pool
         finally:
             pool.release()
 
-    (good, good_index), (broken, broken_index), pool = asyncio.run(go())
+    (good, good_index), (broken, broken_index), (plain, _), pool = asyncio.run(go())
     assert good.passed and good_index == 0 and good.triton_prebuilt == 2, (good.message, good.triton_not_built)
     assert broken.status is Status.COMPILE_ERROR and broken_index == BUILDER and "CompilationError" in broken.message
+    assert plain.passed and plain.triton_prebuilt is None
     assert pool.builds == 2 and set(pool.busy_s) == {0}
 
 

@@ -175,10 +175,10 @@ class EvalResult(BaseModel):
         description="Triton kernels this evaluation's GPU worker compiled itself (its JIT): those no build had, or "
         "all of them without one. None on the CPU path, where Triton interprets.",
     )
-    triton_not_built: dict[str, str] = Field(
-        default_factory=dict,
+    triton_not_built: dict[str, str] | None = Field(
+        default=None,
         description="Workloads whose kernels the Triton build could not compile ahead, and why; the worker's JIT "
-        "compiled them.",
+        "compiled them (None: no Triton build was given).",
     )
     stages: dict[str, float] = Field(
         default_factory=dict,

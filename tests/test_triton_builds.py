@@ -231,7 +231,7 @@ def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_
 
 
 def test_a_build_worker_inherits_tritons_key_from_its_zygote(builder: Builder) -> None:
-    """Triton's key (a hash of its installed files, 0.7 s here) is worked out once in the zygote, not in every
+    """Triton's key (a hash of its installed files, 0.2-0.3 s here) is worked out once in the zygote, not in every
     worker before its first kernel: this candidate refuses to import in a worker that would compute it."""
     checks = variant(SEED, "import torch\n", "import torch\nfrom triton.runtime.cache import triton_key\n"
                      "assert triton_key.cache_info().currsize == 1, 'this worker would hash Triton itself'\n")

@@ -284,7 +284,7 @@ def _prepare_job(ctrl: socket.socket, job_fd: int, clock_fd: int) -> Prepared:
 
 def warm_triton() -> None:
     """What every worker that compiles or loads a Triton kernel would otherwise work out itself, once: Triton's
-    own key (a hash of its installed sources and library: 0.7 s on a 2-core CPU, before a worker's first kernel,
+    own key (a hash of its installed sources and library: 0.2-0.3 s on a 2-core CPU, before a worker's first kernel,
     even one its cache holds) and its compiler's modules. Nothing here touches CUDA."""
     import importlib
 

@@ -25,6 +25,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def builder(tmp_path: Path):
+    """A build worker's Builder (its own sandbox and build cache) in the test's folder."""
+    from ksearch_ray.evaluation.buildcache import BuildCache
+    from ksearch_ray.evaluation.builder import Builder
+
+    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
+    yield b
+    b.close()
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """An in-process Ray for a module's tests that need one, with two fake GPUs so GPU-pinned evaluators

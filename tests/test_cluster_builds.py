@@ -15,7 +15,7 @@ import pytest
 from local_backends import settings
 
 from ksearch_ray.distributed.pool import RayEvaluatorPool
-from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, build_key, probe_toolchain
+from ksearch_ray.evaluation.buildcache import BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.models import Solution, Status
@@ -34,13 +34,6 @@ def variant(solution: Solution, old: str, new: str) -> Solution:
 
 
 BROKEN = variant(SEED, "Py_DECREF(value);\n  return out;", "return undefined_name;")
-
-
-@pytest.fixture
-def builder(tmp_path: Path):
-    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
-    yield b
-    b.close()
 
 
 def test_a_second_build_is_a_cache_hit_well_under_a_second(builder: Builder) -> None:

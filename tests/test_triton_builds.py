@@ -19,7 +19,7 @@ import pytest
 from local_backends import settings
 
 from ksearch_ray.distributed.pool import RayEvaluatorPool
-from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, probe_toolchain
+from ksearch_ray.evaluation.buildcache import BuildTarget, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.evaluator import Evaluator
 from ksearch_ray.evaluation.sandbox.protocol import TritonBuildJob, TritonBuilt, parse_report
@@ -44,13 +44,6 @@ def variant(solution: Solution, old: str, new: str) -> Solution:
 NOT_A_POWER_OF_TWO = variant(SEED, "tl.arange(0, BLOCK)", "tl.arange(0, BLOCK - 1)")
 # Host code that needs the GPU before its launch: nothing of it can be compiled ahead.
 NEEDS_A_GPU = variant(SEED, "    y = torch.empty_like(x)\n", "    torch.cuda.current_stream()\n    y = torch.empty_like(x)\n")
-
-
-@pytest.fixture
-def builder(tmp_path: Path):
-    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
-    yield b
-    b.close()
 
 
 def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_every_kernel(builder: Builder,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from ksearch_ray.evaluation.buildcache import (
 )
 from ksearch_ray.evaluation.sandbox.build import build_flags
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
-from ksearch_ray.evaluation.sandbox.handle import Sandbox
+from ksearch_ray.evaluation.sandbox.handle import Sandbox, job_dir
 from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import (
     BuildJob,
@@ -152,14 +151,7 @@ class Builder:
         return record, pack
 
     def _workdir(self, solution: Solution) -> Path:
-        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
-        src = workdir / "src"
-        src.mkdir(parents=True)
-        for name, text in solution.sources.items():
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"solution file name {name!r} is not a plain file name")
-            (src / name).write_text(text)
-        return workdir
+        return job_dir(self.work_root, solution.id, solution.sources)
 
     def _run(self, record: BuildRecord, jobs: Sequence[BaseModel], workdir: Path, success: type[BaseModel]) -> BaseModel | None:
         """Run `jobs` one after another in sandboxed workers (one per job) and read each one's report into

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -42,6 +41,7 @@ from ksearch_ray.evaluation.sandbox.handle import (
     SandboxError,
     declared_environment,
     default_work_root,
+    job_dir,
     scrubbed_environment,
 )
 from ksearch_ray.evaluation.sandbox.handover import describe
@@ -510,13 +510,8 @@ class Evaluator:
         return self._triton_helper or None
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
-        workdir = self.work_root / "jobs" / f"{solution.id}-{uuid.uuid4().hex[:8]}"
+        workdir = job_dir(self.work_root, solution.id, solution.sources)
         src = workdir / "src"
-        src.mkdir(parents=True)
-        for name, text in solution.sources.items():
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"solution file name {name!r} is not a plain file name")
-            (src / name).write_text(text)
         if gpumode and "task.py" not in solution.sources:
             # GPUMode submissions import their type names from the harness's `task` module.
             (src / "task.py").write_text(GPUMODE_TASK_MODULE)

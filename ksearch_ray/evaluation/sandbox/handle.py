@@ -105,6 +105,19 @@ def default_work_root() -> Path:
     return folder
 
 
+def job_dir(work_root: Path, solution_id: str, sources: dict[str, str]) -> Path:
+    """A fresh job directory under `work_root` with the solution's files in its `src/`; ValueError for a file
+    name that is not a plain one (a path, a hidden file)."""
+    workdir = Path(work_root) / "jobs" / f"{solution_id}-{os.urandom(4).hex()}"
+    src = workdir / "src"
+    src.mkdir(parents=True)
+    for name, text in sources.items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"solution file name {name!r} is not a plain file name")
+        (src / name).write_text(text)
+    return workdir
+
+
 class SandboxError(Exception):
     """The sandbox itself (not a candidate) failed: the zygote would not start."""
 

@@ -19,10 +19,10 @@ import pytest
 from local_backends import settings
 
 from ksearch_ray.distributed.pool import RayEvaluatorPool
-from ksearch_ray.evaluation.buildcache import BuildTarget, probe_toolchain
+from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.evaluator import Evaluator
-from ksearch_ray.evaluation.sandbox.protocol import TritonBuildJob, TritonBuilt, parse_report
+from ksearch_ray.evaluation.sandbox.protocol import Progress, TritonBuildJob, TritonBuilt, parse_report
 from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs, pack, triton_build_key, unpack
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.run.backends import BUILDER
@@ -65,7 +65,8 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
                          capability=90, workloads=task.workloads("benchmarks", "cuda"))
     worker = builder.sandbox.start(job.model_dump(mode="json"))
     try:
-        report = parse_report(worker.chan.recv(300))
+        while isinstance(report := parse_report(worker.chan.recv(300)), Progress):  # a compile, a workload called
+            pass
     finally:
         builder.sandbox.kill(worker)
         builder.sandbox.reap(worker)
@@ -92,6 +93,21 @@ def test_host_code_that_needs_the_gpu_is_left_to_the_evaluations_worker(builder:
     # A task whose input generator needs values (.item()) is generated for real and kept as shapes only.
     good, _ = builder.build_triton(SEED, SM90, TOY, "benchmarks")
     assert good.not_built == {} and good.kernels == 2  # n1000 and n4096: Triton's divisible-by-16 specialization
+
+
+def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_cached(tmp_path: Path) -> None:
+    """A build waits for compiles and calls; one that reports neither for `triton_idle_s` ends as a TIMEOUT (the
+    evaluation's worker then judges the hang on the GPU), long before the build's own limit, and is not cached."""
+    hangs = variant(SEED, "    y = torch.empty_like(x)\n", "    while True:\n        pass\n")
+    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"), triton_idle_s=3.0)
+    try:
+        t0 = time.monotonic()
+        record, data = b.build_triton(hangs, SM90, TOY, "benchmarks")
+        assert record.status is Status.TIMEOUT and data is None and "no progress in 3 s" in record.message
+        assert time.monotonic() - t0 < 60
+        assert b.cache.get(record.key) is None
+    finally:
+        b.close()
 
 
 def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> None:

@@ -40,6 +40,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     BuildJob,
     Built,
     Fail,
+    Progress,
     ProtocolError,
     TritonBuildJob,
     TritonBuilt,
@@ -59,11 +60,14 @@ class Builder:
     """Builds one solution at a time in its own sandbox; many Builders may share one cache directory."""
 
     def __init__(self, work_root: Path, cache: BuildCache, *, timeout_s: float = 900.0, max_jobs: int = 1, node: str = "",
-                 isolation: Isolation = Isolation.BEST_EFFORT):
+                 isolation: Isolation = Isolation.BEST_EFFORT, triton_idle_s: float = 60.0):
+        """`triton_idle_s`: a Triton build that reports nothing (no kernel compiled, no workload called) this long
+        is a TIMEOUT, and its evaluation's worker compiles the kernels itself (and judges the hang, if it is one)."""
         self.work_root = Path(work_root)
         self.cache = cache
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
+        self.triton_idle_s = triton_idle_s
         self.node = node
         # A build needs no GPU, and sees none; it has a candidate's limits (the defaults: compilers need no more).
         # Its Triton compiles for the evaluators' GPU (Triton builds), never interprets.
@@ -135,9 +139,10 @@ class Builder:
                 for capability in sorted({capability_of(arch) for arch in target.archs})]
         pack = None
         try:
-            report = self._run(record, jobs, workdir, TritonBuilt)
+            report = self._run(record, jobs, workdir, TritonBuilt, idle_s=self.triton_idle_s)
             if isinstance(report, TritonBuilt):
-                record.not_built = {name: self.redact(why) for name, why in report.not_built.items()}
+                names = {w.name for w in workloads}  # the report is the candidate's process's: keep what is plausible
+                record.not_built = {name: self.redact(clip(why, 300)) for name, why in report.not_built.items() if name in names}
                 try:
                     pack, record.kernels = pack_kernels(workdir / "triton")
                 except (PackError, OSError) as exc:  # left by the candidate's process: its doing
@@ -153,16 +158,25 @@ class Builder:
     def _workdir(self, solution: Solution) -> Path:
         return job_dir(self.work_root, solution.id, solution.sources)
 
-    def _run(self, record: BuildRecord, jobs: Sequence[BaseModel], workdir: Path, success: type[BaseModel]) -> BaseModel | None:
+    def _run(self, record: BuildRecord, jobs: Sequence[BaseModel], workdir: Path, success: type[BaseModel],
+             idle_s: float | None = None) -> BaseModel | None:
         """Run `jobs` one after another in sandboxed workers (one per job) and read each one's report into
-        `record` (a failure's status and message); the last report when every job reported `success`."""
+        `record` (a failure's status and message); the last report when every job reported `success`.
+        `idle_s`: the job reports progress, and this long without any is a TIMEOUT (a candidate's host code
+        that loops, where a Triton build waits for nothing else); the whole stays within `timeout_s`."""
         t0 = time.monotonic()
         report: BaseModel | None = None
         for job in jobs:
             worker = self.sandbox.start(job.model_dump(mode="json"))
             report = None
             try:
-                msg = parse_report(worker.chan.recv(self.timeout_s))
+                deadline = time.monotonic() + self.timeout_s
+                while True:
+                    wait = deadline - time.monotonic()
+                    limit = wait if idle_s is None else min(wait, idle_s)
+                    msg = parse_report(worker.chan.recv(max(limit, 0.001)))
+                    if not isinstance(msg, Progress) or idle_s is None:
+                        break
                 if isinstance(msg, Fail):
                     # Whatever status a compromised worker claims, a failed build is a compile error.
                     record.status, record.message, record.log = Status.COMPILE_ERROR, clip(msg.message, 500), msg.log
@@ -173,7 +187,9 @@ class Builder:
             except ProtocolError as exc:
                 record.status, record.message = Status.INTEGRITY_VIOLATION, f"malformed message from the build ({exc})"
             except ChannelTimeout:
-                record.status, record.message = Status.TIMEOUT, f"the build gave no result in {self.timeout_s:.0f} s"
+                record.status, record.message = Status.TIMEOUT, (
+                    f"the build gave no result in {self.timeout_s:.0f} s" if idle_s is None or time.monotonic() >= deadline
+                    else f"the build made no progress in {idle_s:.0f} s")
             except ChannelClosed:
                 record.status, record.message, record.log = Status.CRASHED, "the build process died", _tail(workdir)
             except ChannelForgery as exc:

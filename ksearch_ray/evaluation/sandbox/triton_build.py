@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, call_failure, import_candidate
-from ksearch_ray.evaluation.sandbox.protocol import Fail, TritonBuildJob, TritonBuilt
+from ksearch_ray.evaluation.sandbox.protocol import Fail, Progress, TritonBuildJob, TritonBuilt
 from ksearch_ray.models import Status
 from ksearch_ray.text import clip
 
@@ -103,9 +103,9 @@ def _where(exc: BaseException, src: Path) -> str:
 
 
 class _Launches:
-    """Triton's launch turned into a compile for as long as the build runs."""
+    """Triton's launch turned into a compile for as long as the build runs; each one is progress."""
 
-    def __init__(self) -> None:
+    def __init__(self, chan: Any) -> None:
         from triton.runtime.jit import JITFunction
 
         self.count = 0
@@ -113,7 +113,9 @@ class _Launches:
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
-            return run(fn, *args, grid=grid, warmup=True, **kwargs)
+            kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)
+            chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
+            return kernel
 
         JITFunction.run = compile_only
 
@@ -133,12 +135,13 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
     current: str | None = None
     try:
         stand_in_driver(spec.capability)
-        launches = _Launches()
+        launches = _Launches(chan)
         entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
         built: list[str] = []
         not_built: dict[str, str] = {}
         for workload in spec.workloads:
             current = workload.name
+            chan.send(Progress(what=f"calling on {workload.name}"[:120]))
             try:
                 inputs = meta_inputs(task, workload)
             except Exception as exc:  # the task's own generator failed here: the GPU worker compiles these

@@ -239,11 +239,12 @@ def test_the_pools_triton_build_reaches_the_evaluator_and_a_compile_error_takes_
     assert pool.builds == 2 and set(pool.busy_s) == {0}
 
 
-def test_a_build_worker_inherits_tritons_key_from_its_zygote(builder: Builder) -> None:
-    """Triton's key (a hash of its installed files, 0.2-0.3 s here) is worked out once in the zygote, not in every
+def test_a_build_worker_inherits_tritons_key_from_its_zygote_and_yields_the_cpus(builder: Builder) -> None:
+    """A build runs at a nice value of 10 or more, so that a measurement on the same host comes first. Triton's key (a hash of its installed files, 0.2-0.3 s here) is worked out once in the zygote, not in every
     worker before its first kernel: this candidate refuses to import in a worker that would compute it."""
     checks = variant(SEED, "import torch\n", "import torch\nfrom triton.runtime.cache import triton_key\n"
-                     "assert triton_key.cache_info().currsize == 1, 'this worker would hash Triton itself'\n")
+                     "assert triton_key.cache_info().currsize == 1, 'this worker would hash Triton itself'\n"
+                     "import os\nassert os.nice(0) >= 10, 'a build that competes with measurements for the CPUs'\n")
     record, _ = builder.build_triton(checks, SM90, TOY, "benchmarks")
     assert record.status is Status.PASSED and record.kernels == 2, record.message
 

@@ -27,6 +27,8 @@ from ksearch_ray.models import Status
 from ksearch_ray.text import clip
 
 _perf = integrity.perf_counter
+BUILD_NICENESS = 10
+"""Added to a build worker's nice value (builds run beside measurements on a GPU host without build nodes)."""
 
 
 def _redirect_output() -> None:
@@ -87,6 +89,10 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
     os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
     os.environ["HOME"] = str(workdir)
     _private_flashinfer_workspace(workdir)
+    if job.get("type") in ("build", "triton_build"):
+        # A build shares its host with the evaluators where the cluster has no build nodes: it yields the CPUs to a
+        # measurement (a call's timing includes its host work), never the other way round.
+        os.nice(BUILD_NICENESS)
     if job.get("type") == "build":  # a build ahead of the evaluation (ksearch_ray.evaluation.builder)
         from ksearch_ray.evaluation.sandbox.build import serve_build
 

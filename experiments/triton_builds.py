@@ -71,6 +71,10 @@ def evals(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     builds: dict[str, dict[str, Any]] = {}
     try:
+        if device == "cuda":  # compiled once, as an evaluator with evaluation.triton_helper_ahead does at its start
+            evaluator.triton_helper_ahead = True
+            helper = evaluator.triton_helper()
+            print(f"Triton's driver helper compiled ahead: {len(helper) if helper else 'failed'} bytes", flush=True)
         baseline = evaluator.evaluate(task, task.baseline(), workload_set=workload_set)  # as a search starts
         print(f"baseline {baseline.status.value} {baseline.seconds:.2f} s", flush=True)
         for name in args.solutions.split(","):

@@ -166,6 +166,7 @@ class Evaluator:
         self._triton_helper: bytes | None = None
         if start:
             self.sandbox.ensure_started()
+            self.triton_helper()  # with the sandbox's start, not inside a candidate's evaluation
 
     def close(self) -> None:
         self.judge.close()
@@ -479,7 +480,7 @@ class Evaluator:
                 result.triton_not_built = {"(all)": f"the build's kernels were refused: {exc}"}
         if self.device != "cuda" or solution.language == "cuda":
             return None
-        helper = self.triton_helper()
+        helper = self.triton_helper() if any("triton" in text for text in solution.sources.values()) else None
         if helper:
             try:
                 unpack_kernels(helper, self._triton_cache_dir(solution))

@@ -77,6 +77,18 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
     assert again.cached and same == data and time.perf_counter() - t0 < 0.5
 
 
+def test_a_gpumode_submission_that_imports_the_harness_task_module_builds(builder: Builder) -> None:
+    """GPUMode's template starts `from task import input_t, output_t`: the build worker has that module, as the
+    evaluation's worker does, or every such candidate would be a false compile error before any GPU saw it."""
+    task = find_task("trimul")
+    seed = task.solution("triton_seed")
+    text = seed.sources[seed.entry_file]
+    templated = Solution(**{**seed.model_dump(), "sources": {
+        seed.entry_file: "from task import input_t, output_t\n" + text}})
+    record, _ = builder.build_triton(templated, SM90, task, "benchmarks")
+    assert record.status is Status.PASSED and record.kernels >= 3, record.message
+
+
 def test_a_triton_compile_error_is_the_candidates_verdict_and_is_cached(builder: Builder) -> None:
     record, data = builder.build_triton(NOT_A_POWER_OF_TWO, SM90, TOY, "benchmarks")
     assert record.status is Status.COMPILE_ERROR and data is None

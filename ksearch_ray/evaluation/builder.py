@@ -132,7 +132,7 @@ class Builder:
                         key: str) -> tuple[BuildRecord, bytes | None]:
         record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=f"ks_{solution.id}",
                              toolchain=probe_toolchain(), target=target, built_on=self.node, kind="triton")
-        workdir = self._workdir(solution)
+        workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=task.definition.interface == "gpumode")
         jobs = [TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), task_root=str(task.root),
                                solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
                                capability=capability, workloads=workloads)

@@ -78,16 +78,6 @@ Stage = Callable[[Session], float]
 
 __all__ = ["Evaluator", "Mode", "Stage", "geomean", "trusted_prepare"]
 
-GPUMODE_TASK_MODULE = '''"""The names GPUMode submissions import (`from task import input_t, output_t`): types only."""
-from typing import Any
-
-import torch
-
-input_t = tuple[Any, ...]
-output_t = torch.Tensor
-'''
-
-
 def trusted_prepare(task: Task, solution: Solution) -> str | None:
     """The untimed setup function of `solution`, when it may have one: only a Python solution that is,
     byte for byte, one of the task's own bundled solutions (a library baseline). A candidate that
@@ -511,11 +501,7 @@ class Evaluator:
         return self._triton_helper or None
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
-        workdir = job_dir(self.work_root, solution.id, solution.sources)
-        src = workdir / "src"
-        if gpumode and "task.py" not in solution.sources:
-            # GPUMode submissions import their type names from the harness's `task` module.
-            (src / "task.py").write_text(GPUMODE_TASK_MODULE)
+        workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=gpumode)
         if library is not None:  # the candidate's own copy: nothing it does reaches the build cache
             (workdir / "prebuilt").mkdir()
             (workdir / "prebuilt" / "library.so").write_bytes(library)

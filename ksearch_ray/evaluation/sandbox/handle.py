@@ -105,9 +105,20 @@ def default_work_root() -> Path:
     return folder
 
 
-def job_dir(work_root: Path, solution_id: str, sources: dict[str, str]) -> Path:
+GPUMODE_TASK_MODULE = '''"""The names GPUMode submissions import (`from task import input_t, output_t`): types only."""
+from typing import Any
+
+import torch
+
+input_t = tuple[Any, ...]
+output_t = torch.Tensor
+'''
+
+
+def job_dir(work_root: Path, solution_id: str, sources: dict[str, str], *, gpumode: bool = False) -> Path:
     """A fresh job directory under `work_root` with the solution's files in its `src/`; ValueError for a file
-    name that is not a plain one (a path, a hidden file)."""
+    name that is not a plain one (a path, a hidden file). `gpumode`: the task's interface is GPUMode's, whose
+    submissions import their type names from the harness's `task` module: one is written beside them."""
     workdir = Path(work_root) / "jobs" / f"{solution_id}-{os.urandom(4).hex()}"
     src = workdir / "src"
     src.mkdir(parents=True)
@@ -115,6 +126,8 @@ def job_dir(work_root: Path, solution_id: str, sources: dict[str, str]) -> Path:
         if "/" in name or name.startswith("."):
             raise ValueError(f"solution file name {name!r} is not a plain file name")
         (src / name).write_text(text)
+    if gpumode and "task.py" not in sources:
+        (src / "task.py").write_text(GPUMODE_TASK_MODULE)
     return workdir
 
 

@@ -102,6 +102,14 @@ def test_host_code_that_needs_the_gpu_is_left_to_the_evaluations_worker(builder:
     assert record.status is Status.PASSED and record.kernels == 0 and data is not None
     assert set(record.not_built) == {"n1000", "n4096"}
     assert all("axpy.py" in why and "Error" in why for why in record.not_built.values()), record.not_built
+    # Module-level code that asks the GPU (an SM count, say) fails only here: not a verdict, the GPU's worker judges it.
+    asks_at_import = variant(SEED, "NUM_WARPS = 4", "NUM_WARPS = 4\nSMS = torch.cuda.get_device_properties(0).multi_processor_count")
+    imported, _ = builder.build_triton(asks_at_import, SM90, TOY, "benchmarks")
+    assert imported.status is Status.PASSED and imported.kernels == 0
+    assert set(imported.not_built) == {"n1000", "n4096"} and all(w.startswith("import failed") for w in imported.not_built.values())
+    # A syntax error is the same on every machine: that is the build's verdict.
+    broken, _ = builder.build_triton(variant(SEED, "def run(x, a, b):", "def run(x, a, b)"), SM90, TOY, "benchmarks")
+    assert broken.status is Status.COMPILE_ERROR and broken.message.startswith("SyntaxError")
     # A task whose input generator needs values (.item()) is generated for real and kept as shapes only.
     good, _ = builder.build_triton(SEED, SM90, TOY, "benchmarks")
     assert good.not_built == {} and good.kernels == 2  # n1000 and n4096: Triton's divisible-by-16 specialization
@@ -120,6 +128,22 @@ def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_ca
         assert b.cache.get(record.key) is None
     finally:
         b.close()
+
+
+BRANCHES_ON_THE_DEVICE = variant(SEED, """def run(x, a, b):
+    y = torch.empty_like(x)""", """def run(x, a, b):
+    # Host code that asks where its tensors are, as LLM-written code often does: on the GPU it takes the first
+    # branch; a build that showed it CPU (or meta) tensors would compile the second, which Triton refuses.
+    on_gpu = x.is_cuda and x.device.type == "cuda" and x.get_device() == 0
+    if not on_gpu:
+        _axpy[(1,)](x, a, x, b, 1, BLOCK=3, num_warps=NUM_WARPS)  # BLOCK 3: not a power of two
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    assert y.is_cuda and torch.empty_like(x).is_cuda and x[1:].is_cuda""")
+
+
+def test_host_code_sees_its_tensors_on_the_gpu_and_takes_the_gpus_branches(builder: Builder) -> None:
+    record, _ = builder.build_triton(BRANCHES_ON_THE_DEVICE, SM90, TOY, "benchmarks")
+    assert record.status is Status.PASSED and record.kernels == 2 and record.not_built == {}, record.message
 
 
 def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> None:

@@ -3,7 +3,8 @@ Triton build job (evaluation/builder.py, `Builder.build_triton`).
 
 The worker calls the candidate once per workload of the set it will be evaluated on, with inputs of
 the GPU's shapes, dtypes, strides and alignment that hold no data (meta tensors, from the task's own
-input generator run under PyTorch's fake tensors), while Triton's active driver is a stand-in for a
+input generator run under PyTorch's fake tensors, that tell the candidate's host code they are on the
+GPU: `OnTheGpu`, so it takes the branches it takes there), while Triton's active driver is a stand-in for a
 CUDA device of the evaluators' compute capability. Every Triton launch becomes a compile
 (`warmup=True`): Triton's frontend, LLVM and the ptxas it ships write each kernel into the job's
 Triton cache under the key a GPU worker computes for the same launch (source, specialization,
@@ -79,6 +80,71 @@ def shaped_like(value: Any) -> Any:
     return value
 
 
+_CUDA = torch.device("cuda", 0)
+# The getters torch hands __torch_function__ for `tensor.device` and `tensor.is_cuda`: a new method-wrapper on each
+# access, equal (not identical) to these.
+_DEVICE = vars(torch._C.TensorBase)["device"].__get__
+_IS_CUDA = vars(torch._C.TensorBase)["is_cuda"].__get__
+
+
+def _is_cuda(device: Any) -> bool:
+    try:
+        return torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError):
+        return False
+
+
+def on_the_gpu(value: Any) -> Any:
+    """`value` with every meta tensor in it made an `OnTheGpu` one."""
+    if isinstance(value, torch.Tensor) and value.is_meta and not isinstance(value, OnTheGpu):
+        return value.as_subclass(OnTheGpu)
+    if isinstance(value, dict):
+        return {k: on_the_gpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_the_gpu(v) for v in value)
+    return value
+
+
+def _meta_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    kwargs = dict(kwargs or {})
+    if kwargs.get("device") is not None and _is_cuda(kwargs["device"]):
+        kwargs["device"] = "meta"
+    return kwargs
+
+
+class OnTheGpu(torch.Tensor):
+    """A meta tensor that tells the candidate's host code it is on the GPU (`device`, `is_cuda`, `get_device`),
+    so that code takes the branches it takes on the evaluators, not a CPU or interpreter path; what it makes
+    from one, or asks for on the GPU, is a meta tensor that says so too. Torch's own code (run with the
+    subclass's hooks off) and Triton see a meta tensor: shapes, strides, dtype, data_ptr() its byte offset."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func == _DEVICE:
+            return _CUDA
+        if func == _IS_CUDA:
+            return True
+        if func is torch.Tensor.get_device:
+            return 0
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple("meta" if isinstance(a, (str, torch.device)) and _is_cuda(a) else a for a in args)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **_meta_kwargs(kwargs))
+        return on_the_gpu(out)
+
+
+class _GpuIsMeta(torch.overrides.TorchFunctionMode):
+    """While the candidate runs: a tensor asked for on the GPU (`torch.empty(..., device="cuda")`) is an
+    `OnTheGpu` meta tensor."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if kwargs and kwargs.get("device") is not None and _is_cuda(kwargs["device"]):
+            return on_the_gpu(func(*args, **_meta_kwargs(kwargs)))
+        return func(*args, **(kwargs or {}))
+
+
 def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
     """The task's inputs for `workload` at the GPU's shapes, as meta tensors. Its generator runs under
     fake tensors (shapes only, so even TriMul's 3 GB inputs cost nothing), or, where it needs values
@@ -91,7 +157,7 @@ def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
             inputs = task.generate_inputs(workload, 0, "cpu")
     except Exception:  # noqa: BLE001  (values were needed: make them, then keep only their shapes)
         inputs = task.generate_inputs(workload, 0, "cpu")
-    return dict(shaped_like(inputs))
+    return dict(on_the_gpu(shaped_like(inputs)))
 
 
 def _where(exc: BaseException, src: Path) -> str:
@@ -113,6 +179,8 @@ class _Launches:
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
+            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)  # plain meta
+            kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
             kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)
             chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
             return kernel
@@ -136,9 +204,19 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
     try:
         stand_in_driver(spec.capability)
         launches = _Launches(chan)
-        entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
         built: list[str] = []
         not_built: dict[str, str] = {}
+        try:
+            entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
+        except CandidateFailure as refused:
+            if refused.message.startswith("SyntaxError"):  # the same on every machine: the candidate's verdict
+                raise
+            # Its import may have wanted what only the GPU's worker has (a device's properties, say): that worker
+            # imports it again and judges it; here, nothing is built.
+            why = clip(refused.message, 300)
+            chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=0, built=[],
+                                  not_built={w.name: why for w in spec.workloads}))
+            return 0
         for workload in spec.workloads:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
@@ -148,12 +226,13 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue
             try:
-                entry(*task.arguments(inputs))
+                with _GpuIsMeta():
+                    entry(*task.arguments(inputs))
             except (Exception, SystemExit) as exc:
-                failure = call_failure(exc, src)
-                if failure.status is Status.COMPILE_ERROR:
-                    raise CandidateFailure(failure.status, failure.message, failure.log) from None
-                not_built[workload.name] = clip(f"{failure.message}{_where(exc, src)}", 300)
+                stopped = call_failure(exc, src)
+                if stopped.status is Status.COMPILE_ERROR:
+                    raise CandidateFailure(stopped.status, stopped.message, stopped.log) from None
+                not_built[workload.name] = clip(f"{stopped.message}{_where(exc, src)}", 300)
                 continue
             built.append(workload.name)
         chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built))

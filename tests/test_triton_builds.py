@@ -134,7 +134,7 @@ BRANCHES_ON_THE_DEVICE = variant(SEED, """def run(x, a, b):
     y = torch.empty_like(x)""", """def run(x, a, b):
     # Host code that asks where its tensors are, as LLM-written code often does: on the GPU it takes the first
     # branch; a build that showed it CPU (or meta) tensors would compile the second, which Triton refuses.
-    on_gpu = x.is_cuda and x.device.type == "cuda" and x.get_device() == 0
+    on_gpu = x.is_cuda and x.device.type == "cuda" and x.get_device() == 0 and torch.cuda.is_available()
     if not on_gpu:
         _axpy[(1,)](x, a, x, b, 1, BLOCK=3, num_warps=NUM_WARPS)  # BLOCK 3: not a power of two
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)

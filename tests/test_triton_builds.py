@@ -21,8 +21,15 @@ from local_backends import settings
 from ksearch_ray.distributed.pool import RayEvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
+from ksearch_ray.evaluation.describe import EvaluatorInfo, gpu_facts
 from ksearch_ray.evaluation.evaluator import Evaluator
-from ksearch_ray.evaluation.sandbox.protocol import Progress, TritonBuildJob, TritonBuilt, parse_report
+from ksearch_ray.evaluation.sandbox.protocol import (
+    GpuFacts,
+    Progress,
+    TritonBuildJob,
+    TritonBuilt,
+    parse_report,
+)
 from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs, pack, triton_build_key, unpack
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.run.backends import BUILDER
@@ -146,6 +153,39 @@ def test_host_code_sees_its_tensors_on_the_gpu_and_takes_the_gpus_branches(build
     assert record.status is Status.PASSED and record.kernels == 2 and record.not_built == {}, record.message
 
 
+H200 = GpuFacts(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132, total_memory=141 * 2**30)
+ASKS_THE_DEVICE = variant(SEED, """    _axpy[(triton.cdiv(n, BLOCK),)](""", """    sms = torch.cuda.get_device_properties(x.device).multi_processor_count  # persistent-kernel code asks this
+    assert torch.cuda.get_device_capability() == (9, 0) and sms == 132
+    _axpy[(triton.cdiv(n, BLOCK),)](""")
+
+
+def test_host_code_that_asks_the_gpu_its_properties_is_answered_with_the_evaluators(builder: Builder) -> None:
+    told, _ = builder.build_triton(ASKS_THE_DEVICE, SM90, TOY, "benchmarks", H200)
+    assert told.status is Status.PASSED and told.kernels == 2 and told.not_built == {}, told.not_built
+    untold, _ = builder.build_triton(ASKS_THE_DEVICE, SM90, TOY, "benchmarks")  # evaluators of several GPU kinds
+    assert untold.kernels == 0 and set(untold.not_built) == {"n1000", "n4096"}
+
+
+def test_the_decode_seed_that_launches_through_its_compiled_kernels_is_built_whole(builder: Builder) -> None:
+    """GQA decode's seed asks the SM count and, after each kernel's first launch, launches through the compiled
+    kernel's own launcher (its host work per call): both kernels of every workload compile."""
+    task = find_task("gqa_paged_decode_h32_kv4_d128_ps1")
+    record, _ = builder.build_triton(task.solution("triton_splitkv"), SM90, task, "feedback", H200)
+    assert record.status is Status.PASSED and record.not_built == {} and record.kernels >= 4, record.not_built
+
+
+def test_the_evaluators_gpu_is_told_only_when_they_all_have_the_same_one() -> None:
+    def info(name: str, sms: int) -> EvaluatorInfo:
+        return EvaluatorInfo(device="cuda", name=name, hardware="", compute_capability="9.0", sm_count=sms,
+                             memory_gib=139.8, l2_cache_mib=60.0)
+
+    facts = gpu_facts([info("NVIDIA H200", 132), info("NVIDIA H200", 132)])
+    assert facts is not None and (facts.major, facts.minor, facts.multi_processor_count) == (9, 0, 132)
+    assert facts.L2_cache_size == 60 * 2**20
+    assert gpu_facts([info("NVIDIA H200", 132), info("NVIDIA H100 PCIe", 114)]) is None
+    assert gpu_facts([EvaluatorInfo(device="cpu", name="cpu", hardware="")]) is None and gpu_facts([]) is None
+
+
 def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> None:
     tc = probe_toolchain()
     workloads = TOY.workloads("benchmarks", "cuda")
@@ -157,8 +197,9 @@ def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> Non
         triton_build_key(SEED, SM90, tc.model_copy(update={"torch": "0.0"}), TOY.name, workloads),
         triton_build_key(SEED, SM90, tc, TOY.name, workloads[:1]),
         triton_build_key(SEED, SM90, tc, "another_task", workloads),
+        triton_build_key(SEED, SM90, tc, TOY.name, workloads, H200),
     }
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 6
 
 
 def _kernel(cache: Path, name: str) -> Path:

@@ -39,7 +39,7 @@ from ray.exceptions import RayActorError, RayError
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.evaluation.buildcache import BuildRecord, BuildTarget
-from ksearch_ray.evaluation.describe import EvaluatorInfo
+from ksearch_ray.evaluation.describe import EvaluatorInfo, gpu_facts
 from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.evaluation.sandbox.build import arch_for
@@ -222,7 +222,7 @@ class RayEvaluatorPool:
         if triton_set is not None:
             record, library = build_triton.options(**options).remote(
                 solution, target, self.config.task, self.config.task_dirs, triton_set, cluster.scratch_dir,
-                cluster.build_timeout_s, jobs, isolation=isolation)
+                cluster.build_timeout_s, jobs, isolation=isolation, gpu=gpu_facts(list(self.infos.values())))
         else:
             record, library = build_extension.options(**options).remote(
                 solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)

@@ -40,6 +40,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     BuildJob,
     Built,
     Fail,
+    GpuFacts,
     Progress,
     ProtocolError,
     TritonBuildJob,
@@ -92,19 +93,21 @@ class Builder:
         self.cache.put(record, library)
         return record, library
 
-    def build_triton(self, solution: Solution, target: BuildTarget, task: Task, workload_set: str) -> tuple[BuildRecord, bytes | None]:
+    def build_triton(self, solution: Solution, target: BuildTarget, task: Task, workload_set: str,
+                     gpu: GpuFacts | None = None) -> tuple[BuildRecord, bytes | None]:
         """The Triton kernels of `solution` (a Python candidate) compiled for `target`'s GPUs, as each
         workload of `workload_set` (its GPU variant) launches them: from this node's cache, or compiled
-        now (and cached). The bytes are a pack of the kernels (evaluation/tritoncache.py)."""
+        now (and cached). The bytes are a pack of the kernels (evaluation/tritoncache.py). `gpu`: the
+        evaluators' GPU, which the candidate's host code is told of when it asks."""
         if not target.archs:
             raise ValueError("a Triton build needs the evaluators' GPU architectures (BuildTarget.archs)")
         workloads = task.workloads(workload_set, "cuda")
-        key = triton_build_key(solution, target, probe_toolchain(), task.name, workloads)
+        key = triton_build_key(solution, target, probe_toolchain(), task.name, workloads, gpu)
         hit = self.cache.get(key)
         if hit is not None:
             record, pack = hit
             return record.model_copy(update={"solution_id": solution.id}), pack
-        record, pack = self._compile_triton(solution, target, task, workloads, key)
+        record, pack = self._compile_triton(solution, target, task, workloads, key, gpu)
         self.cache.put(record, pack)
         return record, pack
 
@@ -129,13 +132,14 @@ class Builder:
         return record, library
 
     def _compile_triton(self, solution: Solution, target: BuildTarget, task: Task, workloads: list[Workload],
-                        key: str) -> tuple[BuildRecord, bytes | None]:
+                        key: str, gpu: GpuFacts | None) -> tuple[BuildRecord, bytes | None]:
         record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=f"ks_{solution.id}",
                              toolchain=probe_toolchain(), target=target, built_on=self.node, kind="triton")
         workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=task.definition.interface == "gpumode")
         jobs = [TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), task_root=str(task.root),
                                solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
-                               capability=capability, workloads=workloads)
+                               capability=capability, workloads=workloads,
+                               gpu=gpu if gpu is not None and gpu.major * 10 + gpu.minor == capability else None)
                 for capability in sorted({capability_of(arch) for arch in target.archs})]
         pack = None
         try:

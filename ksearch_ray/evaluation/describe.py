@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from ksearch_ray.evaluation.sandbox.protocol import GpuFacts
+
 if TYPE_CHECKING:
     from ksearch_ray.evaluation.evaluator import Evaluator
 
@@ -87,3 +89,22 @@ def describe(evaluator: Evaluator, *, node: str = "", gpu_ids: list[str] | None 
     info.hardware = (f"{props.name} (compute capability {props.major}.{props.minor}, {props.multi_processor_count} SMs, "
                      f"{props.total_memory / 2**30:.0f} GiB)")
     return info
+
+
+def gpu_facts(infos: list[EvaluatorInfo]) -> GpuFacts | None:
+    """The GPU every one of `infos` describes, as a Triton build shows it to host code; None unless they are all
+    the same GPU (a name, a compute capability, an SM count), or for the CPU path."""
+    kinds = {(i.name, i.compute_capability, i.sm_count) for i in infos}
+    if len(kinds) != 1 or not infos:
+        return None
+    info = infos[0]
+    if info.device != "cuda" or not info.compute_capability or not info.sm_count:
+        return None
+    major, _, minor = info.compute_capability.partition(".")
+    return GpuFacts(
+        name=info.name, major=int(major), minor=int(minor or 0), multi_processor_count=info.sm_count,
+        total_memory=round((info.memory_gib or 0) * 2**30),
+        shared_memory_per_multiprocessor=round(info.shared_memory_per_sm_kib * 1024) if info.shared_memory_per_sm_kib else None,
+        regs_per_multiprocessor=info.registers_per_sm,
+        L2_cache_size=round(info.l2_cache_mib * 2**20) if info.l2_cache_mib else None,
+    )

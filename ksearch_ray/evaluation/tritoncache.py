@@ -28,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 from ksearch_ray.evaluation.buildcache import CACHE_FORMAT, BuildTarget, Toolchain
+from ksearch_ray.evaluation.sandbox.protocol import GpuFacts
 from ksearch_ray.models import Solution
 from ksearch_ray.taskspec.spec import Workload
 
@@ -61,7 +62,8 @@ def capability_of(arch: str) -> int:
 
 
 def triton_build_key(solution: Solution, target: BuildTarget, toolchain: Toolchain, task: str,
-                     workloads: list[Workload]) -> str:
+                     workloads: list[Workload], gpu: GpuFacts | None = None) -> str:
+    """`gpu`: what the build tells host code of the GPU (its plans may follow an SM count)."""
     canonical = json.dumps(
         {
             "format": CACHE_FORMAT,
@@ -75,6 +77,7 @@ def triton_build_key(solution: Solution, target: BuildTarget, toolchain: Toolcha
             "python": toolchain.python,
             "task": task,
             "workloads": [w.model_dump(mode="json") for w in workloads],
+            "gpu": gpu.model_dump(mode="json") if gpu else None,
         },
         sort_keys=True,
     )

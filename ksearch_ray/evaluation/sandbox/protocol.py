@@ -100,6 +100,21 @@ class BuildJob(_Message):
     max_jobs: int = 1
 
 
+class GpuFacts(_Message):
+    """What the evaluators' GPU says of itself (`torch.cuda.get_device_properties`), from their descriptions: a
+    Triton build answers the candidate's host code with it, so that the code plans as it does there (an SM count
+    for a grid, say)."""
+
+    name: str
+    major: int = Field(ge=0)
+    minor: int = Field(ge=0)
+    multi_processor_count: int = Field(ge=1)
+    total_memory: int = Field(ge=0)
+    shared_memory_per_multiprocessor: int | None = None
+    regs_per_multiprocessor: int | None = None
+    L2_cache_size: int | None = None
+
+
 class TritonBuildJob(_Message):
     """A Triton candidate's kernels compiled ahead of its evaluation, on a CPU (evaluation/builder.py,
     sandbox/triton_build.py): every Triton launch of one call per workload becomes a compile for
@@ -114,6 +129,7 @@ class TritonBuildJob(_Message):
     entry_point: str
     capability: int = Field(ge=10, le=200, description="The evaluators' compute capability as Triton writes it: 90 for 9.0.")
     workloads: list[Workload]
+    gpu: GpuFacts | None = Field(default=None, description="The evaluators' GPU, where they all have the same one.")
 
 
 class ProfileJob(_CandidateJob):

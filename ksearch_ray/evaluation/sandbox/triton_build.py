@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import traceback
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, call_failure, import_candidate
-from ksearch_ray.evaluation.sandbox.protocol import Fail, Progress, TritonBuildJob, TritonBuilt
+from ksearch_ray.evaluation.sandbox.protocol import Fail, GpuFacts, Progress, TritonBuildJob, TritonBuilt
 from ksearch_ray.models import Status
 from ksearch_ray.text import clip
 
@@ -48,6 +49,10 @@ def stand_in_driver(capability: int, torch_device: str = "meta") -> None:
     class StandIn(CudaDriver):  # type: ignore[misc]
         def __init__(self) -> None:  # CudaDriver's own would load libcuda
             self.backend = "cuda"
+            # For host code that takes a compiled kernel's launcher (`compiled.run`) and launches through it itself:
+            # loading "succeeds" and launching does nothing, as a launch does everywhere in a build.
+            self.launcher_cls = _NoLaunch
+            self.utils = _NoDevice(capability)
 
         def get_current_target(self) -> Any:
             return GPUTarget("cuda", capability, 32)  # NVIDIA's warp is 32 wide, as CudaDriver reports
@@ -65,6 +70,41 @@ def stand_in_driver(capability: int, torch_device: str = "meta") -> None:
             return torch.device(torch_device)
 
     driver.set_active(StandIn())
+
+
+MAX_SHARED = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+"""Shared memory a block may have (the opt-in maximum), by compute capability, as CUDA reports it."""
+
+
+class _NoLaunch:
+    """A compiled kernel's launcher in a build: it takes every launch and runs nothing."""
+
+    def __init__(self, src: Any, metadata: Any) -> None:
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.global_scratch_align = self.profile_scratch_align = 1
+        self.launch_cooperative_grid = self.launch_pdl = False
+
+    def launch(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _NoDevice:
+    """The driver's utilities for a device that is not there: a kernel "loads" (no module, no function)."""
+
+    def __init__(self, capability: int) -> None:
+        self.capability = capability
+
+    def get_device_properties(self, device: int = 0) -> dict[str, int]:
+        return {"max_shared_mem": MAX_SHARED.get(self.capability, 232448), "max_num_regs": 65536, "warpSize": 32}
+
+    def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple[int, int, int, int, int]:
+        return 0, 0, 0, 0, 1024  # module, function, registers, spills, most threads a block may have
+
+    def unload_module(self, module: Any) -> None:
+        return None
 
 
 def shaped_like(value: Any) -> Any:
@@ -147,17 +187,26 @@ class _GpuIsMeta(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _as_on_the_gpu() -> Iterator[None]:
-    """While the candidate runs: tensors it asks for on the GPU are `OnTheGpu` ones, and
-    `torch.cuda.is_available()` says yes, as on the evaluators (what else it asks of torch.cuda fails here,
-    and the evaluation's worker compiles that workload's kernels)."""
-    available = torch.cuda.is_available
-    torch.cuda.is_available = lambda: True
+def _as_on_the_gpu(gpu: GpuFacts | None) -> Iterator[None]:
+    """While the candidate runs: tensors it asks for on the GPU are `OnTheGpu` ones, `torch.cuda.is_available()`
+    says yes, and with `gpu` (the evaluators' GPU) torch.cuda answers what the code asks of the device (its
+    properties, capability, name; one device, device 0), as on the evaluators. What else it asks of torch.cuda
+    (a stream, a synchronize) fails here, and the evaluation's worker compiles that workload's kernels."""
+    answers: dict[str, Any] = {"is_available": lambda: True}
+    if gpu is not None:
+        props = types.SimpleNamespace(**gpu.model_dump())
+        answers.update(get_device_properties=lambda device=None: props,
+                       get_device_capability=lambda device=None: (gpu.major, gpu.minor),
+                       get_device_name=lambda device=None: gpu.name, device_count=lambda: 1, current_device=lambda: 0)
+    saved = {name: getattr(torch.cuda, name) for name in answers}
+    for name, answer in answers.items():
+        setattr(torch.cuda, name, answer)
     try:
         with _GpuIsMeta():
             yield
     finally:
-        torch.cuda.is_available = available
+        for name, original in saved.items():
+            setattr(torch.cuda, name, original)
 
 
 def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
@@ -222,7 +271,7 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
         built: list[str] = []
         not_built: dict[str, str] = {}
         try:
-            with _as_on_the_gpu():  # module-level code too
+            with _as_on_the_gpu(spec.gpu):  # module-level code too
                 entry = import_candidate(src, "python", spec.entry_file, spec.entry_point, spec.solution_id)
         except CandidateFailure as refused:
             if refused.message.startswith("SyntaxError"):  # the same on every machine: the candidate's verdict
@@ -242,7 +291,7 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue
             try:
-                with _as_on_the_gpu():
+                with _as_on_the_gpu(spec.gpu):
                     entry(*task.arguments(inputs))
             except (Exception, SystemExit) as exc:
                 stopped = call_failure(exc, src)

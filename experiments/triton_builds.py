@@ -125,6 +125,7 @@ def builds(args: argparse.Namespace) -> None:
     (its zygote started by a first, throwaway build), as a build task sees them: seconds per new candidate."""
     from ksearch_ray.evaluation.buildcache import BuildCache, BuildTarget
     from ksearch_ray.evaluation.builder import Builder
+    from ksearch_ray.evaluation.sandbox.protocol import GpuFacts
     from ksearch_ray.models import Solution
     from ksearch_ray.taskspec.task import find_task
 
@@ -132,6 +133,10 @@ def builds(args: argparse.Namespace) -> None:
     workload_set = args.workloads or ("benchmarks" if "benchmarks" in task.definition.workload_sets else "feedback")
     root = Path(tempfile.mkdtemp(prefix="triton-builds-"))
     builder = Builder(root / "builder", BuildCache(root / "build-cache"))
+    name, _, sms = args.gpu.rpartition(":")
+    major, _, minor = args.arch.rstrip("a").partition(".")
+    gpu = GpuFacts(name=name, major=int(major), minor=int(minor or 0), multi_processor_count=int(sms),
+                   total_memory=0) if args.gpu else None
     target = BuildTarget(archs=(args.arch,))
     try:
         names = args.solutions.split(",")
@@ -139,7 +144,7 @@ def builds(args: argparse.Namespace) -> None:
         throwaway = Solution(**{**first.model_dump(), "sources": {
             **first.sources, first.entry_file: first.sources[first.entry_file] + "\n# warm-up build\n"}})
         t0 = time.monotonic()
-        builder.build_triton(throwaway, target, task, workload_set)
+        builder.build_triton(throwaway, target, task, workload_set, gpu)
         print(f"zygote start and a first build: {time.monotonic() - t0:.2f} s")
         for name in names:
             for _ in range(args.repeats):
@@ -147,7 +152,7 @@ def builds(args: argparse.Namespace) -> None:
                 fresh = Solution(**{**solution.model_dump(), "sources": {  # a new candidate each time: no cache hit
                     **solution.sources, solution.entry_file: solution.sources[solution.entry_file] + f"\n# {time.time_ns()}\n"}})
                 t0 = time.monotonic()
-                record, _ = builder.build_triton(fresh, target, task, workload_set)
+                record, _ = builder.build_triton(fresh, target, task, workload_set, gpu)
                 print(f"{name}: {record.status.value} in {time.monotonic() - t0:.2f} s, {record.kernels} kernels for "
                       f"{len(task.workloads(workload_set, 'cuda'))} workloads, {record.size} bytes, not built: "
                       f"{record.not_built or 'none'}", flush=True)
@@ -209,6 +214,8 @@ def main() -> None:
     b.add_argument("--workloads", default="")
     b.add_argument("--arch", default="9.0a")
     b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--gpu", default="NVIDIA H200:132", help="NAME:SMS the build tells host code ('' for nothing), "
+                   "as a pool of evaluators of one GPU kind does.")
     s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")
     s.add_argument("run_dirs", nargs="+")
     args = ap.parse_args()

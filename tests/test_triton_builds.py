@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from local_backends import settings
 
 from ksearch_ray.distributed.pool import RayEvaluatorPool
@@ -30,6 +31,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     TritonBuilt,
     parse_report,
 )
+from ksearch_ray.evaluation.sandbox.triton_build import OnTheGpu, from_spec, input_spec
 from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs, pack, triton_build_key, unpack
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.run.backends import BUILDER
@@ -184,6 +186,27 @@ def test_the_evaluators_gpu_is_told_only_when_they_all_have_the_same_one() -> No
     assert facts.L2_cache_size == 60 * 2**20
     assert gpu_facts([info("NVIDIA H200", 132), info("NVIDIA H100 PCIe", 114)]) is None
     assert gpu_facts([EvaluatorInfo(device="cpu", name="cpu", hardware="")]) is None and gpu_facts([]) is None
+
+
+def test_a_packaged_tasks_inputs_are_shaped_once_by_the_trusted_builder_and_nobody_elses(builder: Builder) -> None:
+    """The builder works out a packaged task's input shapes itself, once, and hands them to every build job: a
+    worker then skips the generator (MLA's makes its inputs for real: 15-25 s a build). A task from outside the
+    package gets none: its generator runs only in the sandbox."""
+    task = find_task("trimul")
+    workloads = task.workloads("benchmarks", "cuda")
+    specs = builder._input_specs(task, workloads)
+    assert set(specs) == {w.name for w in workloads}
+    rebuilt = from_spec(specs[workloads[0].name])
+    axes = workloads[0].axes
+    x = rebuilt["x"]
+    assert isinstance(x, OnTheGpu) and x.is_cuda and tuple(x.shape) == (axes["B"], axes["N"], axes["N"], axes["D"])
+    assert x.dtype == torch.float32 and x.as_subclass(torch.Tensor).is_meta
+    assert builder._input_specs(TOY, TOY.workloads("benchmarks", "cuda")) == {}
+    # The round trip keeps strides, offsets and scalars.
+    view = torch.empty(64, dtype=torch.float16, device="meta")[8:].as_strided((4, 7), (1, 8), 8)
+    back = from_spec(input_spec({"v": view, "n": 3, "s": [1.5, None]}))
+    assert back["v"].stride() == (1, 8) and back["v"].storage_offset() == 8 and back["v"].data_ptr() == 16
+    assert back["n"] == 3 and back["s"] == [1.5, None]
 
 
 def test_the_build_key_covers_sources_target_triton_torch_and_workloads() -> None:

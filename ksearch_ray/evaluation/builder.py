@@ -20,6 +20,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -69,6 +70,7 @@ class Builder:
         self.timeout_s = timeout_s
         self.max_jobs = max_jobs
         self.triton_idle_s = triton_idle_s
+        self._specs: dict[tuple[str, str], Any] = {}  # (task root, workload) -> its inputs' shapes (trusted tasks)
         self.node = node
         # A build needs no GPU, and sees none; it has a candidate's limits (the defaults: compilers need no more).
         # Its Triton compiles for the evaluators' GPU (Triton builds), never interprets.
@@ -136,10 +138,12 @@ class Builder:
         record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=f"ks_{solution.id}",
                              toolchain=probe_toolchain(), target=target, built_on=self.node, kind="triton")
         workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=task.definition.interface == "gpumode")
+        inputs = self._input_specs(task, workloads)
         jobs = [TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(workdir / "triton"), task_root=str(task.root),
                                solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
                                capability=capability, workloads=workloads,
-                               gpu=gpu if gpu is not None and gpu.major * 10 + gpu.minor == capability else None)
+                               gpu=gpu if gpu is not None and gpu.major * 10 + gpu.minor == capability else None,
+                               inputs=inputs or None)
                 for capability in sorted({capability_of(arch) for arch in target.archs})]
         pack = None
         try:
@@ -158,6 +162,27 @@ class Builder:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return record, pack
+
+    def _input_specs(self, task: Task, workloads: list[Workload]) -> dict[str, Any]:
+        """Each workload's inputs as shapes (`triton_build.input_spec`), for a task of the package's own: made here
+        once per workload (its generator is trusted code) and kept, so that a build worker skips the generator,
+        which makes some tasks' inputs for real on its one CPU thread (MLA's: 15-25 s a build). Another task's
+        generator runs only in the sandbox, so its workloads get none. A generator that fails here: none either."""
+        if not task.trusted:
+            return {}
+        from ksearch_ray.evaluation.sandbox.triton_build import input_spec, meta_inputs
+
+        specs = {}
+        for workload in workloads:
+            key = (str(task.root), workload.model_dump_json())
+            if key not in self._specs:
+                try:
+                    self._specs[key] = input_spec(meta_inputs(task, workload))
+                except Exception:  # noqa: BLE001  (the worker makes them itself, and says why it cannot)
+                    self._specs[key] = None
+            if self._specs[key] is not None:
+                specs[workload.name] = self._specs[key]
+        return specs
 
     def _workdir(self, solution: Solution) -> Path:
         return job_dir(self.work_root, solution.id, solution.sources)

@@ -130,6 +130,9 @@ class TritonBuildJob(_Message):
     capability: int = Field(ge=10, le=200, description="The evaluators' compute capability as Triton writes it: 90 for 9.0.")
     workloads: list[Workload]
     gpu: GpuFacts | None = Field(default=None, description="The evaluators' GPU, where they all have the same one.")
+    inputs: dict[str, Any] | None = Field(default=None, description=(
+        "Workload -> its inputs' shapes (triton_build.input_spec), worked out by the trusted builder for a task of "
+        "the package's own; a workload without one has its inputs made by the task's generator in the worker."))
 
 
 class ProfileJob(_CandidateJob):

@@ -209,6 +209,40 @@ def _as_on_the_gpu(gpu: GpuFacts | None) -> Iterator[None]:
             setattr(torch.cuda, name, original)
 
 
+def input_spec(value: Any) -> Any:
+    """A task's inputs as plain data: each tensor as {"tensor": [shape, stride, storage offset, storage elements,
+    dtype]}, lists and dicts kept, scalars as they are. ValueError for anything else."""
+    if isinstance(value, torch.Tensor):
+        elements = max(1, value.untyped_storage().nbytes() // max(1, value.element_size()))
+        return {"tensor": [list(value.shape), list(value.stride()), value.storage_offset(), elements,
+                           str(value.dtype).removeprefix("torch.")]}
+    if isinstance(value, dict):
+        if "tensor" in value:
+            raise ValueError("an input dict with a key named 'tensor'")
+        return {str(k): input_spec(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [input_spec(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"an input of type {type(value).__name__}")
+
+
+def from_spec(spec: Any) -> Any:
+    """`input_spec`'s data as meta tensors that say they are on the GPU (`OnTheGpu`)."""
+    if isinstance(spec, dict) and set(spec) == {"tensor"}:
+        shape, stride, offset, elements, dtype = spec["tensor"]
+        kind = getattr(torch, str(dtype), None)
+        if not isinstance(kind, torch.dtype):
+            raise ValueError(f"not a dtype: {dtype!r}")
+        base = torch.empty(int(elements), dtype=kind, device="meta")
+        return base.as_strided(shape, stride, int(offset)).as_subclass(OnTheGpu)
+    if isinstance(spec, dict):
+        return {k: from_spec(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [from_spec(v) for v in spec]
+    return spec
+
+
 def meta_inputs(task: Any, workload: Any) -> dict[str, Any]:
     """The task's inputs for `workload` at the GPU's shapes, as meta tensors. Its generator runs under
     fake tensors (shapes only, so even TriMul's 3 GB inputs cost nothing), or, where it needs values
@@ -286,7 +320,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
             try:
-                inputs = meta_inputs(task, workload)
+                given = spec.inputs.get(workload.name) if spec.inputs else None
+                inputs = from_spec(given) if given is not None else meta_inputs(task, workload)
             except Exception as exc:  # the task's own generator failed here: the GPU worker compiles these
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue

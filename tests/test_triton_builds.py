@@ -359,3 +359,21 @@ def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(
         assert len(warnings) == 1 and "CalledProcessError" in warnings[0], warnings
     finally:
         evaluator.close()
+
+
+def test_an_evaluator_keeps_the_triton_caches_of_the_solutions_it_used_last(tmp_path: Path) -> None:
+    """One cache per candidate would grow without bound in a long search: the least recently used go."""
+    evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator", start=False)
+    try:
+        evaluator.triton_caches_kept = 2
+        a, b, c, d = (variant(SEED, "BLOCK = 128", f"BLOCK = {n}") for n in (64, 256, 512, 1024))
+        for solution in (a, b, c):
+            (evaluator._triton_cache_dir(solution) / "KERNEL").mkdir()
+        caches = tmp_path / "evaluator" / "cache"
+        assert sorted(p.name for p in caches.iterdir()) == sorted([b.id, c.id])
+        evaluator._triton_cache_dir(b)  # used again: now the newest
+        evaluator._triton_cache_dir(d)
+        assert sorted(p.name for p in caches.iterdir()) == sorted([b.id, d.id])
+        assert (caches / b.id / "triton" / "KERNEL").is_dir()
+    finally:
+        evaluator.close()

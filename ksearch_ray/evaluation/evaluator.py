@@ -72,6 +72,9 @@ from ksearch_ray.text import Redactor, clip
 
 log = logging.getLogger(__name__)
 
+TRITON_CACHES_KEPT = 256
+"""Solutions whose Triton cache an evaluator keeps (the ones it used last)."""
+
 Mode = Literal["fresh", "reuse"]
 # A stage after the correctness checks: (session) -> seconds of candidate work. Evaluator.retime passes one.
 Stage = Callable[[Session], float]
@@ -154,6 +157,8 @@ class Evaluator:
         self._progress: Callable[[str], None] = lambda _message: None
         self.triton_helper_ahead = triton_helper_ahead and device == "cuda"
         self._triton_helper: bytes | None = None
+        self.triton_caches_kept = TRITON_CACHES_KEPT
+        self._recent_caches: dict[str, None] = {}  # solution ids whose Triton cache is kept, least recently used first
         if start:
             self.sandbox.ensure_started()
             self.triton_helper()  # with the sandbox's start, not inside a candidate's evaluation
@@ -451,9 +456,17 @@ class Evaluator:
                                own_waits=own_waits, language_waits=language_waits)
 
     def _triton_cache_dir(self, solution: Solution) -> Path:
-        """The Triton cache of `solution`'s workers on this evaluator: its own, kept between its evaluations."""
+        """The Triton cache of `solution`'s workers on this evaluator: its own, kept between its evaluations, for
+        the `triton_caches_kept` solutions used last (a long search would otherwise keep one per candidate: half a
+        megabyte or more each); an older one's next worker compiles again."""
         cache = self.work_root / "cache" / solution.id / "triton"
         cache.mkdir(parents=True, exist_ok=True)
+        self._recent_caches.pop(solution.id, None)
+        self._recent_caches[solution.id] = None
+        while len(self._recent_caches) > self.triton_caches_kept:
+            old = next(iter(self._recent_caches))
+            del self._recent_caches[old]
+            shutil.rmtree(self.work_root / "cache" / old, ignore_errors=True)
         return cache
 
     def _triton_cache(self, solution: Solution, build: tuple[BuildRecord, bytes] | None,

@@ -117,7 +117,10 @@ def test_a_build_runs_while_its_candidate_waits_for_the_evaluator(ray_session, t
     seen: dict[str, bool] = {}
 
     async def go() -> tuple:
-        pool = _pool(tmp_path)
+        # 200 timed calls a workload, on fresh inputs each: several seconds, longer than a build that, at nice 10,
+        # yields this 2-core machine's CPUs to the measurement (one at the CPU path's default rule took 2.0 s, its
+        # build 2.2 s).
+        pool = _pool(tmp_path, timing={"min_calls": 200, "max_calls": 200, "max_total_s": 60.0})
         try:
             first = asyncio.create_task(pool.evaluate(slow, "benchmarks"))
             while not pool.in_flight:

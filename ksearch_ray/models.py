@@ -61,6 +61,11 @@ class Solution(BaseModel):
     )
 
     @property
+    def names_triton(self) -> bool:
+        """Whether any of its sources mentions Triton: code that does not has no Triton kernel to compile ahead."""
+        return any("triton" in text for text in self.sources.values())
+
+    @property
     def id(self) -> str:
         """Hash of everything that changes behaviour: language, entry point and sources."""
         canonical = json.dumps(

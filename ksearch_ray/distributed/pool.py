@@ -233,7 +233,7 @@ class RayEvaluatorPool:
         """Whether `solution` (Python or Triton: any but CUDA/C++, and only code that names Triton: a PyTorch
         baseline has no kernels to build) gets a Triton build ahead of its evaluation."""
         return (solution.language != "cuda" and self._gpus_compile_triton() and self.config.cluster.triton_builds
-                and self.config.cluster.build_pool and any("triton" in text for text in solution.sources.values()))
+                and self.config.cluster.build_pool and solution.names_triton)
 
     def _gpus_compile_triton(self) -> bool:
         """GPU evaluators compile Triton kernels; the CPU path's interpret them, and a build is of no use there."""

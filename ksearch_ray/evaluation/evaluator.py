@@ -483,7 +483,7 @@ class Evaluator:
                 result.triton_not_built = {"(all)": f"the build's kernels were refused: {exc}"}
         if self.device != "cuda" or solution.language == "cuda":
             return None
-        helper = self.triton_helper() if any("triton" in text for text in solution.sources.values()) else None
+        helper = self.triton_helper() if solution.names_triton else None
         if helper:
             try:
                 unpack_kernels(helper, self._triton_cache_dir(solution))

@@ -107,12 +107,17 @@ class _NoDevice:
         return None
 
 
+def _storage_elements(tensor: torch.Tensor) -> int:
+    """Elements of the storage under `tensor` (at least one): what a view's strides and offset index into."""
+    return max(1, tensor.untyped_storage().nbytes() // max(1, tensor.element_size()))
+
+
 def shaped_like(value: Any) -> Any:
     """`value` with every tensor replaced by a meta tensor of its shape, strides, storage offset and
     dtype: a meta tensor's data_ptr() is its byte offset, so Triton's 16-byte alignment test sees what
     a GPU allocation (512-byte aligned) gives."""
     if isinstance(value, torch.Tensor):
-        elements = max(1, value.untyped_storage().nbytes() // max(1, value.element_size()))
+        elements = _storage_elements(value)
         base = torch.empty(elements, dtype=value.dtype, device="meta")
         return base.as_strided(value.shape, value.stride(), value.storage_offset())
     if isinstance(value, dict):
@@ -213,7 +218,7 @@ def input_spec(value: Any) -> Any:
     """A task's inputs as plain data: each tensor as {"tensor": [shape, stride, storage offset, storage elements,
     dtype]}, lists and dicts kept, scalars as they are. ValueError for anything else."""
     if isinstance(value, torch.Tensor):
-        elements = max(1, value.untyped_storage().nbytes() // max(1, value.element_size()))
+        elements = _storage_elements(value)
         return {"tensor": [list(value.shape), list(value.stride()), value.storage_offset(), elements,
                            str(value.dtype).removeprefix("torch.")]}
     if isinstance(value, dict):

@@ -377,3 +377,20 @@ def test_an_evaluator_keeps_the_triton_caches_of_the_solutions_it_used_last(tmp_
         assert (caches / b.id / "triton" / "KERNEL").is_dir()
     finally:
         evaluator.close()
+
+
+def test_a_build_worker_sees_no_secret_of_the_builders_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A canary key in the build task's environment: the candidate's import, which reads the environment and
+    puts what it finds in its failure, gets nothing, and the record (which reaches events and prompts) holds none."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-build-4242")
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:canarypw@h/db")
+    snoops = variant(SEED, "import torch\n", "import os\nimport torch\nraise RuntimeError('found ' + "
+                     "os.environ.get('OPENAI_API_KEY', 'no key') + ' and ' + os.environ.get('DATABASE_URL', 'no url'))\n")
+    b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"))
+    try:
+        record, _ = b.build_triton(snoops, SM90, TOY, "benchmarks")
+    finally:
+        b.close()
+    said = " ".join(record.not_built.values()) + record.message + record.log
+    assert record.status is Status.PASSED and "import failed" in said and "found " in said  # it did look
+    assert "sk-canary" not in said and "canarypw" not in said

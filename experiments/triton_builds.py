@@ -165,6 +165,10 @@ def search(args: argparse.Namespace) -> None:
     from ksearch_ray.events import Evaluation
     from ksearch_ray.store import RunStore
 
+    missing = [d for d in args.run_dirs if not (Path(d) / "events.jsonl").is_file()]
+    if missing:
+        raise SystemExit(f"error: {', '.join(missing)}: not a run directory (no events.jsonl)")
+    empty = 0
     for run_dir in args.run_dirs:
         events = RunStore(run_dir).read_events()
         seen: set[str] = set()
@@ -185,12 +189,15 @@ def search(args: argparse.Namespace) -> None:
             compiled += result.triton_compiled or 0
         if not busy:
             print(f"{run_dir}: no evaluation of a new candidate")
+            empty += 1
             continue
         median = statistics.median(busy)
         print(f"{run_dir}: {len(busy)} new candidates; median busy {median:.2f} s (mean {statistics.mean(busy):.2f} s); "
               f"{3600 / statistics.mean(busy):.0f} candidates per GPU-hour at the mean; kernels timed "
               f"{100 * timed / total:.1f} % of {total:.1f} s busy; Triton kernels built ahead {prebuilt}, "
               f"compiled on the GPU worker {compiled}")
+    if empty:
+        raise SystemExit(f"error: {empty} run(s) evaluated no new candidate: no figures for them")
 
 
 def main() -> None:
@@ -219,7 +226,12 @@ def main() -> None:
     s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")
     s.add_argument("run_dirs", nargs="+")
     args = ap.parse_args()
-    {"evals": evals, "builds": builds, "search": search}[args.command](args)
+    from ksearch_ray.taskspec.spec import TaskError
+
+    try:
+        {"evals": evals, "builds": builds, "search": search}[args.command](args)
+    except TaskError as exc:  # a task or solution name that is not there: one line
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

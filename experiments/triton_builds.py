@@ -4,8 +4,9 @@
 kernels compiled by the evaluation's own worker (`jit`: the solution's Triton cache emptied first, as
 for a new candidate), loaded from a build made beforehand on this machine's CPUs (`built`), and built
 with Triton's driver helper also compiled ahead by the evaluator (`helper`), in alternation,
-`--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share and
-the kernels the GPU worker compiled. The build's own seconds (CPU, off the GPU) are printed apart.
+`--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share, the kernels
+the GPU worker compiled and the C modules it compiled (each kernel signature's launcher, where the
+build did not make it, and the driver helper: gcc, on the GPU's host, inside the evaluation). The build's own seconds (CPU, off the GPU) are printed apart.
 
     python experiments/triton_builds.py evals --task trimul --solutions triton_seed,triton_fused --repeats 3 --out e.json
 
@@ -46,6 +47,21 @@ def _row(variant: str, solution: str, result: Any) -> dict[str, Any]:
             "timed_share": round(result.timed_seconds / result.seconds, 4) if result.seconds else 0.0,
             "triton_prebuilt": result.triton_prebuilt, "triton_compiled": result.triton_compiled,
             "not_built": result.triton_not_built, "score": result.score}
+
+
+def _c_modules(cache: Path) -> int:
+    """Triton's C modules in a worker's cache: the kernels' launchers and the driver helper (`cuda_utils`)."""
+    from ksearch_ray.evaluation.tritoncache import launcher_dirs
+
+    return len(launcher_dirs(cache)) + len({p.parent for p in cache.glob("*/cuda_utils.*")})
+
+
+def _c_modules_in_pack(pack: bytes) -> int:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(pack)) as tar:
+        return len({n.split("/")[0] for n in tar.getnames() if "/__triton_launcher." in n or "/cuda_utils." in n})
 
 
 def evals(args: argparse.Namespace) -> None:
@@ -94,13 +110,17 @@ def evals(args: argparse.Namespace) -> None:
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
                                                 prebuilt=(record, pack) if variant != "jit" else None)
                     rows.append(_row(variant, name, result))
+                    cache = evaluator._triton_cache_dir(solution)
+                    given = _c_modules_in_pack(pack) if variant != "jit" else 0
+                    given += 1 if variant == "helper" and evaluator.triton_helper() else 0
+                    rows[-1]["c_modules_compiled"] = _c_modules(cache) - given
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         evaluator.close()
         builder.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
-          f"{'timing':>7} {'timed%':>7} {'compiled':>8}")
+          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6}")
     for name in builds:
         for variant in VARIANTS:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
@@ -113,7 +133,8 @@ def evals(args: argparse.Namespace) -> None:
             print(f"{name:<14} {variant:<6} {statistics.median(r['seconds'] for r in mine):>8.2f} {med('start'):>6.2f} "
                   f"{med('correctness'):>8.2f} {med('judging'):>8.2f} {med('timing'):>7.2f} "
                   f"{100 * statistics.median(r['timed_share'] for r in mine):>6.1f}% "
-                  f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f}")
+                  f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f} "
+                  f"{statistics.median(r['c_modules_compiled'] for r in mine):>6.0f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,
                                               "rows": rows, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"},

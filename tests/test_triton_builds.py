@@ -31,8 +31,21 @@ from ksearch_ray.evaluation.sandbox.protocol import (
     TritonBuilt,
     parse_report,
 )
-from ksearch_ray.evaluation.sandbox.triton_build import OnTheGpu, from_spec, input_spec
-from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs, pack, triton_build_key, unpack
+from ksearch_ray.evaluation.sandbox.triton_build import (
+    OnTheGpu,
+    from_spec,
+    input_spec,
+    launchers_per_signature,
+    stand_in_libcuda,
+)
+from ksearch_ray.evaluation.tritoncache import (
+    PackError,
+    kernel_dirs,
+    launcher_dirs,
+    pack,
+    triton_build_key,
+    unpack,
+)
 from ksearch_ray.models import Solution, Status
 from ksearch_ray.run.backends import BUILDER
 from ksearch_ray.taskspec.task import find_task
@@ -67,7 +80,10 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
     # Another job directory, another process: Triton's keys hold nothing of where the code was compiled.
     cache = tmp_path / "other-worker-cache"
     assert unpack(data, cache) == record.kernels
-    before = kernel_dirs(cache)
+    before, launchers = kernel_dirs(cache), launcher_dirs(cache)
+    # Each kernel signature's host launcher, compiled here too where Triton makes one (3.6, the GPUs' version: a GPU
+    # worker would build each with gcc, about 1 s); Triton 3.9 has none to make.
+    assert bool(launchers) == launchers_per_signature() and not launchers & before
     workdir = builder._workdir(solution)
     job = TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(task.root),
                          solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
@@ -81,6 +97,7 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
         builder.sandbox.reap(worker)
     assert isinstance(report, TritonBuilt) and report.launches >= 7 * 4 and not report.not_built
     assert kernel_dirs(cache) == before  # every launch found its kernel: none was compiled again
+    assert launcher_dirs(cache) == launchers  # and its launcher under the same key
     t0 = time.perf_counter()
     again, same = builder.build_triton(solution, SM90, task, "benchmarks")
     assert again.cached and same == data and time.perf_counter() - t0 < 0.5
@@ -249,13 +266,21 @@ def test_a_pack_carries_only_kernel_files(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert sorted(tar.getnames()) == ["AAAA/__grp___k.json", "AAAA/_k.cubin"]
     assert kernels == 1
+    launcher = cache / "LAUNCHER"  # a kernel signature's launcher travels with the kernels
+    launcher.mkdir()
+    (launcher / "__triton_launcher.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    data, kernels = pack(cache)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert sorted(tar.getnames()) == ["AAAA/__grp___k.json", "AAAA/_k.cubin",
+                                          "LAUNCHER/__triton_launcher.cpython-311-x86_64-linux-gnu.so"]
+    assert kernels == 1
     # Triton's compiled helper modules (a folder without a group file) travel only when asked for.
     helper = cache / "HELPER"
     helper.mkdir()
     (helper / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
     everything, folders = pack(cache, kernels_only=False)
     with tarfile.open(fileobj=io.BytesIO(everything)) as tar:
-        assert "HELPER/cuda_utils.cpython-311-x86_64-linux-gnu.so" in tar.getnames() and folders == 3
+        assert "HELPER/cuda_utils.cpython-311-x86_64-linux-gnu.so" in tar.getnames() and folders == 4
     (tmp_path / "link").symlink_to(cache)
     with pytest.raises(PackError, match="not a folder"):
         pack(tmp_path / "link")
@@ -356,7 +381,23 @@ def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(
         evaluator.triton_helper_ahead = True  # as a GPU evaluator with evaluation.triton_helper_ahead has it
         assert evaluator.triton_helper() is None and evaluator.triton_helper() is None
         warnings = [r.getMessage() for r in caplog.records if "driver helper" in r.getMessage()]
-        assert len(warnings) == 1 and "CalledProcessError" in warnings[0], warnings
+        assert len(warnings) == 1 and "CalledProcessError" in warnings[0] and "libcuda" in warnings[0], warnings
+    finally:
+        evaluator.close()
+
+
+def test_the_driver_helper_compiled_ahead_is_tritons_cuda_utils_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a libcuda can be linked against (a stand-in here; the driver's own on a GPU host), the evaluator's
+    process compiles Triton's driver helper into a pack of its own, for each new candidate's cache."""
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(stand_in_libcuda(tmp_path / "libcuda")))
+    evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator", start=False)
+    try:
+        evaluator.triton_helper_ahead = True
+        data = evaluator.triton_helper()
+        assert data is not None
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            names = tar.getnames()
+        assert len(names) == 1 and names[0].split("/")[1].startswith("cuda_utils."), names
     finally:
         evaluator.close()
 

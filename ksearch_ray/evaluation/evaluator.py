@@ -100,6 +100,16 @@ def device_name(device: str) -> str:
     return "cpu (Triton interpreter, host timings)"
 
 
+HELPER_CODE = """
+from triton.backends.nvidia.driver import CudaUtils
+try:
+    CudaUtils()  # compiles driver.c into TRITON_CACHE_DIR, as a worker's first launch would, then loads it
+except ImportError:  # written, not loadable here (no driver on this host): the workers load it on theirs
+    pass
+"""
+"""Triton's CUDA driver helper compiled into the cache, in the evaluator's own process (trusted code only)."""
+
+
 class Evaluator:
     """Owns one sandbox on one device; evaluates candidates one at a time.
 
@@ -504,8 +514,10 @@ class Evaluator:
             env = {**scrubbed_environment("cuda", self.sandbox.visible_gpu, refused=self.sandbox.refused),
                    "TRITON_CACHE_DIR": str(folder), "HOME": str(self.work_root)}
             try:
-                subprocess.run([sys.executable, "-c", "import triton.runtime.driver as d; d.driver.active.utils"],
-                               env=env, cwd=self.work_root, timeout=300, check=True, capture_output=True)
+                subprocess.run([sys.executable, "-c", HELPER_CODE], env=env, cwd=self.work_root, timeout=300, check=True,
+                               capture_output=True)
+                if not any(folder.glob("*/cuda_utils.*")):
+                    raise PackError("Triton wrote no cuda_utils module")
                 self._triton_helper, _ = pack_kernels(folder, kernels_only=False)
             except (OSError, subprocess.SubprocessError, PackError) as exc:
                 tail = getattr(exc, "stderr", b"") or b""

@@ -6,6 +6,11 @@ kernel's source, specialization, target and options, holding the cubin and its m
 
     <cache>/<hash>/<kernel>.cubin, <kernel>.json, ... , __grp__<kernel>.json
 
+and one folder per kernel signature's host launcher, a C module Triton compiles with the system's
+compiler (about a second each with gcc -O3), under the hash of its source:
+
+    <cache>/<hash>/__triton_launcher.cpython-312-x86_64-linux-gnu.so
+
 A build job's cache was written by the candidate's process, so it is read as hostile: `pack` takes
 only regular files two levels down with plain names, within a size limit, and `unpack` checks the
 same again and never replaces a file that is already there. The build key covers everything that
@@ -84,9 +89,8 @@ def triton_build_key(solution: Solution, target: BuildTarget, toolchain: Toolcha
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def kernel_dirs(cache: Path) -> set[str]:
-    """The compiled kernels in a Triton cache: folders holding Triton's group file (`__grp__*.json`),
-    which it writes last, once a kernel's files are all there."""
+def _folders_holding(cache: Path, prefix: str) -> set[str]:
+    """The cache's folders (plain names, no links) holding a file whose name starts with `prefix`."""
     found: set[str] = set()
     try:
         entries = list(os.scandir(cache))
@@ -95,17 +99,33 @@ def kernel_dirs(cache: Path) -> set[str]:
     for entry in entries:
         if entry.is_dir(follow_symlinks=False) and _DIR.match(entry.name):
             try:
-                if any(name.startswith("__grp__") for name in os.listdir(entry.path)):
+                if any(name.startswith(prefix) for name in os.listdir(entry.path)):
                     found.add(entry.name)
             except OSError:
                 continue
     return found
 
 
+def kernel_dirs(cache: Path) -> set[str]:
+    """The compiled kernels in a Triton cache: folders holding Triton's group file (`__grp__*.json`),
+    which it writes last, once a kernel's files are all there."""
+    return _folders_holding(cache, "__grp__")
+
+
+LAUNCHER = "__triton_launcher"
+
+
+def launcher_dirs(cache: Path) -> set[str]:
+    """The kernels' host launchers in a Triton cache: folders holding Triton's `__triton_launcher` C
+    module, which it builds per kernel signature with the system's compiler."""
+    return _folders_holding(cache, LAUNCHER + ".")
+
+
 def pack(cache: Path, limit: int = PACK_LIMIT, *, kernels_only: bool = True) -> tuple[bytes, int]:
-    """The kernels of a build's Triton cache as one gzipped tar, and how many kernels it holds. Links,
-    devices, deeper folders and odd names are left out; PackError past `limit` bytes. `kernels_only=False`:
-    every folder's files (Triton's compiled helper modules too), and the count is of folders."""
+    """The kernels of a build's Triton cache and their launchers as one gzipped tar, and how many
+    kernels it holds. Links, devices, deeper folders and odd names are left out; PackError past `limit`
+    bytes. `kernels_only=False`: every folder's files (Triton's compiled helper modules too), and the
+    count is of folders."""
     if os.path.lexists(cache) and not stat.S_ISDIR(os.lstat(cache).st_mode):  # the candidate may have made it a link
         raise PackError("the build's Triton cache is not a folder")
     buffer = io.BytesIO()
@@ -113,8 +133,9 @@ def pack(cache: Path, limit: int = PACK_LIMIT, *, kernels_only: bool = True) -> 
     kernels = kernel_dirs(cache) if kernels_only else {
         e.name for e in (os.scandir(cache) if os.path.isdir(cache) else ())
         if e.is_dir(follow_symlinks=False) and _DIR.match(e.name)}
+    folders = kernels | launcher_dirs(cache) if kernels_only else kernels
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        for name in sorted(kernels):
+        for name in sorted(folders):
             folder = cache / name
             for entry in sorted(os.scandir(folder), key=lambda e: e.name):
                 info = os.lstat(entry.path)

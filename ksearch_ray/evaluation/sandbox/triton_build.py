@@ -38,20 +38,30 @@ from ksearch_ray.models import Status
 from ksearch_ray.text import clip
 
 
-def stand_in_driver(capability: int, torch_device: str = "meta") -> None:
+def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path | None = None) -> None:
     """Make Triton's active driver a CUDA driver for a device of `capability` (90: sm_90) that is not
     there: it answers the target, device and stream questions a compile asks, and loads nothing.
-    `torch_device`: the device it names as the active one (where the inputs are)."""
+    `torch_device`: the device it names as the active one (where the inputs are). `launchers`: a folder
+    of this process's own; given, each compiled kernel's host launcher (a C module Triton builds with
+    the system's compiler for the kernel's signature) is compiled into the Triton cache too, linked
+    against a stand-in libcuda made there, so the GPU's worker need not build it."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime.driver import driver
+
+    if launchers is not None and not launchers_per_signature():
+        launchers = None
+    if launchers is not None:
+        import triton
+
+        triton.knobs.nvidia.libcuda_path = str(stand_in_libcuda(launchers))
 
     class StandIn(CudaDriver):  # type: ignore[misc]
         def __init__(self) -> None:  # CudaDriver's own would load libcuda
             self.backend = "cuda"
             # For host code that takes a compiled kernel's launcher (`compiled.run`) and launches through it itself:
             # loading "succeeds" and launching does nothing, as a launch does everywhere in a build.
-            self.launcher_cls = _NoLaunch
+            self.launcher_cls = _NoLaunch if launchers is None else _BuildsLauncher
             self.utils = _NoDevice(capability)
 
         def get_current_target(self) -> Any:
@@ -89,6 +99,51 @@ class _NoLaunch:
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+def launchers_per_signature() -> bool:
+    """Whether this Triton compiles a C launcher for each kernel signature (3.6 does, with gcc -O3, about
+    a second each; 3.9 launches every kernel through one module of its driver)."""
+    import triton.backends.nvidia.driver as nv
+
+    return hasattr(nv, "make_launcher")
+
+
+def stand_in_libcuda(folder: Path) -> Path:
+    """An empty shared library named libcuda.so.1 in `folder` (returned): modules Triton links against
+    it name libcuda.so.1 and find the real one on the GPU's host."""
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "libcuda.so.1"
+    if not stub.exists():
+        empty = folder / "empty.c"
+        empty.write_text("")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(empty)],
+                       check=True, capture_output=True, timeout=60)
+    return folder
+
+
+class _BuildsLauncher(_NoLaunch):
+    """_NoLaunch, after Triton's own launcher class has compiled this kernel's launcher into the cache.
+    Loading it fails here (no driver: the stand-in libcuda holds nothing) or is never used; either way
+    the module is in the cache, under the key the GPU's worker computes from the same source."""
+
+    built = 0
+    failed: str | None = None
+
+    def __init__(self, src: Any, metadata: Any) -> None:
+        super().__init__(src, metadata)
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        try:
+            CudaLauncher(src, metadata)
+        except ImportError:  # written to the cache, not loadable here
+            pass
+        except Exception as exc:  # no compiler, no Python headers: the GPU's worker builds it as before
+            _BuildsLauncher.failed = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return
+        _BuildsLauncher.built += 1
 
 
 class _NoDevice:
@@ -274,7 +329,8 @@ def _where(exc: BaseException, src: Path) -> str:
 class _Launches:
     """Triton's launch turned into a compile for as long as the build runs; each one is progress."""
 
-    def __init__(self, chan: Any) -> None:
+    def __init__(self, chan: Any, launchers: bool = False) -> None:
+        """`launchers`: each compiled kernel's launcher is built too (the driver's launcher class builds it)."""
         from triton.runtime.jit import JITFunction
 
         self.count = 0
@@ -285,6 +341,8 @@ class _Launches:
             args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)  # plain meta
             kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
             kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)
+            if launchers:
+                getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
             chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
             return kernel
 
@@ -305,8 +363,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
     src = Path(spec.workdir) / "src"
     current: str | None = None
     try:
-        stand_in_driver(spec.capability)
-        launches = _Launches(chan)
+        stand_in_driver(spec.capability, launchers=Path(spec.workdir) / "libcuda")
+        launches = _Launches(chan, launchers=launchers_per_signature())
         built: list[str] = []
         not_built: dict[str, str] = {}
         try:

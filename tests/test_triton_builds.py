@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ from ksearch_ray.evaluation.sandbox.protocol import (
 )
 from ksearch_ray.evaluation.sandbox.triton_build import (
     OnTheGpu,
+    _build_naming_libcuda,
     from_spec,
     input_spec,
     launchers_per_signature,
@@ -84,6 +87,9 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
     # Each kernel signature's host launcher, compiled here too where Triton makes one (3.6, the GPUs' version: a GPU
     # worker would build each with gcc, about 1 s); Triton 3.9 has none to make.
     assert bool(launchers) == launchers_per_signature() and not launchers & before
+    for folder in launchers:  # each names libcuda, which the GPU's host has (see the stand-in test below)
+        [module] = (cache / folder).iterdir()
+        assert "[libcuda.so.1]" in subprocess.run(["readelf", "-d", str(module)], capture_output=True, text=True).stdout
     workdir = builder._workdir(solution)
     job = TritonBuildJob(workdir=str(workdir), triton_cache_dir=str(cache), task_root=str(task.root),
                          solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
@@ -372,6 +378,31 @@ def test_a_build_worker_inherits_tritons_key_from_its_zygote_and_yields_the_cpus
                      "import os\nassert os.nice(0) >= 10, 'a build that competes with measurements for the CPUs'\n")
     record, _ = builder.build_triton(checks, SM90, TOY, "benchmarks")
     assert record.status is Status.PASSED and record.kernels == 2, record.message
+
+
+def test_a_c_module_built_against_the_stand_in_libcuda_loads_where_the_real_one_is(tmp_path: Path) -> None:
+    """A build's launchers are linked against an empty stand-in libcuda. A linker that drops unused libraries
+    (Debian's and Ubuntu's default) would leave libcuda out of the module's needs, and the GPU worker's load
+    would fail on the first CUDA symbol (so it would build the launcher again): Triton's own build does that
+    here, the build worker's does not. `fake` plays the driver's libcuda."""
+    from triton.runtime import build
+
+    stub = stand_in_libcuda(tmp_path / "stub")
+    (tmp_path / "m.c").write_text("int cuInit(unsigned int);\nint f(void) { return cuInit(0); }\n")
+    (tmp_path / "fake.c").write_text("int cuInit(unsigned int flags) { return 7; }\n")
+    (tmp_path / "fake").mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "fake" / "libcuda.so.1"),
+                    str(tmp_path / "fake.c")], check=True)
+    loads = {}
+    for how in ("ours", "tritons"):
+        (tmp_path / how).mkdir()
+        args = ("m", str(tmp_path / "m.c"), str(tmp_path / how), [str(stub)], [], ["libcuda.so.1"])
+        module = _build_naming_libcuda(*args) if how == "ours" else build._build(*args, [])
+        loaded = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({module!r}).f())"],
+                                env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "fake")}, capture_output=True, text=True)
+        loads[how] = loaded.stdout.strip() or loaded.stderr.strip().splitlines()[-1]
+    assert loads["ours"] == "7", loads
+    assert "undefined symbol: cuInit" in loads["tritons"], loads
 
 
 def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(tmp_path: Path, caplog) -> None:

@@ -55,6 +55,7 @@ def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path
         import triton
 
         triton.knobs.nvidia.libcuda_path = str(stand_in_libcuda(launchers))
+        triton.knobs.build.impl = _build_naming_libcuda
 
     class StandIn(CudaDriver):  # type: ignore[misc]
         def __init__(self) -> None:  # CudaDriver's own would load libcuda
@@ -122,6 +123,23 @@ def stand_in_libcuda(folder: Path) -> Path:
         subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(empty)],
                        check=True, capture_output=True, timeout=60)
     return folder
+
+
+def _build_naming_libcuda(name: str, src: str, srcdir: str, library_dirs: list[str], include_dirs: list[str],
+                          libraries: list[str]) -> str:
+    """Triton's own C build (its `knobs.build.impl` hook), with the libraries linked even though the
+    stand-in defines none of their symbols: a linker that drops unused libraries (`--as-needed`, the
+    default of Debian's and Ubuntu's) would leave libcuda out of the module's needs, and on the GPU its
+    load would fail on the first CUDA symbol, so the worker would build it again."""
+    import triton
+    from triton.runtime import build
+
+    hook, triton.knobs.build.impl = triton.knobs.build.impl, None  # Triton's _build calls the hook when set
+    try:
+        flags = ["-Wl,--no-as-needed", *[f"-l:{lib}" if ".so" in lib else f"-l{lib}" for lib in libraries]]
+        return str(build._build(name, src, srcdir, library_dirs, include_dirs, [], flags))
+    finally:
+        triton.knobs.build.impl = hook
 
 
 class _BuildsLauncher(_NoLaunch):

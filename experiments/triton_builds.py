@@ -16,8 +16,8 @@ build did not make it, and the driver helper: gcc, on the GPU's host, inside the
 
 `search`: the figures of issue 40's goal from a run directory's own evaluation records: new
 candidates, median GPU-busy seconds per new candidate (its evaluation's seconds), candidates per
-GPU-hour at that busy time, the share of the evaluator's busy time spent in timed kernels, and the
-kernels built ahead and compiled on the GPU worker.
+GPU-hour at that busy time, the share of the evaluator's busy time spent in timed kernels, the
+kernels built ahead and compiled on the GPU worker, and a new candidate's median seconds per stage.
 
     python experiments/triton_builds.py search RUN_DIR [RUN_DIR ...]
 """
@@ -194,6 +194,7 @@ def search(args: argparse.Namespace) -> None:
         events = RunStore(run_dir).read_events()
         seen: set[str] = set()
         busy: list[float] = []
+        stages: dict[str, list[float]] = {}
         total = timed = 0.0
         prebuilt = compiled = 0
         for event in events:
@@ -206,6 +207,8 @@ def search(args: argparse.Namespace) -> None:
                 continue
             seen.add(event.solution_id)
             busy.append(result.seconds)
+            for stage, seconds in result.stages.items():
+                stages.setdefault(stage, []).append(seconds)
             prebuilt += result.triton_prebuilt or 0
             compiled += result.triton_compiled or 0
         if not busy:
@@ -217,6 +220,8 @@ def search(args: argparse.Namespace) -> None:
               f"{3600 / statistics.mean(busy):.0f} candidates per GPU-hour at the mean; kernels timed "
               f"{100 * timed / total:.1f} % of {total:.1f} s busy; Triton kernels built ahead {prebuilt}, "
               f"compiled on the GPU worker {compiled}")
+        print("  a new candidate's stages, medians (s): " + ", ".join(
+            f"{stage} {statistics.median(values):.2f}" for stage, values in stages.items()))
     if empty:
         raise SystemExit(f"error: {empty} run(s) evaluated no new candidate: no figures for them")
 

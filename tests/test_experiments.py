@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -216,3 +217,9 @@ def test_the_triton_builds_search_summary_reads_a_runs_own_evaluation_records():
     new = {e["solution_id"] for e in evaluations if e["evaluator"] >= 0}
     share = sum(e["result"]["timed_seconds"] for e in evaluations) / sum(e["result"]["seconds"] for e in evaluations)
     assert f"{len(new)} new candidates;" in out and f"kernels timed {100 * share:.1f} %" in out, out
+    first: dict[str, dict] = {}
+    for e in evaluations:
+        if e["evaluator"] >= 0:
+            first.setdefault(e["solution_id"], e["result"])
+    timing = statistics.median(r["stages"]["timing"] for r in first.values())
+    assert f"timing {timing:.2f}" in out.split("stages, medians (s): ")[1], out

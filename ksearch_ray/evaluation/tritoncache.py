@@ -6,8 +6,8 @@ kernel's source, specialization, target and options, holding the cubin and its m
 
     <cache>/<hash>/<kernel>.cubin, <kernel>.json, ... , __grp__<kernel>.json
 
-and one folder per kernel signature's host launcher, a C module Triton compiles with the system's
-compiler (about a second each with gcc -O3), under the hash of its source:
+and, in Triton 3.6, one folder per kernel signature's host launcher, a C module Triton compiles with
+the system's compiler (gcc -O3), under the hash of its source:
 
     <cache>/<hash>/__triton_launcher.cpython-312-x86_64-linux-gnu.so
 

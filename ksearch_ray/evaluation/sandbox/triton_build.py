@@ -103,8 +103,8 @@ class _NoLaunch:
 
 
 def launchers_per_signature() -> bool:
-    """Whether this Triton compiles a C launcher for each kernel signature (3.6 does, with gcc -O3, about
-    a second each; 3.9 launches every kernel through one module of its driver)."""
+    """Whether this Triton compiles a C launcher for each kernel signature (3.6 does, a gcc -O3 compile
+    each, 0.2 s on the 2-core development CPU; 3.9 launches every kernel through one module of its driver)."""
     import triton.backends.nvidia.driver as nv
 
     return hasattr(nv, "make_launcher")
@@ -147,9 +147,6 @@ class _BuildsLauncher(_NoLaunch):
     Loading it fails here (no driver: the stand-in libcuda holds nothing) or is never used; either way
     the module is in the cache, under the key the GPU's worker computes from the same source."""
 
-    built = 0
-    failed: str | None = None
-
     def __init__(self, src: Any, metadata: Any) -> None:
         super().__init__(src, metadata)
         from triton.backends.nvidia.driver import CudaLauncher
@@ -158,10 +155,9 @@ class _BuildsLauncher(_NoLaunch):
             CudaLauncher(src, metadata)
         except ImportError:  # written to the cache, not loadable here
             pass
-        except Exception as exc:  # no compiler, no Python headers: the GPU's worker builds it as before
-            _BuildsLauncher.failed = f"{type(exc).__name__}: {str(exc)[:200]}"
-            return
-        _BuildsLauncher.built += 1
+        except Exception as exc:  # noqa: BLE001  (no compiler, no Python headers: the GPU's worker builds it)
+            print(f"a kernel's launcher was not built here ({type(exc).__name__}: {str(exc)[:200]}); "
+                  "the GPU's worker builds it", file=sys.stderr)
 
 
 class _NoDevice:

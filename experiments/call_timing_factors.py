@@ -45,6 +45,7 @@ geomeans per loop, and the raw times as JSON (--out).
     python3 experiments/call_timing_factors.py --out /tmp/out/factors.json
     TRITON_INTERPRET=1 python3 experiments/call_timing_factors.py --device cpu --workload-set smoke-cpu \\
         --max-calls 4 --out /tmp/f.json   # the logic only, on the CPU
+    python3 experiments/call_timing_factors.py --pin-cpus 2,3 --processes 3 --out /tmp/out/pinned.json  # on two cores
 """
 
 from __future__ import annotations
@@ -492,14 +493,22 @@ def main() -> None:
     ap.add_argument("--isolation", default="require", choices=["require", "best-effort", "off"])
     ap.add_argument("--no-evaluator", action="store_true")
     ap.add_argument("--budget-s", type=float, default=240.0, help="what is left after this many seconds is skipped")
+    ap.add_argument("--pin-cpus", default="", help="comma-separated CPU numbers this process and every process it "
+                    "starts (the loops, the evaluator's sandbox workers) run on: does host speed still differ between "
+                    "processes when they share cores?")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.pin_cpus:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in args.pin_cpus.split(",")})
+        except (ValueError, OSError) as exc:
+            raise SystemExit(f"error: --pin-cpus {args.pin_cpus}: {exc}") from None
     t0 = time.monotonic()
     task = find_task("trimul")
     workloads = task.workloads(args.workload_set, args.device)
     result: dict[str, Any] = {"solution": args.solution, "device": args.device, "workload_set": args.workload_set,
                               "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-                              "argv": sys.argv[1:]}
+                              "argv": sys.argv[1:], "cpus": sorted(os.sched_getaffinity(0))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after each part: a run cut short keeps what it measured

@@ -6,7 +6,8 @@ for a new candidate), loaded from a build made beforehand on this machine's CPUs
 with Triton's driver helper also compiled ahead by the evaluator (`helper`), in alternation,
 `--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share, the kernels
 the GPU worker compiled and the C modules it compiled (each kernel signature's launcher, where the
-build did not make it, and the driver helper: gcc, on the GPU's host, inside the evaluation). The build's own seconds (CPU, off the GPU) are printed apart.
+build did not make it, and the driver helper: gcc, on the GPU's host, inside the evaluation), and the
+judge's seconds on references and on comparisons (what the `judging` stage waits for). The build's own seconds (CPU, off the GPU) are printed apart.
 
     python experiments/triton_builds.py evals --task trimul --solutions triton_seed,triton_fused --repeats 3 --out e.json
 
@@ -107,6 +108,7 @@ def evals(args: argparse.Namespace) -> None:
                 for variant in VARIANTS:
                     shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
                     evaluator.triton_helper_ahead = device == "cuda" and variant == "helper"
+                    judged = evaluator.judge.reference_s, evaluator.judge.compare_s
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
                                                 prebuilt=(record, pack) if variant != "jit" else None)
                     rows.append(_row(variant, name, result))
@@ -114,13 +116,15 @@ def evals(args: argparse.Namespace) -> None:
                     given = _c_modules_in_pack(pack) if variant != "jit" else 0
                     given += 1 if variant == "helper" and evaluator.triton_helper() else 0
                     rows[-1]["c_modules_compiled"] = _c_modules(cache) - given
+                    rows[-1]["judge_reference_s"] = round(evaluator.judge.reference_s - judged[0], 3)
+                    rows[-1]["judge_compare_s"] = round(evaluator.judge.compare_s - judged[1], 3)
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         evaluator.close()
         builder.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
-          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6}")
+          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'cmp s':>6}")
     for name in builds:
         for variant in VARIANTS:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
@@ -134,7 +138,9 @@ def evals(args: argparse.Namespace) -> None:
                   f"{med('correctness'):>8.2f} {med('judging'):>8.2f} {med('timing'):>7.2f} "
                   f"{100 * statistics.median(r['timed_share'] for r in mine):>6.1f}% "
                   f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f} "
-                  f"{statistics.median(r['c_modules_compiled'] for r in mine):>6.0f}")
+                  f"{statistics.median(r['c_modules_compiled'] for r in mine):>6.0f} "
+                  f"{statistics.median(r['judge_reference_s'] for r in mine):>6.3f} "
+                  f"{statistics.median(r['judge_compare_s'] for r in mine):>6.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,
                                               "rows": rows, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"},

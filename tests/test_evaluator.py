@@ -120,9 +120,12 @@ def test_an_earlier_workloads_failure_decides_even_when_the_judge_is_still_worki
 def test_a_reference_is_computed_once_per_input_set(evaluator, toy):
     evaluator.evaluate(toy, toy.baseline(), workload_set="tests")
     misses, hits = evaluator.judge.misses, evaluator.judge.hits
+    reference_s, compare_s = evaluator.judge.reference_s, evaluator.judge.compare_s
+    assert reference_s > 0 and compare_s > 0
     again = evaluator.evaluate(toy, toy.baseline(), workload_set="tests")
     assert again.passed
     assert evaluator.judge.misses == misses and evaluator.judge.hits == hits + 2
+    assert evaluator.judge.compare_s > compare_s  # the judge's seconds, for what `judging` waits on
 
 
 def test_the_checks_references_stay_cached_past_the_timed_calls(tmp_path, toy):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,6 +70,9 @@ class Judge:
         self._lock = threading.Lock()
         self._stream: Any = None
         self.hits = self.misses = 0
+        # Seconds on the judge's thread: references computed (misses), and comparisons (each synchronized on
+        # its stream); what an evaluation's `judging` stage waits for, where the worker does not overlap it.
+        self.reference_s = self.compare_s = 0.0
 
     def submit(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
                outputs: dict[str, torch.Tensor], *, keep: bool = True) -> Future[Comparison]:
@@ -98,10 +102,17 @@ class Judge:
                outputs: dict[str, torch.Tensor], keep: bool = True) -> Comparison:
         try:
             with self._on_stream(), torch.no_grad():
+                t0 = time.perf_counter()
                 expected = self._expected(task, workload, seed, options, keep)
+                self._sync()
+                t1 = time.perf_counter()
                 relaxed = task.definition.tolerance.relaxed_dtype_option
-                return compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
-                                       any_float_dtype=relaxed is not None and relaxed in options)
+                verdict = compare_outputs(outputs, expected, task.definition.outputs, task.definition.tolerance,
+                                          any_float_dtype=relaxed is not None and relaxed in options)
+                self._sync()
+                self.reference_s += t1 - t0
+                self.compare_s += time.perf_counter() - t1
+                return verdict
         except ReferenceFailure:
             raise  # an untrusted task's reference worker failed: not a verdict on the candidate (a SandboxError)
         except Exception as exc:  # noqa: BLE001  (the judge's boundary: out of memory, a CUDA error, a broken reference)
@@ -110,6 +121,10 @@ class Judge:
             self._recover()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return Comparison(Status.RUNTIME_ERROR, f"the judge could not check it: {type(exc).__name__}: {first[:300]}")
+
+    def _sync(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
 
     def _recover(self) -> None:
         """After a failure: the cached references go, and on a GPU what the allocator holds (an

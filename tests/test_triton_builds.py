@@ -405,6 +405,22 @@ def test_a_c_module_built_against_the_stand_in_libcuda_loads_where_the_real_one_
     assert "undefined symbol: cuInit" in loads["tritons"], loads
 
 
+def test_a_build_host_without_a_c_compiler_builds_the_kernels_and_leaves_the_launchers(tmp_path: Path) -> None:
+    """No gcc on PATH: the stand-in libcuda cannot be made; the build goes on with the kernels alone (one line
+    on stderr), as before launchers were built, rather than failing."""
+    code = ("import sys; from pathlib import Path\n"
+            "from ksearch_ray.evaluation.sandbox.triton_build import stand_in_driver\n"
+            "from triton.runtime.driver import driver\n"
+            f"stand_in_driver(90, launchers=Path({str(tmp_path / 'libcuda')!r}))\n"
+            "print(type(driver.active).__name__, driver.active.launcher_cls.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": str(tmp_path / "nothing-here")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["StandIn", "_NoLaunch"], done.stdout
+    if launchers_per_signature():
+        assert "no stand-in libcuda" in done.stderr, done.stderr[-1000:]
+
+
 def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(tmp_path: Path, caplog) -> None:
     """No libcuda on this machine: the evaluator's one attempt fails, says so in one line, and is not repeated."""
     evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator", start=False)

@@ -52,10 +52,17 @@ def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path
     if launchers is not None and not launchers_per_signature():
         launchers = None
     if launchers is not None:
+        import subprocess
+
         import triton
 
-        triton.knobs.nvidia.libcuda_path = str(stand_in_libcuda(launchers))
-        triton.knobs.build.impl = _build_naming_libcuda
+        try:
+            triton.knobs.nvidia.libcuda_path = str(stand_in_libcuda(launchers))
+            triton.knobs.build.impl = _build_naming_libcuda
+        except (OSError, subprocess.SubprocessError) as exc:  # no C compiler here: the kernels alone, as before
+            print(f"no stand-in libcuda ({type(exc).__name__}: {exc}); the GPU's workers build the launchers",
+                  file=sys.stderr)
+            launchers = None
 
     class StandIn(CudaDriver):  # type: ignore[misc]
         def __init__(self) -> None:  # CudaDriver's own would load libcuda

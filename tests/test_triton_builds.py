@@ -9,6 +9,7 @@ show is a GPU worker loading the kernels: experiments/triton_builds.py measures 
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import io
 import os
 import subprocess
@@ -421,6 +422,7 @@ def test_a_build_host_without_a_c_compiler_builds_the_kernels_and_leaves_the_lau
         assert "no stand-in libcuda" in done.stderr, done.stderr[-1000:]
 
 
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this host has a libcuda: the helper compiles")
 def test_a_driver_helper_that_cannot_be_compiled_ahead_leaves_it_to_the_workers(tmp_path: Path, caplog) -> None:
     """No libcuda on this machine: the evaluator's one attempt fails, says so in one line, and is not repeated."""
     evaluator = Evaluator("cpu", work_root=tmp_path / "evaluator", start=False)

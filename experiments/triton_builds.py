@@ -5,9 +5,10 @@ kernels compiled by the evaluation's own worker (`jit`: the solution's Triton ca
 for a new candidate), loaded from a build made beforehand on this machine's CPUs (`built`), and built
 with Triton's driver helper also compiled ahead by the evaluator (`helper`), in alternation,
 `--repeats` times each. Per evaluation: seconds, seconds per stage, the timed share, the kernels
-the GPU worker compiled and the C modules it compiled (each kernel signature's launcher, where the
-build did not make it, and the driver helper: gcc, on the GPU's host, inside the evaluation), and the
-judge's seconds on references and on comparisons (what the `judging` stage waits for). The build's own seconds (CPU, off the GPU) are printed apart.
+the GPU worker compiled, the C modules it compiled (each kernel signature's launcher and the driver
+helper, built with gcc on the GPU's host inside the evaluation where they were not given, or given
+but not loadable), and the judge's seconds on references and on comparisons (what the `judging`
+stage waits for). The build's own seconds (CPU, off the GPU) are printed apart.
 
     python experiments/triton_builds.py evals --task trimul --solutions triton_seed,triton_fused --repeats 3 --out e.json
 
@@ -50,19 +51,14 @@ def _row(variant: str, solution: str, result: Any) -> dict[str, Any]:
             "not_built": result.triton_not_built, "score": result.score}
 
 
-def _c_modules(cache: Path) -> int:
-    """Triton's C modules in a worker's cache: the kernels' launchers and the driver helper (`cuda_utils`)."""
-    from ksearch_ray.evaluation.tritoncache import launcher_dirs
-
-    return len(launcher_dirs(cache)) + len({p.parent for p in cache.glob("*/cuda_utils.*")})
-
-
-def _c_modules_in_pack(pack: bytes) -> int:
-    import io
-    import tarfile
-
-    with tarfile.open(fileobj=io.BytesIO(pack)) as tar:
-        return len({n.split("/")[0] for n in tar.getnames() if "/__triton_launcher." in n or "/cuda_utils." in n})
+def _c_modules(cache: Path) -> dict[str, int]:
+    """Triton's C modules in a worker's cache (the kernels' launchers and the driver helper, `cuda_utils`), each
+    with its inode: a module Triton could not load it builds again and puts in place of the old file."""
+    found = {}
+    for pattern in ("*/__triton_launcher.*", "*/cuda_utils.*"):
+        for path in cache.glob(pattern):
+            found[str(path.relative_to(cache))] = path.stat().st_ino
+    return found
 
 
 def evals(args: argparse.Namespace) -> None:
@@ -73,6 +69,7 @@ def evals(args: argparse.Namespace) -> None:
     from ksearch_ray.evaluation.evaluator import Evaluator
     from ksearch_ray.evaluation.sandbox.build import arch_for
     from ksearch_ray.evaluation.sandbox.isolation import Isolation
+    from ksearch_ray.evaluation.tritoncache import unpack
     from ksearch_ray.taskspec.task import find_task
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "")
@@ -109,13 +106,19 @@ def evals(args: argparse.Namespace) -> None:
                     shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
                     evaluator.triton_helper_ahead = device == "cuda" and variant == "helper"
                     judged = evaluator.judge.reference_s, evaluator.judge.compare_s
+                    cache = evaluator._triton_cache_dir(solution)
+                    # What the evaluation unpacks, unpacked here first (it keeps files already there), so that
+                    # a C module the worker builds again shows as a new file in place of the one given.
+                    for given in ((pack if variant != "jit" else None), evaluator.triton_helper()):
+                        if given:
+                            unpack(given, cache)
+                    before = _c_modules(cache)
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
                                                 prebuilt=(record, pack) if variant != "jit" else None)
                     rows.append(_row(variant, name, result))
-                    cache = evaluator._triton_cache_dir(solution)
-                    given = _c_modules_in_pack(pack) if variant != "jit" else 0
-                    given += 1 if variant == "helper" and evaluator.triton_helper() else 0
-                    rows[-1]["c_modules_compiled"] = _c_modules(cache) - given
+                    after = _c_modules(cache)
+                    rows[-1]["c_modules_given"] = len(before)
+                    rows[-1]["c_modules_compiled"] = sum(1 for path, inode in after.items() if before.get(path) != inode)
                     rows[-1]["judge_reference_s"] = round(evaluator.judge.reference_s - judged[0], 3)
                     rows[-1]["judge_compare_s"] = round(evaluator.judge.compare_s - judged[1], 3)
                     print(json.dumps(rows[-1]), flush=True)

@@ -394,7 +394,7 @@ def test_a_c_module_built_against_the_stand_in_libcuda_loads_where_the_real_one_
     (tmp_path / "fake").mkdir()
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "fake" / "libcuda.so.1"),
                     str(tmp_path / "fake.c")], check=True)
-    loads = {}
+    loads, needs = {}, {}
     for how in ("ours", "tritons"):
         (tmp_path / how).mkdir()
         args = ("m", str(tmp_path / "m.c"), str(tmp_path / how), [str(stub)], [], ["libcuda.so.1"])
@@ -402,8 +402,10 @@ def test_a_c_module_built_against_the_stand_in_libcuda_loads_where_the_real_one_
         loaded = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({module!r}).f())"],
                                 env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "fake")}, capture_output=True, text=True)
         loads[how] = loaded.stdout.strip() or loaded.stderr.strip().splitlines()[-1]
-    assert loads["ours"] == "7", loads
-    assert "undefined symbol: cuInit" in loads["tritons"], loads
+        needs[how] = "[libcuda.so.1]" in subprocess.run(["readelf", "-d", module], capture_output=True, text=True).stdout
+    assert loads["ours"] == "7" and needs["ours"], loads
+    if not needs["tritons"]:  # this machine's linker drops unused libraries, as Debian's and Ubuntu's do
+        assert "undefined symbol: cuInit" in loads["tritons"], loads
 
 
 def test_a_build_host_without_a_c_compiler_builds_the_kernels_and_leaves_the_launchers(tmp_path: Path) -> None:

@@ -38,13 +38,14 @@ from ksearch_ray.models import Status
 from ksearch_ray.text import clip
 
 
-def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path | None = None) -> None:
+def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path | None = None) -> bool:
     """Make Triton's active driver a CUDA driver for a device of `capability` (90: sm_90) that is not
     there: it answers the target, device and stream questions a compile asks, and loads nothing.
     `torch_device`: the device it names as the active one (where the inputs are). `launchers`: a folder
     of this process's own; given, each compiled kernel's host launcher (a C module Triton builds with
     the system's compiler for the kernel's signature) is compiled into the Triton cache too, linked
-    against a stand-in libcuda made there, so the GPU's worker need not build it."""
+    against a stand-in libcuda made there, so the GPU's worker need not build it. Returns whether it is
+    (not where this Triton has no such launchers, or no C compiler is here)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime.driver import driver
@@ -88,6 +89,7 @@ def stand_in_driver(capability: int, torch_device: str = "meta", launchers: Path
             return torch.device(torch_device)
 
     driver.set_active(StandIn())
+    return launchers is not None
 
 
 MAX_SHARED = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
@@ -111,7 +113,7 @@ class _NoLaunch:
 
 def launchers_per_signature() -> bool:
     """Whether this Triton compiles a C launcher for each kernel signature (3.6 does, a gcc -O3 compile
-    each, 0.2 s on the 2-core development CPU; 3.9 launches every kernel through one module of its driver)."""
+    each; 3.9 launches every kernel through one module of its driver)."""
     import triton.backends.nvidia.driver as nv
 
     return hasattr(nv, "make_launcher")
@@ -384,8 +386,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
     src = Path(spec.workdir) / "src"
     current: str | None = None
     try:
-        stand_in_driver(spec.capability, launchers=Path(spec.workdir) / "libcuda")
-        launches = _Launches(chan, launchers=launchers_per_signature())
+        launchers = stand_in_driver(spec.capability, launchers=Path(spec.workdir) / "libcuda")
+        launches = _Launches(chan, launchers=launchers)
         built: list[str] = []
         not_built: dict[str, str] = {}
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,9 @@ from ksearch_ray.evaluation.sandbox.triton_build import (
 )
 from ksearch_ray.evaluation.tritoncache import (
     PackError,
+    compiled_since,
     kernel_dirs,
+    kernel_stamps,
     launcher_dirs,
     pack,
     triton_build_key,
@@ -84,10 +87,15 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
     # Another job directory, another process: Triton's keys hold nothing of where the code was compiled.
     cache = tmp_path / "other-worker-cache"
     assert unpack(data, cache) == record.kernels
-    before, launchers = kernel_dirs(cache), launcher_dirs(cache)
+    before, launchers = kernel_stamps(cache), launcher_dirs(cache)
+    # Triton finds a kernel through its group file's absolute paths: they must lead into this cache, not the build's.
+    for folder in before:
+        [group] = (cache / folder).glob("__grp__*.json")
+        paths = json.loads(group.read_text())["child_paths"].values()
+        assert paths and all(Path(p).parent == cache / folder and Path(p).is_file() for p in paths), paths
     # Each kernel signature's host launcher, compiled here too where Triton makes one (3.6, the GPUs' version: a GPU
     # worker would build each with gcc, about 1 s); Triton 3.9 has none to make.
-    assert bool(launchers) == launchers_per_signature() and not launchers & before
+    assert bool(launchers) == launchers_per_signature() and not launchers & set(before)
     for folder in launchers:  # each names libcuda, which the GPU's host has (see the stand-in test below)
         [module] = (cache / folder).iterdir()
         assert "[libcuda.so.1]" in subprocess.run(["readelf", "-d", str(module)], capture_output=True, text=True).stdout
@@ -103,7 +111,8 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
         builder.sandbox.kill(worker)
         builder.sandbox.reap(worker)
     assert isinstance(report, TritonBuilt) and report.launches >= 7 * 4 and not report.not_built
-    assert kernel_dirs(cache) == before  # every launch found its kernel: none was compiled again
+    # Every launch found its kernel: none was compiled again (Triton would write it into the same folder, anew).
+    assert kernel_stamps(cache) == before and compiled_since(before, cache) == 0
     assert launcher_dirs(cache) == launchers  # and its launcher under the same key
     t0 = time.perf_counter()
     again, same = builder.build_triton(solution, SM90, task, "benchmarks")

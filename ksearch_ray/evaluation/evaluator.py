@@ -61,7 +61,7 @@ from ksearch_ray.evaluation.sandbox.resources import Resources
 from ksearch_ray.evaluation.seeds import derive_seed, new_secret
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
 from ksearch_ray.evaluation.timing import TimedStage, time_command
-from ksearch_ray.evaluation.tritoncache import PackError, kernel_dirs
+from ksearch_ray.evaluation.tritoncache import PackError, compiled_since, kernel_stamps
 from ksearch_ray.evaluation.tritoncache import pack as pack_kernels
 from ksearch_ray.evaluation.tritoncache import unpack as unpack_kernels
 from ksearch_ray.evaluation.worker_session import Failure, RunSpec, Session, WaitLimit
@@ -269,7 +269,7 @@ class Evaluator:
             result.stages = session.finish()
         result.workloads = run.results
         if kernels_before is not None:
-            result.triton_compiled = len(kernel_dirs(self._triton_cache_dir(solution)) - kernels_before)
+            result.triton_compiled = compiled_since(kernels_before, self._triton_cache_dir(solution))
         result.seconds = time.monotonic() - t0
         result.overhead_seconds = max(0.0, result.seconds - busy)
         result.build_seconds = run.build_seconds
@@ -480,7 +480,7 @@ class Evaluator:
         return cache
 
     def _triton_cache(self, solution: Solution, build: tuple[BuildRecord, bytes] | None,
-                      result: EvalResult) -> set[str] | None:
+                      result: EvalResult) -> dict[str, tuple[int, ...]] | None:
         """Put a Triton build's kernels into `solution`'s Triton cache, noting on `result` what it holds; the
         kernels there before the worker starts (None on the CPU path, where Triton compiles nothing)."""
         if build is not None:
@@ -499,7 +499,7 @@ class Evaluator:
                 unpack_kernels(helper, self._triton_cache_dir(solution))
             except PackError as exc:  # the worker compiles the helper itself, as without one
                 log.warning("Triton's driver helper was not given to %s: %s", solution.name, exc)
-        return kernel_dirs(self._triton_cache_dir(solution))
+        return kernel_stamps(self._triton_cache_dir(solution))
 
     def triton_helper(self) -> bytes | None:
         """With `triton_helper_ahead`: Triton's compiled CUDA driver helper (the C module every launch goes

@@ -11,6 +11,11 @@ the system's compiler (gcc -O3), under the hash of its source:
 
     <cache>/<hash>/__triton_launcher.cpython-312-x86_64-linux-gnu.so
 
+Triton finds a kernel through its group file, which names each of the kernel's files by absolute
+path: the build's paths lead nowhere on the GPU's host, and there Triton would find no kernel and
+compile it again (into the same folder). `unpack` writes each group file with the paths of the
+cache it unpacks into (the paths a sandboxed worker sees too: its cache is bound at the same path).
+
 A build job's cache was written by the candidate's process, so it is read as hostile: `pack` takes
 only regular files two levels down with plain names, within a size limit, and `unpack` checks the
 same again and never replaces a file that is already there. The build key covers everything that
@@ -112,6 +117,39 @@ def kernel_dirs(cache: Path) -> set[str]:
     return _folders_holding(cache, "__grp__")
 
 
+def kernel_stamps(cache: Path) -> dict[str, tuple[int, ...]]:
+    """Each compiled kernel's folder and the inodes of its group files. A kernel Triton compiled again (it
+    writes into the same folder, replacing each file) shows as a changed stamp, a new one as a new folder."""
+    stamps: dict[str, tuple[int, ...]] = {}
+    for folder in kernel_dirs(cache):
+        with contextlib.suppress(OSError):
+            stamps[folder] = tuple(sorted(os.lstat(cache / folder / name).st_ino
+                                          for name in os.listdir(cache / folder) if name.startswith("__grp__")))
+    return stamps
+
+
+def compiled_since(before: dict[str, tuple[int, ...]], cache: Path) -> int:
+    """Kernels compiled in `cache` since `before` (its `kernel_stamps`): new ones and ones compiled again."""
+    return sum(1 for folder, stamp in kernel_stamps(cache).items() if before.get(folder) != stamp)
+
+
+def _group_here(data: bytes, cache: Path, folder: str) -> bytes:
+    """A kernel's group file with each of its files named where it is now: `cache`/`folder`/name (only
+    plain names: a pack's group file cannot point anywhere else)."""
+    try:
+        children = json.loads(data)["child_paths"]
+        if not isinstance(children, dict):
+            raise TypeError("child_paths is not a mapping")
+        here = {}
+        for name, _old in children.items():
+            if not isinstance(name, str) or not _FILE.match(name):
+                raise ValueError(f"a file named {name!r}")
+            here[name] = os.path.join(os.path.abspath(cache), folder, name)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackError(f"the pack's group file in {folder} is malformed: {exc}") from None
+    return json.dumps({"child_paths": here}).encode()
+
+
 LAUNCHER = "__triton_launcher"
 
 
@@ -184,8 +222,11 @@ def unpack(data: bytes, cache: Path, limit: int = PACK_LIMIT) -> int:
                 except FileExistsError:
                     pass
                 else:
+                    content = source.read()
+                    if name.startswith("__grp__"):
+                        content = _group_here(content, cache, folder)
                     with os.fdopen(fd, "wb") as out:
-                        out.write(source.read())
+                        out.write(content)
                 finally:
                     os.close(sub)
                 if name.startswith("__grp__"):

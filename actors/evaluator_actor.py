@@ -50,14 +50,16 @@ class EvaluatorActor:
         return self._tasks[key]
 
     def evaluate(self, task_name: str, task_dirs: list[str], solution: Solution, workload_set: str,
-                 mode: str, build: BuildRecord | None = None, library: bytes | None = None) -> EvalResult:
-        """`build`/`library`: the candidate built ahead of time on a CPU worker; loaded here, not compiled."""
+                 mode: str, build: BuildRecord | None = None, library: bytes | None = None,
+                 screen: bool = False) -> EvalResult:
+        """`build`/`library`: the candidate built ahead of time on a CPU worker; loaded here, not compiled.
+        `screen`: a search's new candidate, timed by the screening rule where the run has one."""
         prebuilt = None
         if build is not None and library is not None:
             self.cache.put(build, library)  # fills this node's cache from wherever it was built (no-op if present)
             prebuilt = (build, library)
         return self.evaluator.evaluate(self._task(task_name, task_dirs), solution, workload_set=workload_set,
-                                       mode=mode, prebuilt=prebuilt)  # type: ignore[arg-type]
+                                       mode=mode, prebuilt=prebuilt, screen=screen)  # type: ignore[arg-type]
 
     def retime(self, task_name: str, task_dirs: list[str], solution: Solution, primary: EvalResult) -> RetimeResult:
         """A second, independent measurement of `primary` in a fresh worker (see evaluation/retime.py)."""

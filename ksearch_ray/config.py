@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from ksearch_ray.evaluation.settings import Limits, ProfilerSettings, TimingPolicy
@@ -186,6 +186,10 @@ class ProfileConfig(_Section):
         return ProfilerSettings(ncu=self.ncu, timeout_s=self.limit_s, kernels=self.kernels) if self.bests else None
 
 
+SCREEN_FIELDS = ("max_calls", "min_calls", "target_rel_err", "max_total_s", "max_wall_s", "warmup_calls")
+"""The TimingPolicy fields `evaluation.screen` may change: when to stop, not what is timed."""
+
+
 class EvaluationConfig(_Section):
     device: Literal["cuda", "cpu"] | None = Field(default=None, description="cuda or cpu (default: cuda where there is a GPU).")
     workloads: str | None = Field(default=None, description="Workload set that scores candidates (default: the task's).")
@@ -211,17 +215,34 @@ class EvaluationConfig(_Section):
     timing: dict[str, Any] = Field(
         default_factory=dict, description="Changes to the device's timing rule (TimingPolicy fields), e.g. {max_calls: 50}."
     )
+    screen: dict[str, Any] | None = Field(
+        default_factory=lambda: {"target_rel_err": 0.01, "max_calls": 20},
+        description="A search's new candidates are timed by the timing rule with these changes "
+        "(TimingPolicy fields), e.g. {target_rel_err: 0.01, max_calls: 20}: a coarser figure, enough to rank them. A "
+        "candidate that would be a new best is measured again by the full rule, and only that figure counts; the seed, "
+        "the baseline and the end's re-timing always use the full rule. null: every evaluation by the full rule.")
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
 
-    @field_validator("timing")
+    @field_validator("timing", "screen")
     @classmethod
-    def _timing_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _timing_fields(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if value is None:
+            return value
         TimingPolicy.model_validate({**TimingPolicy().model_dump(), **value})  # unknown or bad fields fail here
+        if info.field_name == "screen" and (what := sorted(set(value) - set(SCREEN_FIELDS))):
+            raise ValueError(f"{', '.join(what)}: a screened figure must measure what the full rule measures; "
+                             f"screen may change only the stop rule ({', '.join(SCREEN_FIELDS)})")
         return value
 
     def timing_for(self, device: str) -> TimingPolicy:
         objective = {"objective": self.objective} if self.objective else {}
         return TimingPolicy.model_validate({**TimingPolicy.for_device(device).model_dump(), **self.timing, **objective})
+
+    def screen_timing_for(self, device: str) -> TimingPolicy | None:
+        """The rule a search's new candidates are timed by; None: the full rule (`timing_for`)."""
+        if self.screen is None:
+            return None
+        return TimingPolicy.model_validate({**self.timing_for(device).model_dump(), **self.screen})
 
 
 class ClusterConfig(_Section):

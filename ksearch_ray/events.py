@@ -170,10 +170,11 @@ class Remeasure(_Event):
     noise; in every later session, the best so far, so that this session's candidates are
     compared with numbers measured side by side; and the baseline itself, now and then through the
     session, for the noise only (the session's baseline, that speedups are against, stays the one
-    measured at its start)."""
+    measured at its start); and (`full`) a candidate whose screened figure (`evaluation.screen`) would
+    make it a new best, measured again by the full timing rule: its speedup is the one that counts."""
 
     kind: Literal["remeasure"] = "remeasure"
-    role: Literal["seed", "best", "baseline"]
+    role: Literal["seed", "best", "baseline", "full"]
     solution_id: str
     evaluator: int
     gpu: str
@@ -779,7 +780,8 @@ class RunView:
         elif isinstance(e, Remeasure):
             self._measured(e.role if e.role in ("seed", "best") else None, e.t)
             self._score(e.gpu, e.solution_id, e.result)
-            origin = {"seed": "seed repeat", "best": "best re-measured", "baseline": "baseline repeat"}[e.role]
+            origin = {"seed": "seed repeat", "best": "best re-measured", "baseline": "baseline repeat",
+                      "full": "full timing of a screened candidate"}[e.role]
             self._row(e, origin, e.result, e.solution_id,
                       evaluator=e.evaluator, gpu=e.gpu, speedup=e.speedup)
         elif isinstance(e, LlmCallEvent):

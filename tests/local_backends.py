@@ -104,13 +104,16 @@ class FakeEvaluators:
         self.in_flight: dict[int, tuple[str, float]] = {}
         self.evaluated: list[Solution] = []
         self.retimed: list[Solution] = []
+        self.screened: list[Solution] = []  # evaluated by the screening rule (a search's new candidates)
         self.retime_agrees: Callable[[Solution], bool] = lambda _solution: True
         self.released = False
 
     async def describe_all(self) -> list[EvaluatorInfo]:
         return [EvaluatorInfo(device="cpu", name="fake", hardware="a fake evaluator") for _ in range(self.size)]
 
-    async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
+    async def evaluate(self, solution: Solution, workload_set: str, *, screen: bool = False) -> tuple[EvalResult, int]:
+        if screen:
+            self.screened.append(solution)
         return await self.evaluate_on(0, solution, workload_set), 0
 
     async def retime_on(self, index: int, solution: Solution, primary: EvalResult) -> RetimeResult:
@@ -133,7 +136,8 @@ def local_search(tmp_path: Path, planner: ScriptedPolicy, coder: ScriptedPolicy,
                  clock: Callable[[], float] = time.time, run_dir: Path | None = None, **config: Any) -> Search:
     """A search of the toy task in this process, with the test's planner, coder and evaluators."""
     defaults = {"task": "toy_axpy", "task_dirs": [str(DATA)], "device": "cpu", "width": 1, "rounds": 6,
-                "noise_repeats": 1, "noise_share": 0.0, "confirm_repeats": 0, "warmup": False}
+                "noise_repeats": 1, "noise_share": 0.0, "confirm_repeats": 0, "warmup": False,
+                "screen": None}  # the fakes' figures are scripted per measurement: screening's tests turn it on
     cfg = settings(**(defaults | config))
     root = run_dir or tmp_path / "run"
     store = RunStore.open(root) if (root / "manifest.json").exists() else RunStore.create(

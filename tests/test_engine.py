@@ -120,6 +120,20 @@ def test_the_final_re_timing_stops_once_decisive_and_gives_way_to_the_seed(tmp_p
     assert '"solution_id": "' + str(seed.solution_id) in (search.store.root / "best.json").read_text()
 
 
+def test_a_screened_candidate_becomes_the_best_only_by_its_full_timing(tmp_path):
+    # "real" is screened at 1.45 ms and measured again by the full rule at 1.5 ms: the best (the seed takes 2 ms),
+    # at the full rule's figure. "lucky" is screened at 1.0 ms (beyond the best) but takes 3 ms by the full rule:
+    # not a best. The seed and the baseline are never screened.
+    evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "real": [1.45, 1.5], "lucky": [1.0, 3.0]})
+    search = local_search(tmp_path, planner(), coder("real", "lucky"), evaluators, rounds=2,
+                          screen={"target_rel_err": 0.01, "max_calls": 20})
+    view = asyncio.run(search.run())
+    assert [s.name for s in evaluators.screened] == ["real", "lucky"]
+    fulls = [e for e in search.store.read_events() if isinstance(e, Remeasure) and e.role == "full"]
+    assert [(e.solution_id, e.speedup) for e in fulls] == [(kernel("real").id, 1 / 1.5), (kernel("lucky").id, 1 / 3)]
+    assert view.best is not None and view.best.solution_id == kernel("real").id and view.best.speedup == 1 / 1.5
+
+
 def test_a_best_that_beats_the_seed_in_every_repeat_is_handed_out(tmp_path):
     evaluators = Timed({BASELINE: [1.0], SEED: [2.0], "real": [1.0]})
     search = local_search(tmp_path, planner(), coder("real"), evaluators, rounds=1, confirm_repeats=2)

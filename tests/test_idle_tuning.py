@@ -35,7 +35,7 @@ class Queued(FakeEvaluators):
         self.ended_in_waits: list[int] = []
         self.spares: list[Solution] = []
 
-    async def evaluate(self, solution, workload_set):  # type: ignore[no-untyped-def]
+    async def evaluate(self, solution, workload_set, *, screen=False):  # type: ignore[no-untyped-def]
         before = self.ended
         index = await self.idle.get()
         self.ended_in_waits.append(self.ended - before)
@@ -59,7 +59,7 @@ class Queued(FakeEvaluators):
     async def prepare(self, solution, workload_set):  # type: ignore[no-untyped-def]
         return None, None
 
-    async def evaluate_spare(self, index, solution, workload_set, prepared):  # type: ignore[no-untyped-def]
+    async def evaluate_spare(self, index, solution, workload_set, prepared, *, screen=False):  # type: ignore[no-untyped-def]
         self.spares.append(solution)
         try:
             return await self._timed(index, solution, workload_set)

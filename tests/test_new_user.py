@@ -74,6 +74,8 @@ def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigg
     assert "nine in ten repeated measurements of one kernel differ by less" in said  # what the noise figure is
     assert "measured 2x on each of 1 evaluator(s) after a warm-up in" in said  # what the start spent on it
     assert "one evaluation takes about" in said and "more round(s) at width 2" in said  # how long the run will take
+    assert "new candidates are screened (timed by the full rule with max_calls 20, target_rel_err 0.01)" in said
+    assert all("below 1.00% of the mean" in e.result.timing_rule for e in evaluations)  # the screening rule, by default
     assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
     assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
 

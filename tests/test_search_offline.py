@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from local_backends import DATA, settings
 
-from ksearch_ray.events import Seed
+from ksearch_ray.events import Best, Evaluation, Remeasure, Seed
 from ksearch_ray.session import start
 from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.tunables import rewrite_tunables
@@ -36,3 +36,31 @@ def test_offline_policy_improves_a_mistuned_seed_on_cpu(tmp_path):
     assert view.best.speedup > 1.3 * seeded.speedup, (view.best, seeded.speedup)
     best = RunStore(view_dir).load_solution(view.best.solution_id)
     assert best.author == "offline-policy" and "offline policy" in (view_dir / "best.json").read_text()
+
+
+@pytest.mark.slow
+def test_screened_candidates_and_a_best_counted_only_by_the_full_rule_on_cpu(tmp_path):
+    """evaluation.screen: a search's new candidates are timed by the coarser rule, the seed and the baseline by the
+    full one, and a new best's speedup is the one measured again by the full rule (a `full` re-measure before it)."""
+    seed = (DATA / "toy/solutions/triton_seed/axpy.py").read_text()
+    start_dir = tmp_path / "seed"
+    start_dir.mkdir()
+    (start_dir / "axpy.py").write_text(rewrite_tunables(seed, {"BLOCK": 64}))
+    (start_dir / "solution.json").write_text((DATA / "toy/solutions/triton_seed/solution.json").read_text())
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", ray=False, width=2, rounds=6,
+                      stagnation_window=2, from_solution=str(start_dir), run_dir=str(tmp_path / "run"), progress=False,
+                      noise_repeats=2, confirm_repeats=0, screen={"max_calls": 4, "target_rel_err": 0.5})
+    search = start(config, progress=False)
+    events = RunStore(Path(search.store.root)).read_events()
+    full_rule, screened_rule = "or 20 calls", "or 4 calls"
+    seeded = next(e for e in events if isinstance(e, Seed))
+    assert seeded.result is not None and full_rule in seeded.result.timing_rule
+    candidates = [e for e in events if isinstance(e, Evaluation) and e.result.passed]
+    assert candidates and all(screened_rule in e.result.timing_rule for e in candidates)
+    fulls = {e.solution_id: e for e in events if isinstance(e, Remeasure) and e.role == "full"}
+    assert all(full_rule in e.result.timing_rule for e in fulls.values())
+    bests = [e for e in events if isinstance(e, Best) and e.solution_id != seeded.solution_id]
+    assert bests, "the mistuned seed was never beaten"
+    for best in bests:
+        full = fulls[best.solution_id]
+        assert full.seq < best.seq and best.speedup == full.speedup

@@ -300,9 +300,9 @@ class RayEvaluatorPool:
 
     # --- evaluation -----------------------------------------------------------------------------
 
-    async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
+    async def evaluate(self, solution: Solution, workload_set: str, *, screen: bool = False) -> tuple[EvalResult, int]:
         """The verdict on `solution` from whichever evaluator is free first, and which one it was
-        (`BUILDER` for a compile error)."""
+        (`BUILDER` for a compile error). `screen`: timed by the run's screening rule, if it has one."""
         record, library = await self._built(solution, workload_set)
         if record is not None and not record.passed:
             return self._build_verdict(solution, workload_set, record), BUILDER
@@ -310,7 +310,7 @@ class RayEvaluatorPool:
         while True:
             index = await self._acquire()
             try:
-                result = await self._on(index, solution, workload_set, record, library)
+                result = await self._on(index, solution, workload_set, record, library, screen)
             except RayActorError:
                 losses += 1
                 log.warning("evaluator %d died mid-evaluation of %s; it goes back to the queue (%d/%d)",
@@ -339,10 +339,11 @@ class RayEvaluatorPool:
             return self._build_verdict(solution, workload_set, record), None
         return None, (record, library)
 
-    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any, *,
+                             screen: bool = False) -> EvalResult | None:
         record, library = prepared
         try:
-            result = await self._on(index, solution, workload_set, record, library)
+            result = await self._on(index, solution, workload_set, record, library, screen)
         except RayActorError:
             log.warning("evaluator %d died mid-evaluation of %s (spare work: not run again)", index, solution.name)
             self._parked.add(index)
@@ -412,13 +413,14 @@ class RayEvaluatorPool:
         return index
 
     async def _on(self, index: int, solution: Solution, workload_set: str, record: BuildRecord | None,
-                  library: Any) -> EvalResult:
+                  library: Any, screen: bool = False) -> EvalResult:
         """One evaluation on evaluator `index`; RayActorError if it dies meanwhile."""
         async with self._locks[index]:
             self.in_flight[index] = (solution.name, time.monotonic())
             try:
                 result: EvalResult = await self.actors[index].evaluate.remote(
-                    self.config.task, self.config.task_dirs, solution, workload_set, self.config.evaluation.mode, record, library
+                    self.config.task, self.config.task_dirs, solution, workload_set, self.config.evaluation.mode, record, library,
+                    screen,
                 )
             finally:
                 self.in_flight.pop(index, None)

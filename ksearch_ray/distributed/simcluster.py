@@ -74,7 +74,7 @@ def sim_evaluator_class(latency: EvalLatency) -> Any:
             return EvaluatorInfo(device="cpu", name="Simulated H200", hardware="a simulated GPU", node=self.node)
 
         async def evaluate(self, task_name: str, task_dirs: list[str], solution: Any, workload_set: str, mode: str,
-                           build: Any = None, library: Any = None) -> Any:
+                           build: Any = None, library: Any = None, screen: bool = False) -> Any:
             from ksearch_ray.models import EvalResult, Status, Timing, WorkloadResult
 
             seconds, failed = latency.draw(self.rng)

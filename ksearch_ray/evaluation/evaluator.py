@@ -136,12 +136,14 @@ class Evaluator:
         profiler: ProfilerSettings | None = None,
         secret_names: frozenset[str] = frozenset(),
         triton_helper_ahead: bool = False,
+        screen_timing: TimingPolicy | None = None,
     ):
         """`secret_names`: environment variables holding secrets whatever their names (the run's API key
         variable): they never reach a candidate, and their values, with every other secret value of this
         process's environment (text.secret_values), are redacted from everything a candidate produced.
         `triton_helper_ahead`: Triton's CUDA driver helper compiled once here, a copy in each Triton
-        candidate's cache (`triton_helper`)."""
+        candidate's cache (`triton_helper`). `screen_timing`: the coarser rule of `evaluate(screen=True)` (a
+        search's new candidates); none: `timing` for every evaluation."""
         if device == "cuda" and not torch.cuda.is_available():
             gpu_driver.check()  # a driver that this torch cannot use: GpuDriverError naming both versions
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
@@ -151,6 +153,7 @@ class Evaluator:
         self.work_root = (Path(work_root) if work_root else default_work_root()).resolve()
         self.limits = limits or Limits()
         self.timing = timing or TimingPolicy.for_device(device)
+        self.screen_timing = screen_timing
         self.secret = new_secret() if secret is None else secret
         # Peaks of the GPU for the physical floor; none on the CPU path unless a caller supplies them.
         self.peaks = peaks if peaks is not None else (peaks_for(device_name(device)) if device == "cuda" else None)
@@ -201,17 +204,21 @@ class Evaluator:
         prebuilt: tuple[BuildRecord, bytes] | None = None,
         stage: Stage | None = None,
         own_waits: dict[str, float] | None = None,
+        screen: bool = False,
     ) -> EvalResult:
         """The verdict on `solution`. `progress` hears one short line per stage and workload.
         `prebuilt`: the library of this solution built ahead of time (a CUDA/C++ candidate); loaded, not built.
         `stage` replaces the timing stage (Evaluator.retime uses it); its seeds are drawn apart
         from the timing ones. `own_waits`: this solution's longest waits per stage, measured before (its
         primary evaluation, when re-timing it): its wait limits then follow its own clock, not the baseline's.
+        `screen`: timed by `screen_timing` where this evaluator has one (a search's new candidate: a coarser
+        figure, enough to rank it; a best is re-timed by `timing` before it counts); the result states the rule.
 
         Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
         the candidate (none of its code has run), and a search must stop rather than count it.
         """
         self._progress = progress or (lambda _message: None)
+        policy = self.screen_timing if screen and self.screen_timing is not None else self.timing
         timed = (workload_set != "tests") if timed is None else timed
         if prebuilt is not None and (prebuilt[0].solution_id != solution.id or sha256_bytes(prebuilt[1]) != prebuilt[0].sha256):
             raise ValueError(f"the prebuilt library given for {solution.id} is not this solution's build")
@@ -227,9 +234,9 @@ class Evaluator:
             prebuilt=prebuilt[0] if prebuilt else None,
             prepare=trusted_prepare(task, solution),
             objective=self.objective_for(task),
-            flush_l2=self.timing.flush_l2 and task.definition.objective.flush_l2,
-            recheck=mode == "fresh" and (task.definition.objective.recheck if self.timing.recheck is None
-                                         else self.timing.recheck),
+            flush_l2=policy.flush_l2 and task.definition.objective.flush_l2,
+            recheck=mode == "fresh" and (task.definition.objective.recheck if policy.recheck is None
+                                         else policy.recheck),
             check_order=cheapest_first(task, workloads),
         )
         set_name = task.workload_set_name(workload_set, self.device)
@@ -252,7 +259,7 @@ class Evaluator:
         session = Session(self.sandbox, worker, run, self.judge, workdir,
                           lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
                           t0 + self.limits.total, self.limits.total, say=self._progress, started=t0)
-        timed_stage = TimedStage(self.timing, self.peaks)
+        timed_stage = TimedStage(policy, self.peaks)
         busy = 0.0
         try:
             busy = self._drive(session, timed, stage if stage is not None else timed_stage)
@@ -277,7 +284,7 @@ class Evaluator:
         result.transport = describe(session.importer.transports)
         if stage is None and timed:
             result.timed_seconds = timed_stage.timed_seconds
-            result.timing_rule = self.timing.rule(self.device, mode, objective=run.objective, flush_l2=run.flush_l2,
+            result.timing_rule = policy.rule(self.device, mode, objective=run.objective, flush_l2=run.flush_l2,
                                                   recheck=run.recheck)
         if result.status is Status.PASSED and timed:
             result.score = geomean([r.timing.mean_ms for r in run.results if r.timing])
@@ -573,6 +580,7 @@ class Evaluator:
                 msg = session.recv("correctness", f"correctness check of {workload.name}", Output)
                 if msg.index != i:
                     raise Failure(Status.INTEGRITY_VIOLATION, "correctness results arrived out of order")
+                self._progress(f"ran {workload.name}")
                 verdicts.append((i, session.judge_later(i, run.check_seeds[i], session.take(msg.handover, workload.name))))
                 self._settle(session, verdicts, block=False)
             session.recv("correctness", "correctness checks", Checked)
@@ -586,7 +594,7 @@ class Evaluator:
             self._settle(session, verdicts, block=True)
             return busy
         if isinstance(stage, TimedStage):
-            session.send(time_command(run, self.timing))  # the worker warms up while the last verdicts come in
+            session.send(time_command(run, stage.policy))  # the worker warms up while the last verdicts come in
         session.begin("judging")
         self._settle(session, verdicts, block=True)
         session.begin("warmup" if isinstance(stage, TimedStage) else "timing")

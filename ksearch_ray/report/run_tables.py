@@ -41,6 +41,7 @@ class Origin:
     SEED_REPEAT = "seed repeat"
     BEST_REMEASURED = "best re-measured"
     BASELINE_REPEAT = "baseline repeat"
+    FULL_TIMING = "full timing of a screened candidate"
     CANDIDATE = "candidate"
     TUNE = "tune"
 

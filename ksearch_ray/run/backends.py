@@ -86,8 +86,9 @@ class EvaluatorBackend(Protocol):
 
     async def describe_all(self) -> list[EvaluatorInfo]: ...
 
-    async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
-        """The verdict from whichever evaluator is free first, and which one it was (BUILDER: a build)."""
+    async def evaluate(self, solution: Solution, workload_set: str, *, screen: bool = False) -> tuple[EvalResult, int]:
+        """The verdict from whichever evaluator is free first, and which one it was (BUILDER: a build).
+        `screen`: a new candidate, timed by the run's screening rule where it has one (`evaluation.screen`)."""
         ...
 
     async def evaluate_on(self, index: int, solution: Solution, workload_set: str) -> EvalResult: ...
@@ -104,7 +105,8 @@ class EvaluatorBackend(Protocol):
         GPU): (the verdict when the build failed, else None; what `evaluate_spare` takes)."""
         ...
 
-    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any, *,
+                             screen: bool = False) -> EvalResult | None:
         """The verdict of evaluator `index` (from `take_spare`), which then goes back to the queue; None if it died
         meanwhile (spare work is not run again)."""
         ...

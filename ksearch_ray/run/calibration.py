@@ -120,7 +120,7 @@ class Calibration:
             return
         self.store.save_solution(solution)
         self.run.set_phase(f"evaluating the seed {solution.name}")
-        result, evaluator, value = await self.evals.measure(solution)
+        result, evaluator, value = await self.evals.measure(solution, full=True)
         if not result.passed:
             self.run.record(SeedFailed(solution_id=solution.id, result=result))
             raise SearchError(f"the starting solution {solution.name} does not pass: {result.status.value}: {result.message}")

@@ -139,6 +139,10 @@ class Search:
         self.on_line(f"planner and coder: {self.llm.policy_name}; evaluators: {len(self.evals.infos)} on "
                      f"{self.evals.hardware}")
         self.on_line(self.objective_line())
+        if self.config.evaluation.screen is not None:
+            self.on_line("new candidates are screened (timed by the full rule with " + ", ".join(
+                f"{k} {v}" for k, v in sorted(self.config.evaluation.screen.items())) + "); a would-be best is "
+                "measured again by the full rule before it counts (evaluation.screen: null times every one fully)")
         tree = self.view.tree
         if tree is None:
             self.record(WmInit(tree=new_tree(self.task.name, self.task.definition.description)))

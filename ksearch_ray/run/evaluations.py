@@ -63,6 +63,12 @@ class Evaluations:
         return [info.name for info in self.infos]
 
     @property
+    def screening(self) -> bool:
+        """New candidates are timed by the coarser screening rule (`evaluation.screen`); a would-be best is
+        measured again by the full rule before it counts (`note_best`)."""
+        return self.config.evaluation.screen is not None
+
+    @property
     def workload_set(self) -> str:
         return self.config.evaluation.workloads or self.task.definition.default_workloads
 
@@ -94,11 +100,12 @@ class Evaluations:
 
     # --- verdicts -------------------------------------------------------------------------------------
 
-    async def measure(self, solution: Solution) -> tuple[EvalResult, int, float | None]:
-        """A verdict from whichever evaluator is free, which one it was, and the speedup (None unless it passed)."""
+    async def measure(self, solution: Solution, *, full: bool = False) -> tuple[EvalResult, int, float | None]:
+        """A verdict from whichever evaluator is free, which one it was, and the speedup (None unless it passed).
+        Timed by the screening rule where the run has one, unless `full` (the seed)."""
         self.measuring += 1
         try:
-            result, evaluator = await self.pool.evaluate(solution, self.workload_set)
+            result, evaluator = await self.pool.evaluate(solution, self.workload_set, screen=self.screening and not full)
         finally:
             self.measuring -= 1
         await self._baseline_now_and_then(evaluator, result.seconds)
@@ -107,7 +114,7 @@ class Evaluations:
     async def measure_spare(self, index: int, solution: Solution, prepared: Any) -> tuple[EvalResult, float | None] | None:
         """A verdict from evaluator `index`, lent by the pool because it would otherwise idle (`pool.take_spare`), and
         the speedup (None unless it passed); None if the evaluator died meanwhile. Nothing recorded."""
-        result = await self.pool.evaluate_spare(index, solution, self.workload_set, prepared)
+        result = await self.pool.evaluate_spare(index, solution, self.workload_set, prepared, screen=self.screening)
         if result is None:
             return None
         await self._baseline_now_and_then(index, result.seconds)
@@ -180,22 +187,26 @@ class Evaluations:
     async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
         """A candidate becomes the best only beyond the noise and once an independent re-timing agrees."""
         gpu = self.gpu_name(evaluator)
-        if value is None or gpu is None:
+        if value is None or gpu is None or not self._beats_best(value, gpu, evaluator, round_):
             return
-        current = self.view.best_by_gpu.get(gpu)
-        if current is not None:
-            if value <= current.speedup:
+        result = self.view.results.get(solution_id)
+        if self.screening:
+            # Its figure was screened: the full rule measures it again, and only that figure counts.
+            result = await self.pool.evaluate_on(evaluator, self.solution(solution_id), self.workload_set)
+            screened, value = value, self.speedup_of(result, evaluator) if result.passed else None
+            self.run.record(Remeasure(role="full", solution_id=solution_id, evaluator=evaluator, gpu=gpu, result=result,
+                                      speedup=value))
+            if value is None:
+                self.run.say(f"round {round_}: screened at {screened:.3g}x, but measured again by the full timing rule "
+                             f"it {result.status.value}: {clip(result.message, 160)}")
                 return
-            noise = self.noise(evaluator)
-            if not beyond_noise(value, current.speedup, noise):
-                self.run.say(f"round {round_}: {with_noise(value, noise)} is within the noise of the best "
-                             f"({current.speedup:.3g}x): a candidate, not a new best")
+            self.run.say(f"round {round_}: screened at {screened:.3g}x; by the full timing rule {value:.3g}x")
+            if not self._beats_best(value, gpu, evaluator, round_):
                 return
-        if self.config.search.retime_best and not await self._confirmed_by_retiming(solution_id, evaluator):
+        if self.config.search.retime_best and not await self._confirmed_by_retiming(solution_id, evaluator, result):
             return
         self.set_best(Best(solution_id=solution_id, speedup=value, node=node, round=round_, gpu=gpu))
         self.run.say(f"new best: {with_noise(value, self.noise(evaluator))} over the baseline ({node}, round {round_})")
-        result = self.view.results.get(solution_id)
         if result is not None and self.view.best is not None and self.view.best.solution_id == solution_id:
             times = workload_times(result, None, self.baseline_for(evaluator))
             await self.world.wm(ApplyOps(ops=[SetBestOp(
@@ -216,10 +227,23 @@ class Evaluations:
                    "solution": solution.model_dump(mode="json")}
         self.store.write_best(payload, solution)
 
-    async def _confirmed_by_retiming(self, solution_id: str, evaluator: int) -> bool:
+    def _beats_best(self, value: float, gpu: str, evaluator: int, round_: int) -> bool:
+        """Whether `value` beats this GPU type's best beyond the noise (true where there is no best yet)."""
+        current = self.view.best_by_gpu.get(gpu)
+        if current is None:
+            return True
+        if value <= current.speedup:
+            return False
+        noise = self.noise(evaluator)
+        if not beyond_noise(value, current.speedup, noise):
+            self.run.say(f"round {round_}: {with_noise(value, noise)} is within the noise of the best "
+                         f"({current.speedup:.3g}x): a candidate, not a new best")
+            return False
+        return True
+
+    async def _confirmed_by_retiming(self, solution_id: str, evaluator: int, primary: EvalResult | None) -> bool:
         """A new best is believed only once a second, independent measurement in a fresh sandbox
-        agrees with the first (evaluation/retime.py): a kernel that fooled one clock must fool two."""
-        primary = self.view.results.get(solution_id)
+        agrees with the first (`primary`, evaluation/retime.py): a kernel that fooled one clock must fool two."""
         if primary is None:
             return True
         check = await self.pool.retime_on(evaluator, self.solution(solution_id), primary)

@@ -109,13 +109,13 @@ class LocalEvaluatorPool:
                 self.in_flight.pop(index, None)
                 self.busy_s[index] = self.busy_s.get(index, 0.0) + time.monotonic() - t0
 
-    def _evaluate(self, solution: Solution, workload_set: str) -> Callable[[Evaluator], EvalResult]:
+    def _evaluate(self, solution: Solution, workload_set: str, screen: bool = False) -> Callable[[Evaluator], EvalResult]:
         mode = self.config.evaluation.mode
-        return lambda ev: ev.evaluate(self.task, solution, workload_set=workload_set, mode=mode)
+        return lambda ev: ev.evaluate(self.task, solution, workload_set=workload_set, mode=mode, screen=screen)
 
-    async def evaluate(self, solution: Solution, workload_set: str) -> tuple[EvalResult, int]:
+    async def evaluate(self, solution: Solution, workload_set: str, *, screen: bool = False) -> tuple[EvalResult, int]:
         index = await self.idle.get()
-        result = await self.evaluate_spare(index, solution, workload_set, None)
+        result = await self.evaluate_spare(index, solution, workload_set, None, screen=screen)
         assert result is not None  # (a local evaluator does not die away)
         return result, index
 
@@ -125,10 +125,11 @@ class LocalEvaluatorPool:
     async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
         return None, None  # each evaluator builds in its own sandbox
 
-    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any) -> EvalResult | None:
+    async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any, *,
+                             screen: bool = False) -> EvalResult | None:
         """Also the body of `evaluate`, once it has an evaluator: measure on `index`, then give it back."""
         try:
-            result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set))
+            result: EvalResult = await self._on(index, solution, solution.name, self._evaluate(solution, workload_set, screen))
         finally:
             self.idle.put(index)
         self.done += 1

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("jit", "built", "helper")
+VARIANTS = ("jit", "built", "helper", "again")
 """jit: the worker compiles every kernel; built: they come from a build made beforehand on the CPUs; helper:
-built, and Triton's driver helper compiled once by the evaluator too (evaluation.triton_helper_ahead)."""
+built, and Triton's driver helper compiled once by the evaluator too (evaluation.triton_helper_ahead); again:
+the solution evaluated once more with its Triton cache as the evaluation before left it (what a repeated
+candidate gets; it follows another variant, as in the default order)."""
 sys.path.insert(0, str(ROOT))
 
 
@@ -59,6 +61,11 @@ def _c_modules(cache: Path) -> dict[str, int]:
         for path in cache.glob(pattern):
             found[str(path.relative_to(cache))] = path.stat().st_ino
     return found
+
+
+def _files(cache: Path) -> dict[str, tuple[int, int]]:
+    """Every file in a Triton cache: (inode, size) by relative path."""
+    return {str(p.relative_to(cache)): (p.stat().st_ino, p.stat().st_size) for p in cache.rglob("*") if p.is_file()}
 
 
 def evals(args: argparse.Namespace) -> None:
@@ -84,13 +91,21 @@ def evals(args: argparse.Namespace) -> None:
     target = BuildTarget(archs=(arch_for(*torch.cuda.get_device_capability()) if device == "cuda" else args.arch,))
     rows: list[dict[str, Any]] = []
     builds: dict[str, dict[str, Any]] = {}
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"error: unknown variant(s) {', '.join(sorted(unknown))} (known: {', '.join(VARIANTS)})")
+    if variants[0] == "again":
+        raise SystemExit("error: `again` repeats the evaluation before it: it cannot come first")
     try:
         if device == "cuda":  # compiled once, as an evaluator with evaluation.triton_helper_ahead does at its start
             evaluator.triton_helper_ahead = True
             helper = evaluator.triton_helper()
             print(f"Triton's driver helper compiled ahead: {len(helper) if helper else 'failed'} bytes", flush=True)
-        baseline = evaluator.evaluate(task, task.baseline(), workload_set=workload_set)  # as a search starts
-        print(f"baseline {baseline.status.value} {baseline.seconds:.2f} s", flush=True)
+        trace: list[tuple[float, str]] = []
+        t0 = time.monotonic()
+        baseline = evaluator.evaluate(task, task.baseline(), workload_set=workload_set,  # as a search starts
+                                      progress=lambda m: trace.append((round(time.monotonic() - t0, 3), m)))
+        print(f"baseline {baseline.status.value} {baseline.seconds:.2f} s, stages {dict((k, round(v, 3)) for k, v in baseline.stages.items())}, trace {trace}", flush=True)
         for name in args.solutions.split(","):
             solution = task.solution(name)
             t0 = time.monotonic()
@@ -102,23 +117,34 @@ def evals(args: argparse.Namespace) -> None:
             if not record.passed or pack is None:
                 continue
             for _ in range(args.repeats):
-                for variant in VARIANTS:
-                    shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
-                    evaluator.triton_helper_ahead = device == "cuda" and variant == "helper"
+                for variant in variants:
+                    if variant != "again":
+                        shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
+                    evaluator.triton_helper_ahead = device == "cuda" and variant in ("helper", "again")
                     judged = evaluator.judge.reference_s, evaluator.judge.compare_s
                     cache = evaluator._triton_cache_dir(solution)
                     # What the evaluation unpacks, unpacked here first (it keeps files already there), so that
                     # a C module the worker builds again shows as a new file in place of the one given.
-                    for given in ((pack if variant != "jit" else None), evaluator.triton_helper()):
+                    for given in ((pack if variant not in ("jit", "again") else None), evaluator.triton_helper()):
                         if given:
                             unpack(given, cache)
                     before = _c_modules(cache)
+                    files_before = _files(cache)
+                    trace: list[tuple[float, str]] = []
+                    t0 = time.monotonic()
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
-                                                prebuilt=(record, pack) if variant != "jit" else None)
+                                                prebuilt=(record, pack) if variant in ("built", "helper") else None,
+                                                progress=lambda m, t=trace, s=t0: t.append((round(time.monotonic() - s, 3), m)))
                     rows.append(_row(variant, name, result))
                     after = _c_modules(cache)
+                    files_after = _files(cache)
                     rows[-1]["c_modules_given"] = len(before)
                     rows[-1]["c_modules_compiled"] = sum(1 for path, inode in after.items() if before.get(path) != inode)
+                    rows[-1]["trace"] = trace  # seconds from the call to evaluate(), per progress line
+                    rows[-1]["cache_files_given"] = len(files_before)
+                    rows[-1]["cache_files_added"] = sorted(set(files_after) - set(files_before))
+                    rows[-1]["cache_files_changed"] = sorted(f for f in files_before
+                                                             if f in files_after and files_after[f] != files_before[f])
                     rows[-1]["judge_reference_s"] = round(evaluator.judge.reference_s - judged[0], 3)
                     rows[-1]["judge_compare_s"] = round(evaluator.judge.compare_s - judged[1], 3)
                     print(json.dumps(rows[-1]), flush=True)
@@ -129,7 +155,7 @@ def evals(args: argparse.Namespace) -> None:
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
           f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'cmp s':>6}")
     for name in builds:
-        for variant in VARIANTS:
+        for variant in variants:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
             if not mine:
                 continue
@@ -247,6 +273,7 @@ def main() -> None:
     e.add_argument("--solutions", default="triton_seed,triton_fused")
     e.add_argument("--workloads", default="", help="Workload set (default: benchmarks, else feedback).")
     e.add_argument("--repeats", type=int, default=3)
+    e.add_argument("--variants", default="jit,built,helper", help=f"in this order, each repeat (of {', '.join(VARIANTS)})")
     e.add_argument("--isolation", default="best-effort", choices=["require", "best-effort", "off"])
     e.add_argument("--out", default="")
     b = sub.add_parser("builds", help="Seconds per new candidate's Triton build on this machine's CPUs.")

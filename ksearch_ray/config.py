@@ -205,9 +205,9 @@ class EvaluationConfig(_Section):
     evaluator_cpus: float = Field(default=1.0, gt=0, description="num_cpus reserved by each evaluator actor.")
     evaluator_gpus: bool = Field(default=False, description="Reserve one GPU per evaluator even on the CPU path (tests with fake GPUs).")
     triton_helper_ahead: bool = Field(
-        default=False, description="GPU evaluators: compile Triton's CUDA driver helper (a C module its launches go "
+        default=True, description="GPU evaluators: compile Triton's CUDA driver helper (a C module its launches go "
         "through) once, in the evaluator's own process, and give each Triton candidate's cache a copy, so that a new "
-        "candidate's worker does not compile it again (not yet measured on a GPU, hence off by default).")
+        "candidate's worker does not compile it again (with gcc, on the GPU's host).")
     replace_timeout_s: float = Field(
         default=600.0, gt=0, description="An evaluator started to replace a lost one and not running after this long is given up."
     )
@@ -255,9 +255,8 @@ class ClusterConfig(_Section):
         default=True, description="Compile CUDA/C++ candidates in CPU build tasks ahead of their evaluation (Ray only)."
     )
     triton_builds: bool = Field(
-        default=False, description="Also compile Python candidates' Triton kernels for the evaluators' GPU in CPU build "
-        "tasks, so that a GPU worker only loads them (GPU evaluators, with build_pool; not yet measured on a GPU, "
-        "hence off by default).")
+        default=True, description="Also compile Python candidates' Triton kernels for the evaluators' GPU in CPU build "
+        "tasks, so that a GPU worker only loads them (GPU evaluators, with build_pool).")
     build_cpus: float = Field(default=2.0, gt=0, description="num_cpus of each build task (also its ninja MAX_JOBS).")
     build_resource: str | None = Field(
         default=None,

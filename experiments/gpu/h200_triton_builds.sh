@@ -5,10 +5,10 @@
 #           a build made beforehand on this machine's CPUs, and with the driver helper compiled ahead too,
 #           alternating, in one warm evaluator (--isolation require)
 #   search  offline TriMul searches as a user runs them (Ray, width 4, one evaluator, ROUNDS rounds), one per
-#           entry of VARIANTS (default "off on"): off: the defaults; on: cluster.triton_builds and
-#           evaluation.triton_helper_ahead; screen: on, and each candidate timed to 1 % rather than 0.1 %
-#           (at most 20 calls a workload: the best is re-timed anyway before it counts);
-#           then experiments/triton_builds.py search over them
+#           entry of VARIANTS (default "off screen"): off: cluster.triton_builds, evaluation.triton_helper_ahead
+#           and evaluation.screen all off (the defaults before 2026-12-05); on: builds and helper, no screening;
+#           screen: the defaults (builds, helper, each new candidate timed to 1 % in at most 20 calls a workload;
+#           a would-be best is measured again by the full rule); then experiments/triton_builds.py search over them
 # Outputs under $OUT (tarred by the caller's command).
 #   PARTS="tests evals" SITE=.gpubundle_s bash experiments/gpu/h200_triton_builds.sh
 set -uo pipefail
@@ -29,17 +29,17 @@ for part in ${PARTS:-tests evals}; do
       timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task trimul --solutions "${SOLUTIONS:-triton_seed,triton_fused}" \
         --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;
     search)
-      printf 'cluster:\n  triton_builds: true\nevaluation:\n  triton_helper_ahead: true\n' > /tmp/on.yaml
-      { cat /tmp/on.yaml; printf '  timing:\n    target_rel_err: 0.01\n    max_calls: 20\n'; } > /tmp/screen.yaml
-      for v in ${VARIANTS:-off on}; do
-        rm -rf "/tmp/run_$v"; extra=""; [ "$v" != off ] && extra="--config /tmp/$v.yaml"
+      printf 'cluster:\n  triton_builds: false\nevaluation:\n  triton_helper_ahead: false\n  screen: null\n' > /tmp/off.yaml
+      printf 'evaluation:\n  screen: null\n' > /tmp/on.yaml
+      for v in ${VARIANTS:-off screen}; do
+        rm -rf "/tmp/run_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
         ( cd /tmp && timeout "${SEARCH_S:-270}" python3 -m ksearch_ray run --task trimul --width 4 --rounds "${ROUNDS:-32}" \
             --evaluators 1 --isolation require --run-dir "/tmp/run_$v" --no-progress $extra ) > "$OUT/run_$v.out" 2> "$OUT/run_$v.err"
         echo "run $v exit $?"; tail -4 "$OUT/run_$v.out"
       done
-      runs=(); for v in ${VARIANTS:-off on}; do runs+=("/tmp/run_$v"); done
+      runs=(); for v in ${VARIANTS:-off screen}; do runs+=("/tmp/run_$v"); done
       python3 experiments/triton_builds.py search "${runs[@]}" | tee "$OUT/search.txt"
-      for v in ${VARIANTS:-off on}; do cp "/tmp/run_$v/events.jsonl" "$OUT/events_$v.jsonl" 2>/dev/null; done ;;
+      for v in ${VARIANTS:-off screen}; do cp "/tmp/run_$v/events.jsonl" "$OUT/events_$v.jsonl" 2>/dev/null; done ;;
   esac
 done
 stamp end

@@ -6,7 +6,8 @@ FlashInfer-Bench time it), so one evaluation per solution gives the comparison u
 objectives. Comparisons: TriMul's `triton_fused` against K-Search's published kernel (a file
 outside the repository, --ksearch-best; skipped when absent) and the task's baseline; each attention
 task's default seed against `flashinfer_kernel` (the library's kernel, its plan untimed) on the
-task's default set. Last, the MLA prefill `all` command of the issue, through the CLI as a user
+task's default set; the MoE task's seed against its PyTorch reference (FlashInfer's fused MoE builds
+about 249 compilation units at its first call). Last, the MLA prefill `all` command of the issue, through the CLI as a user
 runs it, with the peak GPU memory of every process polled from nvidia-smi (the worker is a process
 of its own).
 
@@ -37,6 +38,8 @@ ATTENTION = {
     "mla_decode": "mla_paged_decode_h16_ckv512_kpe64_ps1",
 }
 PREFILL = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+MOE = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"
+"""Against the task's PyTorch reference: FlashInfer's fused MoE builds about 249 compilation units at its first call."""
 
 
 def figure(result: EvalResult, which: str) -> dict[str, float]:
@@ -128,7 +131,8 @@ def main() -> None:
     ap.add_argument("--ksearch-best", type=Path, default=Path(".external/ksearch_best.py"),
                     help="K-Search's published TriMul kernel (not in the repository); skipped when absent.")
     ap.add_argument("--skip-prefill-all", action="store_true")
-    ap.add_argument("--skip-trimul", action="store_true", help="Only the attention tasks (and the prefill command).")
+    ap.add_argument("--skip-trimul", action="store_true", help="Only the FlashInfer tasks (and the prefill command).")
+    ap.add_argument("--skip-moe", action="store_true", help="Not the MoE task (its seed against its PyTorch reference).")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -154,6 +158,9 @@ def main() -> None:
             task = find_task(name)
             compare(evaluator, task, task.solution(task.definition.default_seed or ""), task.solution("flashinfer_kernel"),
                     args.out)
+        if not args.skip_moe:
+            moe = find_task(MOE)
+            compare(evaluator, moe, moe.solution(moe.definition.default_seed or ""), moe.baseline(), args.out)
     finally:
         evaluator.close()
     if not args.skip_prefill_all:

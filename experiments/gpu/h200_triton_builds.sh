@@ -2,8 +2,11 @@
 # Triton builds on CPU workers, on the H200 (issue 40). PARTS picks what runs (default: tests evals):
 #   tests   the CPU-side Triton build tests with this machine's Triton (3.6: the GPU's), and the GPU sandbox tests
 #   evals   experiments/triton_builds.py evals: each TriMul seed's evaluation with the worker's own JIT, with
-#           a build made beforehand on this machine's CPUs, and with the driver helper compiled ahead too,
-#           alternating, in one warm evaluator (--isolation require)
+#           a build made beforehand on this machine's CPUs and the driver helper compiled ahead, and the same
+#           candidate once more (VARIANTS_E, default jit,helper,again), alternating, in one warm evaluator
+#           (--isolation require)
+#   fi_evals  the same for each FlashInfer task's default seed (VARIANTS_E, default jit,helper,again; its feedback set):
+#           issue 40 asks for its goal within a factor of two there
 #   search  offline TriMul searches as a user runs them (Ray, width 4, one evaluator, ROUNDS rounds), one per
 #           entry of VARIANTS (default "off screen"): off: cluster.triton_builds, evaluation.triton_helper_ahead
 #           and evaluation.screen all off (the defaults before 2026-12-05); on: builds and helper, no screening;
@@ -27,7 +30,15 @@ for part in ${PARTS:-tests evals}; do
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sandbox_gpu.py 2>&1 | tail -4 | tee -a "$OUT/tests.log" ;;
     evals)
       timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task trimul --solutions "${SOLUTIONS:-triton_seed,triton_fused}" \
-        --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;
+        --variants "${VARIANTS_E:-jit,helper,again}" --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;
+    fi_evals)
+      for t in gqa_paged_decode_h32_kv4_d128_ps1 mla_paged_decode_h16_ckv512_kpe64_ps1 \
+               mla_paged_prefill_causal_h16_ckv512_kpe64_ps1 moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048; do
+        seed=$(python3 -c "from ksearch_ray.taskspec.task import find_task; print(find_task('$t').definition.default_seed)")
+        timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task "$t" --solutions "$seed" \
+          --variants "${VARIANTS_E:-jit,helper,again}" --repeats "${REPEATS:-2}" --isolation require --out "$OUT/evals_$t.json" 2>&1 \
+          | grep -v "Warning\|warn_once" | tee "$OUT/evals_$t.log" | tail -5
+      done ;;
     search)
       printf 'cluster:\n  triton_builds: false\nevaluation:\n  triton_helper_ahead: false\n  screen: null\n' > /tmp/off.yaml
       printf 'evaluation:\n  screen: null\n' > /tmp/on.yaml

@@ -14,15 +14,21 @@ from ksearch_ray.store import RunStore
 from ksearch_ray.taskspec.tunables import rewrite_tunables
 
 
-@pytest.mark.slow
-def test_offline_policy_improves_a_mistuned_seed_on_cpu(tmp_path):
-    # The toy seed with 64-element blocks: sixteen times the interpreter's programs of its best choice.
-    # The policy knows nothing of this; it must find better tunables by measuring.
+def _mistuned_seed(tmp_path: Path) -> Path:
+    """The toy seed with 64-element blocks, in a folder of its own (--from-solution)."""
     seed = (DATA / "toy/solutions/triton_seed/axpy.py").read_text()
     start_dir = tmp_path / "seed"
     start_dir.mkdir()
     (start_dir / "axpy.py").write_text(rewrite_tunables(seed, {"BLOCK": 64}))
     (start_dir / "solution.json").write_text((DATA / "toy/solutions/triton_seed/solution.json").read_text())
+    return start_dir
+
+
+@pytest.mark.slow
+def test_offline_policy_improves_a_mistuned_seed_on_cpu(tmp_path):
+    # The toy seed with 64-element blocks: sixteen times the interpreter's programs of its best choice.
+    # The policy knows nothing of this; it must find better tunables by measuring.
+    start_dir = _mistuned_seed(tmp_path)
     config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", ray=False, width=2, rounds=6,
                       stagnation_window=2, from_solution=str(start_dir), run_dir=str(tmp_path / "run"), progress=False,
                       noise_repeats=2, confirm_repeats=1)
@@ -42,11 +48,7 @@ def test_offline_policy_improves_a_mistuned_seed_on_cpu(tmp_path):
 def test_screened_candidates_and_a_best_counted_only_by_the_full_rule_on_cpu(tmp_path):
     """evaluation.screen: a search's new candidates are timed by the coarser rule, the seed and the baseline by the
     full one, and a new best's speedup is the one measured again by the full rule (a `full` re-measure before it)."""
-    seed = (DATA / "toy/solutions/triton_seed/axpy.py").read_text()
-    start_dir = tmp_path / "seed"
-    start_dir.mkdir()
-    (start_dir / "axpy.py").write_text(rewrite_tunables(seed, {"BLOCK": 64}))
-    (start_dir / "solution.json").write_text((DATA / "toy/solutions/triton_seed/solution.json").read_text())
+    start_dir = _mistuned_seed(tmp_path)
     config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", ray=False, width=2, rounds=6,
                       stagnation_window=2, from_solution=str(start_dir), run_dir=str(tmp_path / "run"), progress=False,
                       noise_repeats=2, confirm_repeats=0, screen={"max_calls": 4, "target_rel_err": 0.5})

@@ -304,6 +304,28 @@ def test_a_pack_carries_only_kernel_files(tmp_path: Path) -> None:
         pack(cache, limit=10)
 
 
+def test_unpacking_points_each_group_file_into_its_own_cache_and_refuses_one_that_points_elsewhere(tmp_path: Path) -> None:
+    """Triton finds a kernel through its group file's absolute paths: a build's name its own folder, gone on the GPU
+    node, and a hostile build's could name anything. Unpacked, they name the files in the cache they land in."""
+    source = tmp_path / "built"
+    folder = _kernel(source, "AAAA")
+    (folder / "__grp___k.json").write_text(json.dumps({"child_paths": {
+        "_k.cubin": "/some/build/job/triton/AAAA/_k.cubin", "_k.json": "/etc/passwd"}}))
+    data, _ = pack(source)
+    cache = tmp_path / "worker-cache"
+    assert unpack(data, cache) == 1
+    group = json.loads((cache / "AAAA" / "__grp___k.json").read_text())
+    assert group == {"child_paths": {"_k.cubin": str(cache / "AAAA" / "_k.cubin"), "_k.json": str(cache / "AAAA" / "_k.json")}}
+    for children in ({"../../x": "/tmp/x"}, [], None):
+        (folder / "__grp___k.json").write_text(json.dumps({"child_paths": children}))
+        data, _ = pack(source)
+        with pytest.raises(PackError, match="group file in AAAA is malformed"):
+            unpack(data, tmp_path / f"fresh-{len(str(children))}")
+    (folder / "__grp___k.json").write_text("not json")
+    with pytest.raises(PackError, match="malformed"):
+        unpack(pack(source)[0], tmp_path / "fresh-text")
+
+
 def test_unpacking_never_follows_a_link_a_worker_planted_and_keeps_files_already_there(tmp_path: Path) -> None:
     source = tmp_path / "built"
     _kernel(source, "AAAA")

@@ -44,8 +44,10 @@ for part in ${PARTS:-tests evals}; do
       printf 'evaluation:\n  screen: null\n' > /tmp/on.yaml
       for v in ${VARIANTS:-off screen}; do
         rm -rf "/tmp/run_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
-        ( cd /tmp && timeout "${SEARCH_S:-270}" python3 -m ksearch_ray run --task trimul --width 4 --rounds "${ROUNDS:-32}" \
-            --evaluators 1 --isolation require --run-dir "/tmp/run_$v" --no-progress $extra ) > "$OUT/run_$v.out" 2> "$OUT/run_$v.err"
+        # The run's own wall budget ends it (with its final re-timing); the timeout only guards it.
+        ( cd /tmp && timeout "$(( ${SEARCH_S:-270} + 60 ))" python3 -m ksearch_ray run --task trimul --width 4 \
+            --rounds "${ROUNDS:-32}" --max-wall-s "${SEARCH_S:-270}" --confirm-repeats 1 --evaluators 1 --isolation require \
+            --run-dir "/tmp/run_$v" --no-progress $extra ) > "$OUT/run_$v.out" 2> "$OUT/run_$v.err"
         echo "run $v exit $?"; tail -4 "$OUT/run_$v.out"
       done
       runs=(); for v in ${VARIANTS:-off screen}; do runs+=("/tmp/run_$v"); done

@@ -262,7 +262,7 @@ def _kernel(cache: Path, name: str) -> Path:
     folder = cache / name
     folder.mkdir(parents=True)
     (folder / "_k.cubin").write_bytes(b"\x7fELF" + os.urandom(64))
-    (folder / "__grp___k.json").write_text("{}")
+    (folder / "__grp___k.json").write_text(json.dumps({"child_paths": {"_k.cubin": str(folder / "_k.cubin")}}))
     return folder
 
 
@@ -319,8 +319,10 @@ def test_unpacking_points_each_group_file_into_its_own_cache_and_refuses_one_tha
     for children in ({"../../x": "/tmp/x"}, [], None):
         (folder / "__grp___k.json").write_text(json.dumps({"child_paths": children}))
         data, _ = pack(source)
+        fresh = tmp_path / f"fresh-{len(str(children))}"
         with pytest.raises(PackError, match="group file in AAAA is malformed"):
-            unpack(data, tmp_path / f"fresh-{len(str(children))}")
+            unpack(data, fresh)
+        assert not list(fresh.rglob("__grp__*"))  # nothing of a refused group file is left for Triton to read
     (folder / "__grp___k.json").write_text("not json")
     with pytest.raises(PackError, match="malformed"):
         unpack(pack(source)[0], tmp_path / "fresh-text")

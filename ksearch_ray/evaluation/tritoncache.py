@@ -214,6 +214,9 @@ def unpack(data: bytes, cache: Path, limit: int = PACK_LIMIT) -> int:
                     raise PackError(f"the pack exceeds {limit >> 20} MiB", over_limit=True)
                 source = tar.extractfile(member)
                 assert source is not None  # a regular file
+                content = source.read()
+                if name.startswith("__grp__"):  # checked before anything of it is written
+                    content = _group_here(content, cache, folder)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(folder, 0o755, dir_fd=root)
                 sub = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=root)
@@ -222,9 +225,6 @@ def unpack(data: bytes, cache: Path, limit: int = PACK_LIMIT) -> int:
                 except FileExistsError:
                     pass
                 else:
-                    content = source.read()
-                    if name.startswith("__grp__"):
-                        content = _group_here(content, cache, folder)
                     with os.fdopen(fd, "wb") as out:
                         out.write(content)
                 finally:

@@ -117,7 +117,7 @@ class SleepingEvaluators:
 
         return [EvaluatorInfo(device="cpu", name="fake", hardware="a fake evaluator")]
 
-    async def evaluate(self, solution: Any, workload_set: str) -> tuple[Any, int]:
+    async def evaluate(self, solution: Any, workload_set: str, *, screen: bool = False) -> tuple[Any, int]:
         return await self.evaluate_on(0, solution, workload_set), 0
 
     async def evaluate_on(self, index: int, solution: Any, workload_set: str) -> Any:
@@ -158,7 +158,8 @@ def one_run(run_dir: Path, width: int, rounds: int, eval_ms: float, ideas: int) 
     from ksearch_ray.store import RunStore
     from ksearch_ray.taskspec.task import find_task
 
-    config = validate_config({"task": "toy_axpy", "task_dirs": [str(DATA)], "evaluation": {"device": "cpu"},
+    # Screening off: every figure here is scripted, and the record's growth compares with the earlier soaks'.
+    config = validate_config({"task": "toy_axpy", "task_dirs": [str(DATA)], "evaluation": {"device": "cpu", "screen": None},
                               "search": {"width": width, "noise_repeats": 1, "confirm_repeats": 0, "warmup": False},
                               "budget": {"rounds": rounds}})
     store = RunStore.create(run_dir, {"run_id": run_dir.name, "config": config.model_dump(mode="json")})

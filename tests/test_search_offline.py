@@ -59,10 +59,10 @@ def test_screened_candidates_and_a_best_counted_only_by_the_full_rule_on_cpu(tmp
     assert seeded.result is not None and full_rule in seeded.result.timing_rule
     candidates = [e for e in events if isinstance(e, Evaluation) and e.result.passed]
     assert candidates and all(screened_rule in e.result.timing_rule for e in candidates)
-    fulls = {e.solution_id: e for e in events if isinstance(e, Remeasure) and e.role == "full"}
-    assert all(full_rule in e.result.timing_rule for e in fulls.values())
+    fulls = [e for e in events if isinstance(e, Remeasure) and e.role == "full"]
+    assert all(full_rule in e.result.timing_rule for e in fulls)
     bests = [e for e in events if isinstance(e, Best) and e.solution_id != seeded.solution_id]
     assert bests, "the mistuned seed was never beaten"
-    for best in bests:
-        full = fulls[best.solution_id]
-        assert full.seq < best.seq and best.speedup == full.speedup
+    for best in bests:  # (the offline policy repeats code: a kernel may be measured fully more than once)
+        full = [e for e in fulls if e.solution_id == best.solution_id and e.seq < best.seq][-1]
+        assert best.speedup == full.speedup

@@ -187,6 +187,9 @@ class Evaluations:
     async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
         """A candidate becomes the best only beyond the noise and once an independent re-timing agrees."""
         gpu = self.gpu_name(evaluator)
+        best = self.view.best_by_gpu.get(gpu) if gpu is not None else None
+        if best is not None and best.solution_id == solution_id:
+            return  # the best's own code measured again (a policy repeats code): a luckier figure is no new best
         if value is None or gpu is None or not self._beats_best(value, gpu, evaluator, round_):
             return
         result = self.view.results.get(solution_id)

@@ -50,6 +50,7 @@ class Evaluations:
         self.measuring = 0  # candidates handed to the evaluators and not yet judged: waiting for one, or measured
         self._solutions: dict[str, Solution] = {}
         self._seed_solutions: dict[str, Solution] | None = None
+        self._noting: set[str] = set()  # solutions whose claim to be the best is being decided (note_best)
 
     async def describe(self) -> None:
         self.infos = await self.pool.describe_all()
@@ -185,11 +186,21 @@ class Evaluations:
     # --- the best -----------------------------------------------------------------------------------------
 
     async def note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int) -> None:
-        """A candidate becomes the best only beyond the noise and once an independent re-timing agrees."""
+        """A candidate becomes the best only beyond the noise and once an independent re-timing agrees. One claim
+        per code at a time: a policy repeats code, even while its first copy is being decided, and the best's
+        own code measured again (luckier) is no new best."""
         gpu = self.gpu_name(evaluator)
         best = self.view.best_by_gpu.get(gpu) if gpu is not None else None
-        if best is not None and best.solution_id == solution_id:
-            return  # the best's own code measured again (a policy repeats code): a luckier figure is no new best
+        if solution_id in self._noting or (best is not None and best.solution_id == solution_id):
+            return
+        self._noting.add(solution_id)
+        try:
+            await self._note_best(solution_id, value, node, round_, evaluator, gpu)
+        finally:
+            self._noting.discard(solution_id)
+
+    async def _note_best(self, solution_id: str, value: float | None, node: str, round_: int, evaluator: int,
+                         gpu: str | None) -> None:
         if value is None or gpu is None or not self._beats_best(value, gpu, evaluator, round_):
             return
         result = self.view.results.get(solution_id)

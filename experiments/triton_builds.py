@@ -53,19 +53,16 @@ def _row(variant: str, solution: str, result: Any) -> dict[str, Any]:
             "not_built": result.triton_not_built, "score": result.score}
 
 
-def _c_modules(cache: Path) -> dict[str, int]:
-    """Triton's C modules in a worker's cache (the kernels' launchers and the driver helper, `cuda_utils`), each
-    with its inode: a module Triton could not load it builds again and puts in place of the old file."""
-    found = {}
-    for pattern in ("*/__triton_launcher.*", "*/cuda_utils.*"):
-        for path in cache.glob(pattern):
-            found[str(path.relative_to(cache))] = path.stat().st_ino
-    return found
-
-
 def _files(cache: Path) -> dict[str, tuple[int, int]]:
     """Every file in a Triton cache: (inode, size) by relative path."""
     return {str(p.relative_to(cache)): (p.stat().st_ino, p.stat().st_size) for p in cache.rglob("*") if p.is_file()}
+
+
+def _c_modules(files: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Triton's C modules among a cache's `_files` (the kernels' launchers and the driver helper, `cuda_utils`),
+    each with its inode: a module Triton could not load it builds again and puts in place of the old file."""
+    return {path: inode for path, (inode, _) in files.items()
+            if Path(path).name.startswith(("__triton_launcher.", "cuda_utils."))}
 
 
 def evals(args: argparse.Namespace) -> None:
@@ -128,16 +125,16 @@ def evals(args: argparse.Namespace) -> None:
                     for given in ((pack if variant not in ("jit", "again") else None), evaluator.triton_helper()):
                         if given:
                             unpack(given, cache)
-                    before = _c_modules(cache)
                     files_before = _files(cache)
+                    before = _c_modules(files_before)
                     trace: list[tuple[float, str]] = []
                     t0 = time.monotonic()
                     result = evaluator.evaluate(task, solution, workload_set=workload_set,
                                                 prebuilt=(record, pack) if variant in ("built", "helper") else None,
                                                 progress=lambda m, t=trace, s=t0: t.append((round(time.monotonic() - s, 3), m)))
                     rows.append(_row(variant, name, result))
-                    after = _c_modules(cache)
                     files_after = _files(cache)
+                    after = _c_modules(files_after)
                     rows[-1]["c_modules_given"] = len(before)
                     rows[-1]["c_modules_compiled"] = sum(1 for path, inode in after.items() if before.get(path) != inode)
                     rows[-1]["trace"] = trace  # seconds from the call to evaluate(), per progress line

@@ -311,9 +311,17 @@ def wandb_records(path: Path) -> list[Any]:
 def finished_records(path: Path, wait_s: float = 10.0) -> list[Any]:
     """The records once W&B's core (its own process) has written the run's exit record: `finish()` hands
     the end over to it, and the last records can reach the file a moment later."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + wait_s
     while True:
-        records = wandb_records(path)
+        try:
+            records = wandb_records(path)
+        except DecodeError:  # a record read while the core was still writing it: read again (once past, fail)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             return records
         time.sleep(0.05)

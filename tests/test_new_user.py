@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import signal
@@ -76,7 +77,10 @@ def test_search_with_default_run_dir_then_resume_with_a_relative_path_and_a_bigg
     assert "one evaluation takes about" in said and "more round(s) at width 2" in said  # how long the run will take
     assert "new candidates are screened (timed by the full rule with max_calls 20, target_rel_err 0.01)" in said
     assert all("below 1.00% of the mean" in e.result.timing_rule for e in evaluations)  # the screening rule, by default
-    assert "re-timed 2x, interleaved with the baseline" in first.stdout and "±" in first.stdout
+    # Re-timed twice, or once where the first repeat already settled it (on a noisy CPU a best may lose).
+    retimed = re.search(r"re-timed (\d)x, interleaved with the baseline: .*", first.stdout)
+    assert retimed and (retimed[1] == "2" or "stopped early: decisive" in retimed[0]), first.stdout
+    assert "±" in first.stdout
     assert (run_dir / "best").is_dir() and any((run_dir / "best").iterdir())
 
     relative = run_dir.relative_to(home)

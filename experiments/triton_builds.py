@@ -118,7 +118,7 @@ def evals(args: argparse.Namespace) -> None:
                     if variant != "again":
                         shutil.rmtree(evaluator.work_root / "cache" / solution.id, ignore_errors=True)  # a new candidate's
                     evaluator.triton_helper_ahead = device == "cuda" and variant in ("helper", "again")
-                    judged = evaluator.judge.reference_s, evaluator.judge.compare_s
+                    judged = evaluator.judge.reference_s, evaluator.judge.compare_s, evaluator.judge.misses
                     cache = evaluator._triton_cache_dir(solution)
                     # What the evaluation unpacks, unpacked here first (it keeps files already there), so that
                     # a C module the worker builds again shows as a new file in place of the one given.
@@ -144,13 +144,14 @@ def evals(args: argparse.Namespace) -> None:
                                                              if f in files_after and files_after[f] != files_before[f])
                     rows[-1]["judge_reference_s"] = round(evaluator.judge.reference_s - judged[0], 3)
                     rows[-1]["judge_compare_s"] = round(evaluator.judge.compare_s - judged[1], 3)
+                    rows[-1]["judge_references_computed"] = evaluator.judge.misses - judged[2]
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         evaluator.close()
         builder.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
-          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'cmp s':>6}")
+          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'refs':>4} {'cmp s':>6}")
     for name in builds:
         for variant in variants:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
@@ -166,6 +167,7 @@ def evals(args: argparse.Namespace) -> None:
                   f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f} "
                   f"{statistics.median(r['c_modules_compiled'] for r in mine):>6.0f} "
                   f"{statistics.median(r['judge_reference_s'] for r in mine):>6.3f} "
+                  f"{statistics.median(r['judge_references_computed'] for r in mine):>4.0f} "
                   f"{statistics.median(r['judge_compare_s'] for r in mine):>6.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"task": task.name, "workload_set": workload_set, "builds": builds,

@@ -129,9 +129,10 @@ def test_a_reference_is_computed_once_per_input_set(evaluator, toy):
 
 
 def test_the_checks_references_stay_cached_past_the_timed_calls(tmp_path, toy):
-    """Room for the two check references only: the timed calls' references (seeds that depend on the stop
-    rule) are not kept, so they never push the checks' out, and the next candidate's checks all hit."""
-    ev = Evaluator("cpu", tmp_path, limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=120),
+    """Room for the two check references only, and none for the timed calls': theirs (seeds that depend on
+    the stop rule) never push the checks' out, and the next candidate's checks all hit."""
+    ev = Evaluator("cpu", tmp_path, limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=120,
+                                                  timed_reference_cache_mb=0),
                    timing=TimingPolicy(max_calls=4))
     try:
         ev.judge.cache_bytes = 4 * (1000 + 4096)  # n1000 and n4096, float32
@@ -142,6 +143,47 @@ def test_the_checks_references_stay_cached_past_the_timed_calls(tmp_path, toy):
         assert ev.judge.hits == 2 and ev.judge.misses == misses + 2
     finally:
         ev.close()
+
+
+def test_a_timed_calls_reference_is_kept_when_the_stop_rule_ends_at_the_same_call(tmp_path, toy):
+    """Every evaluation stops after 3 calls: the last call's inputs are the same each time, and the second
+    evaluation's timed references all hit (they are kept apart from the checks', which stay)."""
+    ev = Evaluator("cpu", tmp_path, limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=120),
+                   timing=TimingPolicy(max_calls=3, min_calls=3))
+    try:
+        ev.judge.cache_bytes = 4 * (1000 + 4096)  # room for the checks' references only
+        assert ev.evaluate(toy, toy.baseline(), workload_set="benchmarks").passed
+        assert (ev.judge.misses, ev.judge.hits, ev.judge.timed_hits) == (4, 0, 0)
+        assert ev.judge.timed.used == 4 * (1000 + 4096)
+        again = ev.evaluate(toy, toy.baseline(), workload_set="benchmarks")
+        assert again.passed and [w.call_timing.count for w in again.workloads] == [3, 3]
+        assert (ev.judge.misses, ev.judge.hits, ev.judge.timed_hits) == (4, 4, 2)
+    finally:
+        ev.close()
+
+
+def test_the_timed_references_cache_keeps_the_input_sets_seen_most_often():
+    import torch
+
+    from ksearch_ray.evaluation.judge import FrequentCache
+
+    def ref(n: int) -> dict[str, torch.Tensor]:
+        return {"out": torch.zeros(n, dtype=torch.uint8)}
+
+    cache = FrequentCache(budget=100)
+    for key in ("a", "a", "b"):  # a seen twice, b once
+        if cache.get((key,)) is None:
+            assert cache.put((key,), ref(50), 50)
+    assert cache.get(("a",)) is not None and cache.used == 100
+    # Full: a first sighting is not kept, and pushes nothing out.
+    assert cache.get(("c",)) is None and not cache.put(("c",), ref(50), 50)
+    assert set(cache.entries) == {("a",), ("b",)}
+    # Seen again, c outnumbers b (seen once) and takes its place; never a's (seen three times).
+    assert cache.get(("c",)) is None and cache.put(("c",), ref(50), 50)
+    assert set(cache.entries) == {("a",), ("c",)} and cache.used == 100
+    # Too big for the budget, whatever its count; an empty budget keeps nothing.
+    assert not cache.put(("d",), ref(101), 101)
+    assert not FrequentCache(budget=0).put(("e",), ref(1), 1)
 
 
 def test_runtime_error_log_points_at_the_candidate_line(evaluator, toy):

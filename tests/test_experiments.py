@@ -223,3 +223,16 @@ def test_the_triton_builds_search_summary_reads_a_runs_own_evaluation_records():
             first.setdefault(e["solution_id"], e["result"])
     timing = statistics.median(r["stages"]["timing"] for r in first.values())
     assert f"timing {timing:.2f}" in out.split("stages, medians (s): ")[1], out
+
+
+def test_the_judge_cost_script_times_both_comparisons_and_finds_them_equal(tmp_path):
+    """A user's directory, a relative task path: every workload's row, the two comparisons' verdicts equal
+    (the script asserts it)."""
+    shutil.copytree(DATA / "toy", tmp_path / "toy")
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "judge_cost.py"), "--task", "toy", "--device", "cpu",
+                          "--workloads", "benchmarks", "--repeats", "3", "--json"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    summary = json.loads(out.splitlines()[-1])
+    assert [r["workload"] for r in summary["rows"]] == ["n1000", "n4096"]
+    assert all(r["reference_ms"] > 0 and r["compare_full_ms"] > 0 for r in summary["rows"])
+    assert "full/short" in out

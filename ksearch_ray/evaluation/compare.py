@@ -70,6 +70,10 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
     n = x.numel()
     if n == 0:
         return Comparison(Status.PASSED, max_abs_error=0.0, max_rel_error=0.0, fraction_ok=1.0)
+    if bool(torch.isfinite(x.sum()) & torch.isfinite(y.sum())):  # no NaN or infinity on either side
+        passed = _all_finite_pass(x, y, tol)
+        if passed is not None:
+            return passed
     x_finite, y_finite = torch.isfinite(x), torch.isfinite(y)
     if tol.rule == "gpumode":
         # NaN and +-inf must sit exactly where the reference has them.
@@ -103,3 +107,23 @@ def _compare_values(name: str, out: torch.Tensor, ref: torch.Tensor, tol: Tolera
         max_rel_error=max_rel,
         fraction_ok=fraction_ok,
     )
+
+
+def _all_finite_pass(x: torch.Tensor, y: torch.Tensor, tol: Tolerance) -> Comparison | None:
+    """The verdict of `_compare_values` where every value of `x` and `y` is finite (a sum with a NaN or an
+    infinity in it is not), if it passes; None if it does not (the full comparison then says where). The
+    same float32 operations on the same values, so the same figures, in about half of its passes over the
+    outputs (the judge's comparisons of TriMul's largest outputs, 1.5 GiB each, are bound by memory traffic)."""
+    n = x.numel()
+    diff = torch.sub(x, y).abs_()
+    scale = y.abs()
+    bad = diff > scale.mul(tol.rtol).add_(tol.atol) if tol.rule == "gpumode" else None  # before `scale` is reused
+    rel = torch.div(diff, scale.add_(1e-8), out=scale)
+    if bad is None:
+        bad = (diff > tol.atol) & (rel > tol.rtol)
+    n_bad = int(bad.sum())
+    fraction_ok = 1.0 - n_bad / n
+    if not (fraction_ok >= tol.required_fraction and (n_bad == 0 or tol.required_fraction < 1.0)):
+        return None
+    return Comparison(Status.PASSED, max_abs_error=float(diff.max()), max_rel_error=float(rel.max()),
+                      fraction_ok=fraction_ok)

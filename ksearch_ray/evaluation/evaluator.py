@@ -164,7 +164,8 @@ class Evaluator:
         self.sandbox = Sandbox(device, self.work_root, isolation=Isolation(isolation),
                                resources=Resources(**self.limits.resources()), refused=frozenset(secret_names))
         self.redact = Redactor.from_environment(secret_names)
-        self.judge = Judge(device, self.limits.reference_cache_mb * 2**20, sandboxed=self._sandboxed_reference)
+        self.judge = Judge(device, self.limits.reference_cache_mb * 2**20, sandboxed=self._sandboxed_reference,
+                           timed_cache_bytes=self.limits.timed_reference_cache_mb * 2**20)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._lang_waits: dict[tuple[str, str], dict[str, float]] = {}  # (task, language) -> longest passing waits
         self._progress: Callable[[str], None] = lambda _message: None

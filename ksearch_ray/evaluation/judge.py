@@ -13,8 +13,14 @@ while the worker's calls are timed, so the two never compete for the GPU then.
 A reference depends only on the task, the workload, the seed and the compatibility options: the
 inputs are regenerated from the seed, bit for bit. Every candidate an evaluator judges gets the
 same secret-derived seeds for its correctness checks, so the judge keeps those references (up to
-`cache_bytes`, least recently used out) and computes each once per evaluator; a timed call's reference
-is not kept, since its seed depends on how many calls the stop rule took.
+`cache_bytes`, least recently used out) and computes each once per evaluator.
+
+The outputs of each figure's last timed call are judged too. Their seeds are the timing seeds (the same
+for every candidate too) at the index of the last call, which the stop rule decides; it is often the same
+index (the fewest calls, or the most), and the kernel figure's last call often has the call figure's
+inputs. Those references are kept apart (up to `timed_cache_bytes`), by how often their input set came
+back: a first sighting only where there is room, and an input set seen more often pushes out one seen
+less (FrequentCache). They never push out a correctness check's.
 """
 
 from __future__ import annotations
@@ -58,10 +64,58 @@ def _nbytes(outputs: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in outputs.values() if isinstance(t, torch.Tensor))
 
 
+SEEN_KEYS_KEPT = 4096
+"""Input sets whose sightings FrequentCache counts (the ones seen last); only counts, no tensors."""
+
+
+class FrequentCache:
+    """References kept by how often their input set came back, up to `budget` bytes. A first sighting is
+    kept only where there is room; to make room, entries seen fewer times than the newcomer go, the least
+    recently used of the rarest first; an entry is never pushed out by one seen no more often than itself."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self.entries: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()  # least recently used first
+        self.seen: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The reference for `key`, if kept; counts the sighting either way."""
+        self.seen[key] = self.seen.pop(key, 0) + 1
+        if len(self.seen) > SEEN_KEYS_KEPT:  # forget the oldest count of an input set not kept
+            old = next((k for k in self.seen if k not in self.entries), None)
+            if old is not None:
+                del self.seen[old]
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[Any, ...], value: dict[str, Any], size: int) -> bool:
+        """Keep `value` if it fits, by the rule above; True if kept."""
+        if size > self.budget or key in self.entries:
+            return False
+        count = self.seen.get(key, 1)
+        while self.used + size > self.budget:
+            victim = min(self.entries, key=lambda k: self.seen.get(k, 0))  # min keeps the first (least recent) of equals
+            if self.seen.get(victim, 0) >= count:
+                return False
+            self.used -= _nbytes(self.entries.pop(victim))
+        self.entries[key] = value
+        self.used += size
+        return True
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.used = 0
+
+
 class Judge:
-    def __init__(self, device: str, cache_bytes: int, sandboxed: Callable[[Task], SandboxedReference] | None = None):
+    def __init__(self, device: str, cache_bytes: int, sandboxed: Callable[[Task], SandboxedReference] | None = None,
+                 *, timed_cache_bytes: int = 0):
         self.device = device
         self.cache_bytes = cache_bytes
+        self.timed = FrequentCache(timed_cache_bytes)
         self._make_sandboxed = sandboxed
         self._sandboxed: dict[Path, SandboxedReference] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ksearch-judge")
@@ -69,16 +123,17 @@ class Judge:
         self._cached = 0
         self._lock = threading.Lock()
         self._stream: Any = None
-        self.hits = self.misses = 0
+        self.hits = self.misses = 0  # all references; `timed_hits`: those of them kept by `timed`
+        self.timed_hits = 0
         # Seconds on the judge's thread: references computed (misses), and comparisons (each synchronized on
         # its stream); what an evaluation's `judging` stage waits for, where the worker does not overlap it.
         self.reference_s = self.compare_s = 0.0
 
     def submit(self, task: Task, workload: Workload, seed: int, options: frozenset[str],
                outputs: dict[str, torch.Tensor], *, keep: bool = True) -> Future[Comparison]:
-        """The verdict on `outputs`, computed on the judge's thread. `keep`: cache the reference, for a seed
-        every candidate is checked on (the correctness stage's); a timed call's seed, which depends on how many
-        calls the stop rule took, is rarely seen again, and its reference would only push those out."""
+        """The verdict on `outputs`, computed on the judge's thread. `keep`: cache the reference with the
+        correctness checks' (a seed every candidate is checked on); else it may be kept in the timed calls'
+        cache (a seed that depends on how many calls the stop rule took: FrequentCache)."""
         return self._pool.submit(self._judge, task, workload, seed, options, outputs, keep)
 
     def prepare(self, task: Task) -> None:
@@ -95,6 +150,7 @@ class Judge:
         with self._lock:
             self._cache.clear()
             self._cached = 0
+            self.timed.clear()
 
     # --- on the judge's thread --------------------------------------------------------------
 
@@ -132,6 +188,7 @@ class Judge:
         with self._lock:
             self._cache.clear()
             self._cached = 0
+            self.timed.clear()
         if self.device == "cuda":
             with contextlib.suppress(RuntimeError):
                 torch.cuda.empty_cache()
@@ -154,6 +211,10 @@ class Judge:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
+            elif not keep:
+                hit = self.timed.get(key)
+                self.timed_hits += hit is not None
+            if hit is not None:
                 self.hits += 1
                 return hit
         self.misses += 1
@@ -165,7 +226,10 @@ class Judge:
         else:  # the task's code runs sandboxed; only its outputs come here
             expected = self._reference_worker(task).compute(workload, seed, options)
         size = _nbytes(expected)
-        if keep and size <= self.cache_bytes:
+        if not keep:
+            with self._lock:
+                self.timed.put(key, expected, size)
+        elif size <= self.cache_bytes:
             with self._lock:
                 self._cache[key] = expected
                 self._cached += size

@@ -74,6 +74,10 @@ class Limits(BaseModel):
     reference_cache_mb: int = Field(default=4096, ge=0, description=(
         "Memory (device memory on a GPU) the evaluator keeps for reference outputs, so a reference "
         "for an input set is computed once per evaluator; 0 turns the cache off."))
+    timed_reference_cache_mb: int = Field(default=4096, ge=0, description=(
+        "Memory (device memory on a GPU) the evaluator keeps, besides `reference_cache_mb`, for the references "
+        "of each figure's last timed call, whose input sets come back whenever the stop rule ends at the same "
+        "call; those seen most often are kept. 0 turns it off."))
 
 
     def resources(self) -> dict[str, int]:

@@ -151,7 +151,7 @@ def evals(args: argparse.Namespace) -> None:
         builder.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{'solution':<14} {'variant':<6} {'seconds':>8} {'start':>6} {'correct':>8} {'judging':>8} "
-          f"{'timing':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'refs':>4} {'cmp s':>6}")
+          f"{'timing':>7} {'judged':>7} {'timed%':>7} {'compiled':>8} {'C mods':>6} {'ref s':>6} {'refs':>4} {'cmp s':>6}")
     for name in builds:
         for variant in variants:
             mine = [r for r in rows if r["solution"] == name and r["variant"] == variant]
@@ -162,7 +162,7 @@ def evals(args: argparse.Namespace) -> None:
                 return statistics.median(r["stages"].get(key, 0.0) for r in rows)
 
             print(f"{name:<14} {variant:<6} {statistics.median(r['seconds'] for r in mine):>8.2f} {med('start'):>6.2f} "
-                  f"{med('correctness'):>8.2f} {med('judging'):>8.2f} {med('timing'):>7.2f} "
+                  f"{med('correctness'):>8.2f} {med('judging'):>8.2f} {med('timing'):>7.2f} {med('judging_timed'):>7.2f} "
                   f"{100 * statistics.median(r['timed_share'] for r in mine):>6.1f}% "
                   f"{statistics.median(r['triton_compiled'] or 0 for r in mine):>8.0f} "
                   f"{statistics.median(r['c_modules_compiled'] for r in mine):>6.0f} "
@@ -235,12 +235,14 @@ def search(args: argparse.Namespace) -> None:
             if not isinstance(event, Evaluation):
                 continue
             result = event.result
-            total += result.seconds
+            # Device seconds: overlapping evaluations (evaluation.overlap) count once; older records have seconds only.
+            held = result.device_seconds if result.device_seconds is not None else result.seconds
+            total += held
             timed += result.timed_seconds
             if event.solution_id in seen or event.evaluator < 0:  # a re-measurement, or a builder's verdict
                 continue
             seen.add(event.solution_id)
-            busy.append(result.seconds)
+            busy.append(held)
             for stage, seconds in result.stages.items():
                 stages.setdefault(stage, []).append(seconds)
             prebuilt += result.triton_prebuilt or 0

@@ -208,6 +208,12 @@ class EvaluationConfig(_Section):
         default=True, description="GPU evaluators: compile Triton's CUDA driver helper (a C module its launches go "
         "through) once, in the evaluator's own process, and give each Triton candidate's cache a copy, so that a new "
         "candidate's worker does not compile it again (with gcc, on the GPU's host).")
+    overlap: bool = Field(
+        default=False, description="Each evaluator takes a second evaluation while one runs. The second's sandbox "
+        "worker starts (a fork and a CUDA context; none of the candidate's code) while the first is timed, and "
+        "imports and checks its candidate while the first's last outputs are judged; timed calls, re-timing and "
+        "profiling still have the device to themselves. Busy time counts overlapping evaluations once "
+        "(`device_seconds`). Off by default: not yet measured on a GPU.")
     replace_timeout_s: float = Field(
         default=600.0, gt=0, description="An evaluator started to replace a lost one and not running after this long is given up."
     )

@@ -164,6 +164,10 @@ class EvalResult(BaseModel):
         "timed region: these are kernel times, not setup-plus-kernel times.",
     )
     seconds: float = Field(default=0.0, description="Wall time of the evaluation, sandbox start to verdict.")
+    device_seconds: float | None = Field(default=None, description=(
+        "Of `seconds`, those no evaluation begun before it on the same evaluator covered: summed over an "
+        "evaluator's evaluations, the time it had one in progress (evaluation.overlap runs two at once). Equal to "
+        "`seconds` where evaluations do not overlap; None in records from before it was kept."))
     overhead_seconds: float = Field(default=0.0, description="Sandbox cost: fork, setup and teardown.")
     build_seconds: float = Field(
         default=0.0,
@@ -188,8 +192,9 @@ class EvalResult(BaseModel):
     stages: dict[str, float] = Field(
         default_factory=dict,
         description="Wall seconds of the evaluation by what the evaluator was waiting for: start (the sandbox "
-        "worker's start-up), build, correctness, judging (verdicts the worker did not overlap), warmup, timing, "
-        "teardown. They add up to `seconds`.",
+        "worker's start-up), queued (evaluation.overlap: for its turn on the device), build, correctness, judging "
+        "(the checks' verdicts the worker did not overlap), warmup, timing, judging_timed (the last timed outputs' "
+        "verdicts, after the worker's calls), teardown. They add up to `seconds`.",
     )
     stage_waits: dict[str, float] = Field(
         default_factory=dict,

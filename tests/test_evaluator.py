@@ -52,7 +52,7 @@ def test_good_candidate_passes_with_timings_and_a_score(evaluator, toy):
     assert all(w.timing and w.timing.method == "calls" for w in result.workloads)  # no graphs on the CPU
     assert result.score is not None and result.score > 0
     # Where the time went, stage by stage, adding up to the whole; and how the calls were timed.
-    assert {"start", "build", "correctness", "judging", "warmup", "timing", "teardown"} <= set(result.stages)
+    assert {"start", "build", "correctness", "judging", "warmup", "timing", "judging_timed", "teardown"} <= set(result.stages)
     assert abs(sum(result.stages.values()) - result.seconds) < 0.05 + 0.05 * result.seconds
     assert 0 < result.timed_seconds < result.stages["timing"]
     assert "standard error of the mean" in result.timing_rule and result.transport == "memfd"

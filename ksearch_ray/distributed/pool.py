@@ -44,7 +44,7 @@ from ksearch_ray.evaluation.profiling import ProfileResult
 from ksearch_ray.evaluation.retime import RetimeResult
 from ksearch_ray.evaluation.sandbox.build import arch_for
 from ksearch_ray.models import EvalResult, Solution, Status
-from ksearch_ray.run.backends import BUILDER, IdleEvaluators
+from ksearch_ray.run.backends import BUILDER, IdleEvaluators, in_flight_on, slots
 from ksearch_ray.run.errors import SearchError
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class RayEvaluatorPool:
     """Evaluations finished in this session (compile errors from builds included)."""
     in_flight: dict[int, tuple[str, float]] = field(default_factory=dict)
     """Evaluator index -> (solution name, monotonic start) of the evaluation it runs now."""
+    in_flight_next: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """The same for a second evaluation beside it (evaluation.overlap)."""
     building: dict[str, float] = field(default_factory=dict)
     """Solution id -> monotonic start of its build, while the candidate waits for it."""
     builds: int = 0
@@ -114,11 +116,14 @@ class RayEvaluatorPool:
         self.size = evaluator_count(self.config)
         self.actors = [self._make(i) for i in range(self.size)]
         self.idle = IdleEvaluators()
-        for i in range(self.size):
-            self.idle.put(i)
-        # One measurement at a time per evaluator, whether it came through the idle queue or was
-        # addressed to that evaluator (baselines and re-timing are measured on each GPU itself).
-        self._locks = [asyncio.Lock() for _ in range(self.size)]
+        self.slots = slots(self.config.evaluation.overlap)
+        for _ in range(self.slots):
+            for i in range(self.size):
+                self.idle.put(i)
+        # One measurement at a time per evaluator (two with evaluation.overlap, whose evaluator gives each its
+        # turn on the device), whether it came through the idle queue or was addressed to that evaluator
+        # (baselines and re-timing are measured on each GPU itself).
+        self._locks = [asyncio.Semaphore(self.slots) for _ in range(self.size)]
         self.infos: dict[int, EvaluatorInfo] = {}
         self._replacing: dict[int, asyncio.Task[None]] = {}
         self._parked: set[int] = set()  # out of the idle queue until its replacement runs
@@ -133,7 +138,8 @@ class RayEvaluatorPool:
 
         gpus = 1 if self.device == "cuda" or self.config.evaluation.evaluator_gpus else 0
         return (self.actor_class or EvaluatorActor).options(
-            num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}"
+            num_cpus=self.config.evaluation.evaluator_cpus, num_gpus=gpus, name=f"ksearch-eval-{self.run_name}-{index}-{time.time_ns()}",
+            max_concurrency=slots(self.config.evaluation.overlap),
         ).remote(self.device, self.config.evaluation.model_dump_json(), scratch_dir=self.config.cluster.scratch_dir,
                  secret_names=[self.config.llm.api_key_env], secret=self.secret)
         # (the sandbox is the actor's own, in a private folder of its node, outside the run directory)
@@ -377,27 +383,22 @@ class RayEvaluatorPool:
         """A second, independent measurement of `primary` on evaluator `index` (or its stand-in)."""
         target = self._stand_in(index)
         async with self._locks[target]:
-            self.in_flight[target] = (f"{solution.name} (re-timing)", time.monotonic())
-            try:
+            with in_flight_on(self.in_flight, self.in_flight_next, target, f"{solution.name} (re-timing)"):
                 result: RetimeResult = await self.actors[target].retime.remote(
                     self.config.task, self.config.task_dirs, solution, primary)
                 return result
-            finally:
-                self.in_flight.pop(target, None)
 
     async def profile_on(self, index: int, solution: Solution, measured: EvalResult, timeout_s: float) -> ProfileResult:
         """One call of `solution` profiled by evaluator `index` (or its stand-in), between its measurements."""
         target = self._stand_in(index)
         async with self._locks[target]:
-            self.in_flight[target] = (f"{solution.name} (profiling)", time.monotonic())
-            try:
-                result: ProfileResult = await self.actors[target].profile.remote(
-                    self.config.task, self.config.task_dirs, solution, measured, timeout_s)
+            with in_flight_on(self.in_flight, self.in_flight_next, target, f"{solution.name} (profiling)"):
+                try:
+                    result: ProfileResult = await self.actors[target].profile.remote(
+                        self.config.task, self.config.task_dirs, solution, measured, timeout_s)
+                except RayActorError:
+                    raise EvaluatorPoolError(f"evaluator {target} died while it profiled {solution.name}") from None
                 return result
-            except RayActorError:
-                raise EvaluatorPoolError(f"evaluator {target} died while it profiled {solution.name}") from None
-            finally:
-                self.in_flight.pop(target, None)
 
     def _stand_in(self, index: int) -> int:
         """`index`; while it is lost, a running evaluator with the same GPU, if there is one (an addressed
@@ -416,16 +417,15 @@ class RayEvaluatorPool:
                   library: Any, screen: bool = False) -> EvalResult:
         """One evaluation on evaluator `index`; RayActorError if it dies meanwhile."""
         async with self._locks[index]:
-            self.in_flight[index] = (solution.name, time.monotonic())
-            try:
+            with in_flight_on(self.in_flight, self.in_flight_next, index, solution.name):
                 result: EvalResult = await self.actors[index].evaluate.remote(
                     self.config.task, self.config.task_dirs, solution, workload_set, self.config.evaluation.mode, record, library,
                     screen,
                 )
-            finally:
-                self.in_flight.pop(index, None)
         self.done += 1
-        self.busy_s[index] = self.busy_s.get(index, 0.0) + result.seconds
+        # Overlapping evaluations (evaluation.overlap) count once: each adds what the one begun before it did not cover.
+        busy = result.device_seconds if result.device_seconds is not None else result.seconds
+        self.busy_s[index] = self.busy_s.get(index, 0.0) + busy
         if record is not None:
             self._builds.pop((solution.id, record.target, workload_set if record.kind == "triton" else None), None)
         return result

@@ -18,7 +18,9 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -49,6 +51,7 @@ from ksearch_ray.evaluation.sandbox.isolation import Isolation
 from ksearch_ray.evaluation.sandbox.protocol import (
     Built,
     Checked,
+    Go,
     Job,
     Output,
     Prebuilt,
@@ -119,7 +122,12 @@ class Evaluator:
     Isolation.REQUIRE, a SandboxError) come at once rather than with the first candidate.
 
     Time limits scale with the task (settings.py): the evaluator learns the baseline's waits per
-    stage when it evaluates the task's baseline solution, or from `learn_stage_times`."""
+    stage when it evaluates the task's baseline solution, or from `learn_stage_times`.
+
+    With `overlap`, two evaluations may run at once (from two threads): one's turn on the device
+    (DeviceTurn) starts once its worker is ready, before any of its code has run, and ends once its timed
+    calls are done; the worker's start-up (fork, CUDA context) and the last outputs' judging happen outside
+    the turn, beside the other's. Re-timing and profiling hold the device throughout."""
 
     def __init__(
         self,
@@ -137,13 +145,14 @@ class Evaluator:
         secret_names: frozenset[str] = frozenset(),
         triton_helper_ahead: bool = False,
         screen_timing: TimingPolicy | None = None,
+        overlap: bool = False,
     ):
         """`secret_names`: environment variables holding secrets whatever their names (the run's API key
         variable): they never reach a candidate, and their values, with every other secret value of this
         process's environment (text.secret_values), are redacted from everything a candidate produced.
         `triton_helper_ahead`: Triton's CUDA driver helper compiled once here, a copy in each Triton
         candidate's cache (`triton_helper`). `screen_timing`: the coarser rule of `evaluate(screen=True)` (a
-        search's new candidates); none: `timing` for every evaluation."""
+        search's new candidates); none: `timing` for every evaluation. `overlap`: see the class."""
         if device == "cuda" and not torch.cuda.is_available():
             gpu_driver.check()  # a driver that this torch cannot use: GpuDriverError naming both versions
             raise RuntimeError("device cuda requested but no CUDA GPU is visible")
@@ -168,7 +177,11 @@ class Evaluator:
                            timed_cache_bytes=self.limits.timed_reference_cache_mb * 2**20)
         self._stage_waits: dict[tuple[str, str], dict[str, float]] = {}
         self._lang_waits: dict[tuple[str, str], dict[str, float]] = {}  # (task, language) -> longest passing waits
-        self._progress: Callable[[str], None] = lambda _message: None
+        self.overlap = overlap
+        self._device = threading.RLock()  # the device's turns (DeviceTurn); re-timing and profiling hold it throughout
+        self._state = threading.Lock()  # what concurrent evaluations share: the kept caches, the busy intervals
+        self._running: dict[int, float] = {}  # evaluations in progress: id -> start (monotonic)
+        self._ended: deque[tuple[float, float]] = deque(maxlen=64)  # (start, end) of the last evaluations
         self.triton_helper_ahead = triton_helper_ahead and device == "cuda"
         self._triton_helper: bytes | None = None
         self.triton_caches_kept = TRITON_CACHES_KEPT
@@ -218,7 +231,7 @@ class Evaluator:
         Raises SandboxError when the sandbox itself cannot start a worker: that is no verdict on
         the candidate (none of its code has run), and a search must stop rather than count it.
         """
-        self._progress = progress or (lambda _message: None)
+        say = progress or (lambda _message: None)
         policy = self.screen_timing if screen and self.screen_timing is not None else self.timing
         timed = (workload_set != "tests") if timed is None else timed
         if prebuilt is not None and (prebuilt[0].solution_id != solution.id or sha256_bytes(prebuilt[1]) != prebuilt[0].sha256):
@@ -249,28 +262,39 @@ class Evaluator:
             prepared_untimed=run.prepare is not None,
         )
         t0 = time.monotonic()
+        token = self._started(t0)
+        turn = DeviceTurn(self._device if self.overlap else None)
         kernels_before = self._triton_cache(solution, triton_build, result)
         self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
         workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
                                 gpumode=task.definition.interface == "gpumode")
-        worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
-                                    declared_environment(task.definition.environment, self.sandbox.refused))
+        try:
+            worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
+                                        declared_environment(task.definition.environment, self.sandbox.refused))
+        except BaseException:
+            self._ended_at(token, t0)
+            raise
         # The limits learn from the baseline's clock, and may from this candidate's own correctness waits in
         # this evaluation (session.waits), its earlier measurement (own_waits) and its language's clock.
         session = Session(self.sandbox, worker, run, self.judge, workdir,
                           lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
-                          t0 + self.limits.total, self.limits.total, say=self._progress, started=t0)
+                          t0 + self.limits.total, self.limits.total, say=say, started=t0)
         timed_stage = TimedStage(policy, self.peaks)
+        timed_stage.timed_done = turn.give_back  # the last outputs are judged beside the next candidate's turn
         busy = 0.0
         try:
-            busy = self._drive(session, timed, stage if stage is not None else timed_stage)
+            busy = self._drive(session, timed, stage if stage is not None else timed_stage, turn)
             if not self.sandbox.healthy():
                 # Nothing but the candidate runs beside the zygote: its death is the candidate's doing.
                 raise Failure(Status.INTEGRITY_VIOLATION, "the sandbox's zygote process died while this candidate ran")
         except Failure as failure:
             result.status, result.message, result.log = failure.status, failure.message, failure.log
             self._mark_failed(run, failure)
+        except BaseException:
+            self._ended_at(token, t0)
+            raise
         finally:
+            turn.give_back()
             session.begin("teardown")
             session.close()
             shutil.rmtree(workdir, ignore_errors=True)
@@ -279,6 +303,7 @@ class Evaluator:
         if kernels_before is not None:
             result.triton_compiled = compiled_since(kernels_before, self._triton_cache_dir(solution))
         result.seconds = time.monotonic() - t0
+        result.device_seconds = round(self._ended_at(token, t0), 4)
         result.overhead_seconds = max(0.0, result.seconds - busy)
         result.build_seconds = run.build_seconds
         result.stage_waits = {k: round(v, 4) for k, v in session.waits.items()}
@@ -313,7 +338,8 @@ class Evaluator:
         # The re-timing's waits are limited by the candidate's own measured waits (with the floor), not only
         # the baseline's: a PyTorch baseline's 0.16 s says nothing of a candidate in Triton's interpreter.
         evaluate = functools.partial(self.evaluate, own_waits=dict(primary.stage_waits) or None)
-        return retime(evaluate, self.device, task, solution, primary, frozenset(options))
+        with self._device:  # its calls are timed from its worker's start to its end
+            return retime(evaluate, self.device, task, solution, primary, frozenset(options))
 
     def objective_for(self, task: Task) -> Objective:
         """The figure `timing` and the score are: the timing policy's `objective`, else the task's."""
@@ -362,10 +388,11 @@ class Evaluator:
             warmup_calls=self.profiler.warmup_calls, ncu=found.path, ncu_args=ncu_arguments(self.profiler.launch_count),
         )
         try:
-            return run_profile(self.sandbox, job, timeout_s or self.profiler.timeout_s, workload=name, measured_ms=mean_ms,
-                               tool=found.tool or "ncu", keep=self.profiler.kernels,
-                               launch_count=self.profiler.launch_count, identifiers=source_identifiers(solution.sources),
-                               copy_logs_to=copy_logs_to)
+            with self._device:  # the profiler's replays would disturb another candidate's timed calls
+                return run_profile(self.sandbox, job, timeout_s or self.profiler.timeout_s, workload=name, measured_ms=mean_ms,
+                                   tool=found.tool or "ncu", keep=self.profiler.kernels,
+                                   launch_count=self.profiler.launch_count,
+                                   identifiers=source_identifiers(solution.sources), copy_logs_to=copy_logs_to)
         except (SandboxError, OSError, ConnectionError) as exc:  # the sandbox's own failure, not the candidate's
             return ProfileResult(status="failed", solution_id=solution.id, workload=name, measured_ms=mean_ms,
                                  message=f"the sandbox could not start the profile job: {clip(str(exc), 200)}")
@@ -478,13 +505,14 @@ class Evaluator:
         the `triton_caches_kept` solutions used last (a long search would otherwise keep one per candidate: half a
         megabyte or more each); an older one's next worker compiles again."""
         cache = self.work_root / "cache" / solution.id / "triton"
-        cache.mkdir(parents=True, exist_ok=True)
-        self._recent_caches.pop(solution.id, None)
-        self._recent_caches[solution.id] = None
-        while len(self._recent_caches) > self.triton_caches_kept:
-            old = next(iter(self._recent_caches))
-            del self._recent_caches[old]
-            shutil.rmtree(self.work_root / "cache" / old, ignore_errors=True)
+        with self._state:
+            cache.mkdir(parents=True, exist_ok=True)
+            self._recent_caches.pop(solution.id, None)
+            self._recent_caches[solution.id] = None
+            while len(self._recent_caches) > self.triton_caches_kept:
+                old = next(iter(self._recent_caches))
+                del self._recent_caches[old]
+                shutil.rmtree(self.work_root / "cache" / old, ignore_errors=True)
         return cache
 
     def _triton_cache(self, solution: Solution, build: tuple[BuildRecord, bytes] | None,
@@ -552,12 +580,13 @@ class Evaluator:
             check=[WorkItem(index=i, workload=run.workloads[i], seed=run.check_seeds[i]) for i in run.checks()],
             device_handover=self.device_handover,
             handover_bytes=output_bytes(run.task, run.workloads),
+            wait_after_ready=self.overlap,
         )
 
-    def _drive(self, session: Session, timed: bool, stage: Stage) -> float:
+    def _drive(self, session: Session, timed: bool, stage: Stage, turn: DeviceTurn) -> float:
         """Talk to the worker through all stages; returns seconds of candidate work (build+calls)."""
         run = session.run
-        self._progress("starting the sandbox worker")
+        session.say("starting the sandbox worker")
         try:
             session.recv("start", "sandbox start-up", Ready)
         except Failure as failure:
@@ -567,9 +596,17 @@ class Evaluator:
                 f"the sandbox could not start a worker ({failure.status.value}: {failure.message})"
                 + (f"; last output: {clip(detail, 300)}" if detail and detail not in failure.message else "")
             ) from None
+        if turn.lock is not None:  # the worker waits for its turn on the device before any of the candidate runs
+            session.begin("queued")
+            queued = time.monotonic()
+            if not turn.take(blocking=False):
+                session.say("waiting for the device (another candidate's turn)")
+                turn.take()
+            session.deadline += time.monotonic() - queued  # the evaluation's time limit counts from its turn
+            session.send(Go())
         session.begin("build")
         compiles = run.solution.language == "cuda" and run.prebuilt is None
-        self._progress("building" if compiles else "loading the prebuilt library" if run.prebuilt else "importing the candidate")
+        session.say("building" if compiles else "loading the prebuilt library" if run.prebuilt else "importing the candidate")
         built = session.recv("build", "build", Built)
         busy = run.build_seconds = built.seconds
         session.begin("correctness")
@@ -581,7 +618,7 @@ class Evaluator:
                 msg = session.recv("correctness", f"correctness check of {workload.name}", Output)
                 if msg.index != i:
                     raise Failure(Status.INTEGRITY_VIOLATION, "correctness results arrived out of order")
-                self._progress(f"ran {workload.name}")
+                session.say(f"ran {workload.name}")
                 verdicts.append((i, session.judge_later(i, run.check_seeds[i], session.take(msg.handover, workload.name))))
                 self._settle(session, verdicts, block=False)
             session.recv("correctness", "correctness checks", Checked)
@@ -614,10 +651,30 @@ class Evaluator:
                 workload=run.workloads[i].name, status=Status.PASSED, max_abs_error=verdict.max_abs_error,
                 max_rel_error=verdict.max_rel_error, fraction_ok=verdict.fraction_ok,
             ))
-            self._progress(f"correct on {run.workloads[i].name} ({len(run.results)}/{len(run.workloads)})")
+            session.say(f"correct on {run.workloads[i].name} ({len(run.results)}/{len(run.workloads)})")
         if len(run.results) == len(run.workloads):
             where = {w.name: i for i, w in enumerate(run.workloads)}
             run.results.sort(key=lambda r: where[r.workload])  # the timing stage addresses them by index
+
+    def _started(self, start: float) -> int:
+        """An evaluation begins at `start`: its number among those in progress."""
+        with self._state:
+            token = max(self._running, default=0) + 1
+            self._running[token] = start
+        return token
+
+    def _ended_at(self, token: int, start: float) -> float:
+        """The evaluation `token` (begun at `start`) ends now: the seconds of it that no evaluation begun
+        before it covered (its device seconds). Over an evaluator's evaluations they add up to the time it
+        had one in progress, so overlapping evaluations count once; without overlap they are its seconds."""
+        end = time.monotonic()
+        with self._state:
+            self._running.pop(token, None)
+            if any(s < start for s in self._running.values()):
+                return 0.0  # one begun before it is still in progress: it covers this one whole
+            covered = max((e for s, e in self._ended if s < start), default=start)
+            self._ended.append((start, end))
+        return max(0.0, end - max(start, covered))
 
     def _mark_failed(self, run: RunSpec, failure: Failure) -> None:
         name = failure.workload or "(build)"
@@ -626,6 +683,25 @@ class Evaluator:
                 r.status, r.message = failure.status, failure.message
                 return
         run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
+
+
+class DeviceTurn:
+    """One evaluation's turn on its evaluator's device, where evaluations overlap (a lock; None: they do not)."""
+
+    def __init__(self, lock: threading.RLock | None):
+        self.lock = lock
+        self.held = False
+
+    def take(self, blocking: bool = True) -> bool:
+        if self.lock is None or self.held:
+            return True
+        self.held = self.lock.acquire(blocking=blocking)
+        return self.held
+
+    def give_back(self) -> None:
+        if self.held and self.lock is not None:
+            self.held = False
+            self.lock.release()
 
 
 def cheapest_first(task: Task, workloads: list[Workload]) -> list[int]:

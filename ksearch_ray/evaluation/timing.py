@@ -16,6 +16,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -58,6 +59,9 @@ class TimedStage:
     def __init__(self, policy: TimingPolicy, peaks: DevicePeaks | None):
         self.policy, self.peaks = policy, peaks
         self.timed_seconds = 0.0
+        self.timed_done: Callable[[], None] = lambda: None
+        """Called once the worker's timed calls are over (before the last outputs are judged): the device's next
+        turn may begin (Evaluator, with overlap)."""
 
     def __call__(self, session: Session) -> float:
         run = session.run
@@ -110,7 +114,8 @@ class TimedStage:
             raise Failure(Status.INTEGRITY_VIOLATION, f"{len(stopwatch.pending)} stopwatch records beyond the timed calls")
         self.timed_seconds = reported_ms / 1e3
         session.stop_worker()  # it is done: its teardown overlaps the judging
-        session.begin("judging")
+        self.timed_done()
+        session.begin("judging_timed")
         # Each figure's last timed output, against the reference on inputs regenerated here.
         futures = [[session.judge_later(i, call_seed(run.time_seeds[i], m.seed_index), out, keep=False)
                     for m, out in zip(msgs, outs, strict=True)]

@@ -8,7 +8,9 @@ an evaluator pool of threads around `Evaluator`s); `distributed` implements them
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +59,31 @@ class IdleEvaluators:
         return 0 if self.waiting else self._queue.qsize()
 
 
+def slots(overlap: bool) -> int:
+    """Evaluations an evaluator takes at once: two with `evaluation.overlap` (the second waits for its turn on
+    the device inside the evaluator), else one."""
+    return 2 if overlap else 1
+
+
+@contextlib.contextmanager
+def in_flight_on(in_flight: dict[int, tuple[str, float]], following: dict[int, tuple[str, float]], index: int,
+                 label: str) -> Iterator[None]:
+    """Work on evaluator `index` in progress, for the progress display: the first in `in_flight`, a second one
+    beside it (evaluation.overlap) in `following`, which moves up when the first ends."""
+    entry = (label, time.monotonic())
+    mine = following if index in in_flight else in_flight
+    mine[index] = entry
+    try:
+        yield
+    finally:
+        if in_flight.get(index) is entry:
+            del in_flight[index]
+            if index in following:
+                in_flight[index] = following.pop(index)
+        elif following.get(index) is entry:
+            del following[index]
+
+
 class WorldModelBackend(Protocol):
     async def run(self, command: Command[R]) -> R:
         """Apply one command (`worldmodel.api`) to the authoritative tree; what it returns."""
@@ -80,7 +107,7 @@ class EvaluatorBackend(Protocol):
     done: int
     """Evaluations finished this session."""
     busy_s: dict[int, float]
-    """Evaluator index -> seconds spent evaluating this session."""
+    """Evaluator index -> seconds spent evaluating this session (overlapping evaluations counted once)."""
     in_flight: dict[int, tuple[str, float]]
     """Evaluator index -> (solution name, monotonic start) of what it evaluates now."""
 

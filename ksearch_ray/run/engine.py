@@ -143,6 +143,10 @@ class Search:
             self.on_line("new candidates are screened (timed by the full rule with " + ", ".join(
                 f"{k} {v}" for k, v in sorted(self.config.evaluation.screen.items())) + "); a would-be best is "
                 "measured again by the full rule before it counts (evaluation.screen: null times every one fully)")
+        if self.config.evaluation.overlap:
+            self.on_line("each evaluator takes two evaluations at once (evaluation.overlap): the second's worker starts "
+                         "while the first is timed and runs its checks while the first's outputs are judged; timed "
+                         "calls keep the device to themselves")
         tree = self.view.tree
         if tree is None:
             self.record(WmInit(tree=new_tree(self.task.name, self.task.definition.description)))

@@ -22,4 +22,5 @@ def build_evaluator(settings: EvaluationConfig, device: str, work_root: Path | N
         isolation=Isolation(settings.isolation), start=start, profiler=settings.profile.settings(),
         secret_names=frozenset(n for n in secret_names if n), secret=secret,
         triton_helper_ahead=settings.triton_helper_ahead, screen_timing=settings.screen_timing_for(device),
+        overlap=settings.overlap,
     )

@@ -25,7 +25,7 @@ from ksearch_ray.models import EvalResult, Solution
 from ksearch_ray.policies import make_policy
 from ksearch_ray.policies.contract import CodeReply, CodeRequest, PlanReply, PlanRequest, Policy
 from ksearch_ray.policies.llm.ratelimit import LocalLimiter, RateBook
-from ksearch_ray.run.backends import Backends, IdleEvaluators
+from ksearch_ray.run.backends import Backends, IdleEvaluators, in_flight_on, slots
 from ksearch_ray.run.engine import Search
 from ksearch_ray.run.evaluators import build_evaluator
 from ksearch_ray.store import RunStore
@@ -89,25 +89,33 @@ class LocalEvaluatorPool:
         self.done = 0
         self.busy_s: dict[int, float] = {}
         self.in_flight: dict[int, tuple[str, float]] = {}
+        self.in_flight_next: dict[int, tuple[str, float]] = {}  # a second evaluation beside the first (overlap)
         self.idle = IdleEvaluators()
-        self._locks = [asyncio.Lock() for _ in range(size)]
+        self.slots = slots(config.evaluation.overlap)
+        self._locks = [asyncio.Semaphore(self.slots) for _ in range(size)]
+        self._active = [0] * size
+        self._busy_since = [0.0] * size
 
     async def describe_all(self) -> list[EvaluatorInfo]:
         if not self.evaluators:
             self.evaluators = [self._make(i) for i in range(self.size)]
-            for i in range(self.size):
-                self.idle.put(i)
+            for _ in range(self.slots):
+                for i in range(self.size):
+                    self.idle.put(i)
         return list(await asyncio.gather(*(asyncio.to_thread(describe, ev) for ev in self.evaluators)))
 
     async def _on(self, index: int, solution: Solution, label: str, work: Callable[[Evaluator], Any]) -> Any:
         async with self._locks[index]:
-            self.in_flight[index] = (label, time.monotonic())
-            t0 = time.monotonic()
+            if not self._active[index]:
+                self._busy_since[index] = time.monotonic()
+            self._active[index] += 1
             try:
-                return await asyncio.to_thread(work, self.evaluators[index])
+                with in_flight_on(self.in_flight, self.in_flight_next, index, label):
+                    return await asyncio.to_thread(work, self.evaluators[index])
             finally:
-                self.in_flight.pop(index, None)
-                self.busy_s[index] = self.busy_s.get(index, 0.0) + time.monotonic() - t0
+                self._active[index] -= 1
+                if not self._active[index]:  # busy while any work is in progress: overlapping work counts once
+                    self.busy_s[index] = self.busy_s.get(index, 0.0) + time.monotonic() - self._busy_since[index]
 
     def _evaluate(self, solution: Solution, workload_set: str, screen: bool = False) -> Callable[[Evaluator], EvalResult]:
         mode = self.config.evaluation.mode

@@ -44,6 +44,8 @@ def waiting(search: Search) -> list[tuple[str, float]]:
     now = time.monotonic()
     items = [(f"{role} {kind}", now - t0) for role, kind, t0 in search.llm.in_flight.values()]
     items += [(f"evaluator {i}: {name}", now - t0) for i, (name, t0) in sorted(search.evals.pool.in_flight.items())]
+    following = getattr(search.evals.pool, "in_flight_next", {})  # a second evaluation beside it (evaluation.overlap)
+    items += [(f"evaluator {i}, next: {name}", now - t0) for i, (name, t0) in sorted(following.items())]
     return sorted(items, key=lambda item: -item[1])
 
 

@@ -5,7 +5,7 @@ The evaluator parses what the worker sends with `parse_report`: anything that is
 report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
 
     evaluator -> Job                                          (first frame: what to run)
-    worker    -> Ready ; Built | Fail
+    worker    -> Ready ; (wait_after_ready: evaluator -> Go | StopCmd) ; Built | Fail
     worker    -> Output (one per correctness workload, outputs handed over)   evaluator -> Taken
     worker    -> Checked
     evaluator -> TimeCmd | RetimeCmd | StopCmd
@@ -85,6 +85,8 @@ class Job(_CandidateJob):
     prebuilt: Prebuilt | None = None
     check: list[WorkItem]
     device_handover: bool = Field(default=True, description="Hand outputs over in device memory where the driver allows.")
+    wait_after_ready: bool = Field(default=False, description=(
+        "After Ready, wait for Go (or StopCmd) before importing the candidate: its turn on the device."))
     handover_bytes: int | None = Field(default=None, ge=0, description=(
         "The largest outputs to expect (from the task's output shapes): the device buffer is made that size once."))
 

@@ -21,7 +21,7 @@ from ksearch_ray.evaluation.sandbox import clock, integrity
 from ksearch_ray.evaluation.sandbox.channel import Channel
 from ksearch_ray.evaluation.sandbox.handover import Exporter
 from ksearch_ray.evaluation.sandbox.harness import CandidateFailure, Worker
-from ksearch_ray.evaluation.sandbox.protocol import Fail, Job, Ready, RetimeCmd, TimeCmd
+from ksearch_ray.evaluation.sandbox.protocol import Fail, Go, Job, Ready, RetimeCmd, StopCmd, TimeCmd
 from ksearch_ray.evaluation.sandbox.timer import run_retime, run_timing
 from ksearch_ray.models import Status
 from ksearch_ray.text import clip
@@ -127,6 +127,12 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         if worker.cuda:
             worker.report_compiles()
         chan.send(Ready(setup_s=_perf() - t0))
+        if worker.job.wait_after_ready:  # the evaluator's go: this candidate's turn on the device
+            turn = worker.receive()
+            if isinstance(turn, StopCmd):
+                return 0
+            if not isinstance(turn, Go):
+                raise RuntimeError(f"the evaluator answered Ready with {turn.type!r}")
         worker.build()
         worker.correctness()
         cmd = worker.receive()

@@ -1,0 +1,170 @@
+"""Two evaluations at once on one evaluator (evaluation.overlap), in a real sandbox on the CPU path: the second's
+worker starts while the first is timed, and each candidate's code runs only in its own turn on the device."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ksearch_ray.config import RunConfig
+from ksearch_ray.evaluation.evaluator import Evaluator
+from ksearch_ray.evaluation.settings import Limits, TimingPolicy
+from ksearch_ray.models import EvalResult, Status
+from ksearch_ray.run.local import LocalEvaluatorPool
+from ksearch_ray.taskspec.task import Task, solution_from_file
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def toy() -> Task:
+    return Task.load(DATA / "toy")
+
+
+class WatchedLock:
+    """The evaluator's device lock, watched: who held it, from when to when (wall clock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.held: list[tuple[str, float, float]] = []
+        self._since: dict[str, list[float]] = {}
+
+    def acquire(self, blocking: bool = True) -> bool:
+        got = self.lock.acquire(blocking=blocking)
+        if got:
+            self._since.setdefault(threading.current_thread().name, []).append(time.time())
+        return got
+
+    def release(self) -> None:
+        start = self._since[threading.current_thread().name].pop()
+        if not self._since[threading.current_thread().name]:  # the outermost release of a re-entrant hold
+            self.held.append((threading.current_thread().name, start, time.time()))
+        self.lock.release()
+
+    def __enter__(self) -> WatchedLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _evaluate(ev: Evaluator, task: Task, name: str, lines: list[tuple[float, str]], out: dict[str, EvalResult]) -> None:
+    solution = task.solution(name) if name == "triton_seed" else solution_from_file(DATA / "candidates" / f"{name}.py", task)
+    out[name] = ev.evaluate(task, solution, workload_set="benchmarks",
+                            progress=lambda line: lines.append((time.time(), line)))
+
+
+def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_until_its_own(tmp_path, toy):
+    ev = Evaluator("cpu", tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=30, total=300),
+                   timing=TimingPolicy(max_calls=3, min_calls=3))
+    watched = WatchedLock()
+    ev._device = watched  # type: ignore[assignment]
+    try:
+        lines: dict[str, list[tuple[float, str]]] = {"triton_seed": [], "clock_spy": []}
+        results: dict[str, EvalResult] = {}
+        first = threading.Thread(target=_evaluate, name="triton_seed", args=(ev, toy, "triton_seed", lines["triton_seed"], results))
+        t0 = time.time()
+        first.start()
+        while not any(line.startswith("ran ") for _, line in lines["triton_seed"]):  # in its checks: its turn
+            assert first.is_alive(), results
+            time.sleep(0.01)
+        second = threading.Thread(target=_evaluate, name="clock_spy", args=(ev, toy, "clock_spy", lines["clock_spy"], results))
+        second.start()
+        first.join(300)
+        second.join(300)
+        t1 = time.time()
+        assert all(r.status is Status.PASSED for r in results.values()) and len(results) == 2, results
+
+        turns = {name: (start, end) for name, start, end in watched.held}
+        assert set(turns) == {"triton_seed", "clock_spy"} and len(watched.held) == 2
+        (a0, a1), (b0, b1) = turns["triton_seed"], turns["clock_spy"]
+        assert a1 <= b0  # one turn at a time: the second began after the first's timed calls were over
+        # The second's worker was started inside the first's turn and waited for its own.
+        started = next(t for t, line in lines["clock_spy"] if line == "starting the sandbox worker")
+        assert a0 < started < a1
+        assert any(line.startswith("waiting for the device") for _, line in lines["clock_spy"])
+        assert results["clock_spy"].stages["queued"] > 0
+        # Its code ran only in its turn: its import and every call, by its own clock.
+        spy = results["clock_spy"].solution_id
+        noted = [line.split() for line in (tmp_path / "cache" / spy / "triton" / "clock_spy.log").read_text().splitlines()]
+        assert [what for what, _ in noted][:1] == ["import"] and len(noted) > 1
+        assert all(b0 <= float(t) <= b1 for _, t in noted), (noted, b0, b1)
+
+        # Busy time counts the overlap once: the device seconds add up to the span of the two, not their sum.
+        device = [results[n].device_seconds or 0.0 for n in ("triton_seed", "clock_spy")]
+        assert device[0] == pytest.approx(results["triton_seed"].seconds, abs=0.01)
+        assert sum(device) <= t1 - t0 + 0.05
+        assert sum(r.seconds for r in results.values()) - sum(device) > 0.05
+    finally:
+        ev.close()
+
+
+def test_a_local_pool_with_overlap_takes_two_evaluations_per_evaluator_and_counts_busy_time_once(tmp_path, toy):
+    config = RunConfig.model_validate({"task": "toy_axpy", "evaluation": {
+        "device": "cpu", "overlap": True, "timing": {"max_calls": 3, "min_calls": 3}}})
+    pool = LocalEvaluatorPool(config, toy, make=lambda _i: Evaluator(
+        "cpu", tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=30, total=300),
+        timing=TimingPolicy(max_calls=3, min_calls=3)))
+
+    async def both() -> list[tuple[EvalResult, int]]:
+        await pool.describe_all()
+        seen_two = False
+
+        async def watch() -> None:
+            nonlocal seen_two
+            while True:
+                seen_two |= bool(pool.in_flight and pool.in_flight_next)
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            t0 = time.monotonic()
+            done = await asyncio.gather(pool.evaluate(toy.solution("triton_seed"), "benchmarks"),
+                                        pool.evaluate(toy.solution("good"), "benchmarks"))
+            span = time.monotonic() - t0
+        finally:
+            watcher.cancel()
+        assert seen_two  # both on evaluator 0 at once, the second shown as its next
+        assert pool.busy_s[0] <= span + 0.05 < sum(r.seconds for r, _ in done)
+        return done
+
+    try:
+        done = asyncio.run(both())
+    finally:
+        pool.release()
+    assert [index for _, index in done] == [0, 0] and all(r.passed for r, _ in done)
+    assert pool.done == 2 and not pool.in_flight and not pool.in_flight_next
+
+
+def test_a_ray_search_with_overlap_runs_two_evaluations_per_evaluator_actor(tmp_path):
+    """As a user runs it: a Ray search on the CPU path with evaluation.overlap from a config file; the evaluator
+    actor takes its two evaluations on two threads, and the run counts every evaluation's device seconds."""
+    from ksearch_ray.events import Evaluation
+    from ksearch_ray.store import RunStore
+
+    shutil.copytree(DATA, tmp_path / "data", ignore=shutil.ignore_patterns("candidates"))
+    (tmp_path / "overlap.yaml").write_text("evaluation:\n  overlap: true\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-m", "ksearch_ray", "run", "--task", "toy_axpy", "--task-dir", "data",
+                           "--device", "cpu", "--width", "2", "--rounds", "4", "--noise-repeats", "2",
+                           "--confirm-repeats", "0", "--config", "overlap.yaml", "--run-dir", "run"],
+                          cwd=tmp_path, env={**env, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "each evaluator takes two evaluations at once (evaluation.overlap)" in " ".join(done.stderr.split())
+    evaluations = [e for e in RunStore(tmp_path / "run").read_events() if isinstance(e, Evaluation)]
+    assert len(evaluations) >= 4 and all(e.result.passed for e in evaluations)
+    assert all(e.result.device_seconds is not None and e.result.device_seconds <= e.result.seconds + 1e-3
+               for e in evaluations)
+    assert all("queued" in e.result.stages for e in evaluations)  # each waited for (or took at once) its turn
+    # Two lanes keep the actor's two threads busy: some evaluation waited for the other's turn.
+    assert any(e.result.stages["queued"] > 0.01 for e in evaluations), [e.result.stages for e in evaluations]

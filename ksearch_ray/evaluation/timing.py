@@ -114,13 +114,15 @@ class TimedStage:
             raise Failure(Status.INTEGRITY_VIOLATION, f"{len(stopwatch.pending)} stopwatch records beyond the timed calls")
         self.timed_seconds = reported_ms / 1e3
         session.stop_worker()  # it is done: its teardown overlaps the judging
-        self.timed_done()
         session.begin("judging_timed")
         # Each figure's last timed output, against the reference on inputs regenerated here.
         futures = [[session.judge_later(i, call_seed(run.time_seeds[i], m.seed_index), out, keep=False)
                     for m, out in zip(msgs, outs, strict=True)]
                    for i, (msgs, outs) in enumerate(zip(reports, outputs, strict=True))]
         outputs.clear()  # the judge holds them now
+        # Queued first on the judge's one thread, these verdicts come before any of the next turn's: that turn's
+        # timed calls wait for its own verdicts, so the judge is idle by then.
+        self.timed_done()
         for i, per in enumerate(futures):
             for future, m in zip(per, reports[i], strict=True):
                 session.verdict(i, future.result(), f" (during timing, {m.figure} figure)")

@@ -11,7 +11,10 @@
 #           entry of VARIANTS (default "off screen"): off: cluster.triton_builds, evaluation.triton_helper_ahead
 #           and evaluation.screen all off (the defaults before 2026-12-05); on: builds and helper, no screening;
 #           screen: the defaults (builds, helper, each new candidate timed to 1 % in at most 20 calls a workload;
-#           a would-be best is measured again by the full rule); then experiments/triton_builds.py search over them
+#           a would-be best is measured again by the full rule); overlap: the defaults and evaluation.overlap (two
+#           evaluations per evaluator, the next one's worker started while one is timed); then
+#           experiments/triton_builds.py search over them. VARIANTS="screen overlap" compares the last two.
+#   judge   experiments/judge_cost.py: the judge's reference and comparison (full and short path) per TriMul workload
 # Outputs under $OUT (tarred by the caller's command).
 #   PARTS="tests evals" SITE=.gpubundle_s bash experiments/gpu/h200_triton_builds.sh
 set -uo pipefail
@@ -42,6 +45,7 @@ for part in ${PARTS:-tests evals}; do
     search)
       printf 'cluster:\n  triton_builds: false\nevaluation:\n  triton_helper_ahead: false\n  screen: null\n' > /tmp/off.yaml
       printf 'evaluation:\n  screen: null\n' > /tmp/on.yaml
+      printf 'evaluation:\n  overlap: true\n' > /tmp/overlap.yaml
       for v in ${VARIANTS:-off screen}; do
         rm -rf "/tmp/run_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
         # The run's own wall budget ends it (with its final re-timing); the timeout only guards it.
@@ -53,6 +57,8 @@ for part in ${PARTS:-tests evals}; do
       runs=(); for v in ${VARIANTS:-off screen}; do runs+=("/tmp/run_$v"); done
       python3 experiments/triton_builds.py search "${runs[@]}" | tee "$OUT/search.txt"
       for v in ${VARIANTS:-off screen}; do cp "/tmp/run_$v/events.jsonl" "$OUT/events_$v.jsonl" 2>/dev/null; done ;;
+    judge)
+      python3 experiments/judge_cost.py --task trimul --device cuda --repeats "${REPEATS:-5}" --json | tee "$OUT/judge.txt" ;;
   esac
 done
 stamp end

@@ -144,9 +144,11 @@ class Search:
                 f"{k} {v}" for k, v in sorted(self.config.evaluation.screen.items())) + "); a would-be best is "
                 "measured again by the full rule before it counts (evaluation.screen: null times every one fully)")
         if self.config.evaluation.overlap:
+            cpu = (self.config.evaluation.device or "cpu") == "cpu"
             self.on_line("each evaluator takes two evaluations at once (evaluation.overlap): the second's worker starts "
                          "while the first is timed and runs its checks while the first's outputs are judged; timed "
-                         "calls keep the device to themselves")
+                         "calls keep the device to themselves" + ("; on the CPU path the CPU is that device, and a "
+                         "worker's start-up shares it with the other's timed calls" if cpu else ""))
         tree = self.view.tree
         if tree is None:
             self.record(WmInit(tree=new_tree(self.task.name, self.task.definition.description)))

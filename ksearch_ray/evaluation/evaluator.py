@@ -264,11 +264,11 @@ class Evaluator:
         t0 = time.monotonic()
         token = self._started(t0)
         turn = DeviceTurn(self._device if self.overlap else None)
-        kernels_before = self._triton_cache(solution, triton_build, result)
-        self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
-        workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
-                                gpumode=task.definition.interface == "gpumode")
         try:
+            kernels_before = self._triton_cache(solution, triton_build, result)
+            self.judge.prepare(task)  # an untrusted task's reference worker starts beside the candidate's
+            workdir = self._workdir(solution, prebuilt[1] if prebuilt else None,
+                                    gpumode=task.definition.interface == "gpumode")
             worker = self.sandbox.start(self._job(run, workdir).model_dump(mode="json"),
                                         declared_environment(task.definition.environment, self.sandbox.refused))
         except BaseException:

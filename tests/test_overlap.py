@@ -68,6 +68,17 @@ def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_un
                    timing=TimingPolicy(max_calls=3, min_calls=3))
     watched = WatchedLock()
     ev._device = watched  # type: ignore[assignment]
+    judged: list[tuple[float, float]] = []  # when the judge worked (its one thread), wall clock
+    judge = ev.judge._judge
+
+    def watched_judge(*args, **kwargs):
+        start = time.time()
+        try:
+            return judge(*args, **kwargs)
+        finally:
+            judged.append((start, time.time()))
+
+    ev.judge._judge = watched_judge  # type: ignore[method-assign]
     try:
         lines: dict[str, list[tuple[float, str]]] = {"triton_seed": [], "clock_spy": []}
         results: dict[str, EvalResult] = {}
@@ -98,6 +109,12 @@ def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_un
         noted = [line.split() for line in (tmp_path / "cache" / spy / "triton" / "clock_spy.log").read_text().splitlines()]
         assert [what for what, _ in noted][:1] == ["import"] and len(noted) > 1
         assert all(b0 <= float(t) <= b1 for _, t in noted), (noted, b0, b1)
+        # Its timed calls (the last 3 of each of its 2 workloads, after 2 checks and 2 warm-up calls each) ran while
+        # the judge was idle: the first's last outputs had been judged before them.
+        calls = [float(t) for what, t in noted if what == "call"]
+        assert len(calls) == 2 + 2 * 2 + 2 * 3, noted
+        timed_from, timed_to = calls[6], calls[-1]
+        assert judged and not [j for j in judged if j[0] < timed_to and j[1] > timed_from], (judged, timed_from, timed_to)
 
         # Busy time counts the overlap once: the device seconds add up to the span of the two, not their sum.
         device = [results[n].device_seconds or 0.0 for n in ("triton_seed", "clock_spy")]

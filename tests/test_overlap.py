@@ -185,3 +185,50 @@ def test_a_ray_search_with_overlap_runs_two_evaluations_per_evaluator_actor(tmp_
     assert all("queued" in e.result.stages for e in evaluations)  # each waited for (or took at once) its turn
     # Two lanes keep the actor's two threads busy: some evaluation waited for the other's turn.
     assert any(e.result.stages["queued"] > 0.01 for e in evaluations), [e.result.stages for e in evaluations]
+
+
+def test_a_worker_that_dies_while_it_waits_for_its_turn_is_the_sandboxs_failure_not_a_verdict(tmp_path, toy):
+    """Nothing of the candidate has run while its worker waits at Ready: a worker gone by its turn (killed from
+    outside here) stops the evaluation with a SandboxError, and the device's turn goes on to the next."""
+    import signal
+
+    from ksearch_ray.evaluation.sandbox.handle import SandboxError
+
+    ev = Evaluator("cpu", tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=30, total=300),
+                   timing=TimingPolicy(max_calls=3, min_calls=3))
+    workers = []  # the candidates' workers (the toy task, from outside the package, has a reference worker too)
+    start = ev.sandbox.start
+
+    def started(job, *args, **kwargs):
+        handle = start(job, *args, **kwargs)
+        if job.get("type") == "job":
+            workers.append(handle)
+        return handle
+
+    ev.sandbox.start = started  # type: ignore[method-assign]
+    lines: list[tuple[float, str]] = []
+    outcome: dict[str, object] = {}
+
+    def waiting_one() -> None:
+        try:
+            outcome["result"] = ev.evaluate(toy, toy.solution("good"), workload_set="benchmarks",
+                                            progress=lambda line: lines.append((time.time(), line)))
+        except SandboxError as exc:
+            outcome["error"] = exc
+
+    try:
+        with ev._device:  # another evaluation's turn, held here
+            thread = threading.Thread(target=waiting_one)
+            thread.start()
+            while not any(line.startswith("waiting for the device") for _, line in lines):
+                assert thread.is_alive(), outcome
+                time.sleep(0.01)
+            os.killpg(workers[0].pid, signal.SIGKILL)
+            time.sleep(0.2)
+        thread.join(60)
+        assert "result" not in outcome and "waited for its turn on the device" in str(outcome["error"]), outcome
+        # The turn was given back: the next evaluation takes it at once and passes.
+        after = ev.evaluate(toy, toy.solution("good"), workload_set="benchmarks")
+        assert after.passed and after.stages["queued"] < 1.0
+    finally:
+        ev.close()

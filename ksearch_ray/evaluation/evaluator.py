@@ -603,7 +603,11 @@ class Evaluator:
                 session.say("waiting for the device (another candidate's turn)")
                 turn.take()
             session.deadline += time.monotonic() - queued  # the evaluation's time limit counts from its turn
-            session.send(Go())
+            try:
+                session.send(Go())
+            except Failure as failure:  # nothing of the candidate has run: the sandbox's failure, not its verdict
+                raise SandboxError(f"the sandbox's worker ended while it waited for its turn on the device "
+                                   f"({failure.message})") from None
         session.begin("build")
         compiles = run.solution.language == "cuda" and run.prebuilt is None
         session.say("building" if compiles else "loading the prebuilt library" if run.prebuilt else "importing the candidate")

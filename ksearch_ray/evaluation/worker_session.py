@@ -148,7 +148,17 @@ class Session:
     # --- messages -----------------------------------------------------------------------------
 
     def send(self, message: BaseModel) -> None:
-        self.worker.chan.send(message)
+        """Send `message` to the worker; a worker that is gone (its end of the channel closed, as a candidate
+        may do to it) is a CRASHED failure, as when `recv` finds it gone."""
+        try:
+            self.worker.chan.send(message)
+        except OSError as exc:
+            self.sandbox.kill(self.worker)
+            code, sig = self.sandbox.reap(self.worker)
+            how = f"killed by signal {sig}" if sig else f"exited with code {code}"
+            what = getattr(message, "type", type(message).__name__)
+            raise Failure(Status.CRASHED, f"worker process {how} before it took the evaluator's {what!r} "
+                          f"({type(exc).__name__})", self.logs()) from None
 
     def recv(self, stage: str, phase: str, *expect: type[M]) -> M:
         """The next message of one of the types `expect`. Progress reports reset the wait; a Fail

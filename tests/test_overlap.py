@@ -232,3 +232,26 @@ def test_a_worker_that_dies_while_it_waits_for_its_turn_is_the_sandboxs_failure_
         assert after.passed and after.stages["queued"] < 1.0
     finally:
         ev.close()
+
+
+def test_a_hang_in_one_turn_ends_by_its_limit_and_the_waiting_evaluation_then_passes(tmp_path, toy):
+    """The turn is given back however an evaluation ends: a candidate that hangs in its turn is stopped by its
+    own wait limit (TIMEOUT), and the one waiting meanwhile gets the device, its time limit counted from then."""
+    ev = Evaluator("cpu", tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=4, hang_floor=2, total=60),
+                   timing=TimingPolicy(max_calls=3, min_calls=3))
+    lines: list[str] = []
+    results: dict[str, EvalResult] = {}
+    hang = threading.Thread(target=lambda: results.update(hang=ev.evaluate(
+        toy, solution_from_file(DATA / "candidates" / "hang.py", toy), workload_set="benchmarks",
+        progress=lines.append)))
+    try:
+        hang.start()
+        while "importing the candidate" not in lines:  # its turn
+            assert hang.is_alive(), results
+            time.sleep(0.01)
+        results["good"] = ev.evaluate(toy, toy.solution("good"), workload_set="benchmarks")
+        hang.join(60)
+        assert results["hang"].status is Status.TIMEOUT, results["hang"].message
+        assert results["good"].passed and results["good"].stages["queued"] > 1.0  # it waited out the hang
+    finally:
+        ev.close()

@@ -211,9 +211,10 @@ class EvaluationConfig(_Section):
     overlap: bool = Field(
         default=False, description="Each evaluator takes a second evaluation while one runs. The second's sandbox "
         "worker starts (a fork and a CUDA context; none of the candidate's code) while the first is timed, and "
-        "imports and checks its candidate while the first's last outputs are judged; timed calls, re-timing and "
-        "profiling still have the device to themselves. Busy time counts overlapping evaluations once "
-        "(`device_seconds`). Off by default: not yet measured on a GPU.")
+        "imports and checks its candidate while the first's last outputs are judged; a profile's processes start "
+        "beside an evaluation and its candidate runs in a turn of its own. Timed calls, re-timing and the profiled "
+        "call have the device to themselves. Busy time counts overlapping evaluations once (`device_seconds`). "
+        "Off by default: not yet measured on a GPU.")
     replace_timeout_s: float = Field(
         default=600.0, gt=0, description="An evaluator started to replace a lost one and not running after this long is given up."
     )

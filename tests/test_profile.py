@@ -432,3 +432,40 @@ def test_a_profile_job_that_hangs_is_killed_at_its_limit(jailed, tmp_path):
     profile = with_profiler(jailed, fake, timeout_s=1).profile(toy, toy.baseline(), measured(toy, toy.baseline().id))
     assert profile.status == "timeout" and profile.message == "no result within 1 s" and profile.seconds < 10
     assert jailed.evaluate(toy, toy.baseline(), workload_set="tests").passed  # the sandbox goes on
+
+
+def test_with_overlap_the_profiled_process_starts_at_once_and_runs_the_candidate_only_in_its_turn(tmp_path):
+    """evaluation.overlap: the profile job's processes (the stand-in for ncu, a fresh Python with the task) start
+    while another evaluation holds the device; the candidate (a spy noting its own clock in its Triton cache)
+    is imported, warmed up and profiled only once the turn is given, inside the jail."""
+    import threading
+    import time
+
+    toy = Task.load(DATA / "toy")
+    listener = Listener()
+    fake = tmp_path / "ncu"
+    fake.write_text((DATA / "ncu" / "fake_ncu.py").read_text().replace("@HOST_FILE@", str(tmp_path / "host.txt"))
+                    .replace("@HOST_PORT@", str(listener.port)))
+    fake.chmod(0o755)
+    root = tmp_path / "root"
+    evaluator = with_profiler(Evaluator("cpu", root, isolation=Isolation.REQUIRE, overlap=True), fake)
+    spy = solution_from_file(DATA / "candidates" / "clock_spy.py", toy)
+    out: dict[str, ProfileResult] = {}
+    try:
+        with evaluator._device:  # another evaluation's turn
+            thread = threading.Thread(target=lambda: out.update(p=evaluator.profile(toy, spy, measured(toy, spy.id))))
+            thread.start()
+            while not list(root.glob("jobs/*/waiting.mark")):  # up, and waiting for its turn
+                assert thread.is_alive(), out
+                time.sleep(0.01)
+            time.sleep(0.3)
+            given = time.time()
+        thread.join(60)
+        profile = out["p"]
+        assert profile.status == "ok", profile.message
+        assert profile.seconds > 0.3  # the wait is in its seconds; the limit counted from the turn
+        noted = [line.split() for line in (root / "cache" / spy.id / "triton" / "clock_spy.log").read_text().splitlines()]
+        assert noted[0][0] == "import" and all(float(t) >= given for _, t in noted), (noted, given)
+        assert (tmp_path / "host.txt").exists() is False and listener.heard == 0  # in the jail all along
+    finally:
+        evaluator.close()

@@ -12,6 +12,7 @@ in the worker, nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -31,6 +32,7 @@ import torch
 from ksearch_ray.evaluation import gpu_driver
 from ksearch_ray.evaluation.buildcache import BuildRecord, sha256_bytes
 from ksearch_ray.evaluation.compare import Comparison
+from ksearch_ray.evaluation.device_turn import DeviceTurn
 from ksearch_ray.evaluation.floors import DevicePeaks, peaks_for
 from ksearch_ray.evaluation.judge import Judge
 from ksearch_ray.evaluation.ncu import find_ncu, ncu_arguments, ncu_version, source_identifiers
@@ -386,13 +388,18 @@ class Evaluator:
             entry_point=solution.entry_point, prepare=trusted_prepare(task, solution),
             item=WorkItem(index=0, workload=workload, seed=derive_seed(self.secret, name, workload.params.get("seed"), "profile")),
             warmup_calls=self.profiler.warmup_calls, ncu=found.path, ncu_args=ncu_arguments(self.profiler.launch_count),
+            wait_for_turn=self.overlap,
         )
+        # The profiler's replays would disturb another candidate's timed calls: with overlap the profiled process
+        # waits for its turn once it is up (ncu's and Python's start-up overlap another evaluation); without it,
+        # the device is held throughout.
+        turn = DeviceTurn(self._device) if self.overlap else None
         try:
-            with self._device:  # the profiler's replays would disturb another candidate's timed calls
+            with contextlib.nullcontext() if self.overlap else self._device:
                 return run_profile(self.sandbox, job, timeout_s or self.profiler.timeout_s, workload=name, measured_ms=mean_ms,
                                    tool=found.tool or "ncu", keep=self.profiler.kernels,
                                    launch_count=self.profiler.launch_count,
-                                   identifiers=source_identifiers(solution.sources), copy_logs_to=copy_logs_to)
+                                   identifiers=source_identifiers(solution.sources), copy_logs_to=copy_logs_to, turn=turn)
         except (SandboxError, OSError, ConnectionError) as exc:  # the sandbox's own failure, not the candidate's
             return ProfileResult(status="failed", solution_id=solution.id, workload=name, measured_ms=mean_ms,
                                  message=f"the sandbox could not start the profile job: {clip(str(exc), 200)}")
@@ -687,25 +694,6 @@ class Evaluator:
                 r.status, r.message = failure.status, failure.message
                 return
         run.results.append(WorkloadResult(workload=name, status=failure.status, message=failure.message))
-
-
-class DeviceTurn:
-    """One evaluation's turn on its evaluator's device, where evaluations overlap (a lock; None: they do not)."""
-
-    def __init__(self, lock: threading.RLock | None):
-        self.lock = lock
-        self.held = False
-
-    def take(self, blocking: bool = True) -> bool:
-        if self.lock is None or self.held:
-            return True
-        self.held = self.lock.acquire(blocking=blocking)
-        return self.held
-
-    def give_back(self) -> None:
-        if self.held and self.lock is not None:
-            self.held = False
-            self.lock.release()
 
 
 def cheapest_first(task: Task, workloads: list[Workload]) -> list[int]:

@@ -17,17 +17,26 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ksearch_ray.evaluation.device_turn import DeviceTurn
 from ksearch_ray.evaluation.ncu import KernelProfile, ProfileError, known_failure, parse_ncu_log, read_log
 from ksearch_ray.evaluation.sandbox.channel import ChannelClosed, ChannelForgery, ChannelTimeout
 from ksearch_ray.evaluation.sandbox.handle import Sandbox
-from ksearch_ray.evaluation.sandbox.profiler import BUILD_FAILED, CALL_FAILED, INPUTS_FAILED
-from ksearch_ray.evaluation.sandbox.protocol import Profiled, ProfileJob, ProtocolError, parse_report
+from ksearch_ray.evaluation.sandbox.profiler import BUILD_FAILED, CALL_FAILED, INPUTS_FAILED, TURN_FAILED
+from ksearch_ray.evaluation.sandbox.protocol import (
+    Go,
+    Profiled,
+    ProfileJob,
+    ProtocolError,
+    Waiting,
+    parse_report,
+)
 from ksearch_ray.models import EvalResult
 
 _TARGET_FAILED = {
     BUILD_FAILED: "the candidate did not build under the profiler",
     CALL_FAILED: "the candidate's call raised under the profiler",
     INPUTS_FAILED: "the workload's inputs could not be made under the profiler",
+    TURN_FAILED: "the profiled process was not given its turn on the device",
 }
 
 
@@ -106,11 +115,13 @@ def slowest_workload(result: EvalResult) -> tuple[str, float] | None:
 
 def run_profile(sandbox: Sandbox, job: ProfileJob, timeout_s: float, *, workload: str, measured_ms: float | None,
                 tool: str, keep: int, launch_count: int, identifiers: frozenset[str] | None = None,
-                copy_logs_to: Path | None = None) -> ProfileResult:
+                copy_logs_to: Path | None = None, turn: DeviceTurn | None = None) -> ProfileResult:
     """Run `job` in `sandbox`, at most `timeout_s` seconds, and read what ncu left in its job directory.
     `identifiers`: the words of the candidate's sources (kernel names outside them and the known libraries are
     withheld). `copy_logs_to`: a folder that gets ncu's log and the profiled process's output as they were (for
-    experiments and fixtures; they are the candidate's to write)."""
+    experiments and fixtures; they are the candidate's to write). `turn`: with a job that waits for its turn
+    (`wait_for_turn`), taken when the profiled process is up and given back when the job ends; the limit
+    counts from the turn."""
     t0 = time.monotonic()
     base = ProfileResult(status="failed", solution_id=job.solution_id, workload=workload, measured_ms=measured_ms, tool=tool)
     worker = sandbox.start(job.model_dump(mode="json"))
@@ -118,13 +129,19 @@ def run_profile(sandbox: Sandbox, job: ProfileJob, timeout_s: float, *, workload
     timed_out = False
     why = "the profile job ended without reporting"
     try:
+        deadline = t0 + timeout_s
         while code is None:
-            remaining = t0 + timeout_s - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ChannelTimeout()
             message = parse_report(worker.chan.recv(remaining))
             if isinstance(message, Profiled):
                 code = message.code
+            elif isinstance(message, Waiting) and turn is not None and job.wait_for_turn and not turn.held:
+                waited = time.monotonic()
+                turn.take()
+                deadline += time.monotonic() - waited
+                worker.chan.send(Go())
             elif message.type not in ("ready", "progress"):
                 why = f"the profile job sent an unexpected {message.type!r} message"
                 break
@@ -135,6 +152,8 @@ def run_profile(sandbox: Sandbox, job: ProfileJob, timeout_s: float, *, workload
     finally:
         sandbox.kill(worker)  # whatever the candidate left running dies with its namespace
         sandbox.reap(worker)
+        if turn is not None:
+            turn.give_back()
     seconds = time.monotonic() - t0
 
     def ended(status: str, message: str = "", **found: object) -> ProfileResult:

@@ -1,7 +1,8 @@
 """Profiles of the bests (`--profile-bests`): each new best profiled once per GPU type, beside the search.
 
-An evaluator takes a profile between measurements, never inside one; the planner's next call waits for the
-best's profile in flight, and the run's end waits for every one.
+An evaluator takes a profile between measurements, never inside one (with evaluation.overlap, the profiler's
+start-up overlaps an evaluation, and the candidate runs in a turn of its own on the device); the planner's next
+call waits for the best's profile in flight, and the run's end waits for every one.
 """
 
 from __future__ import annotations

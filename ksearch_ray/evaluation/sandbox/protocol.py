@@ -20,6 +20,7 @@ report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
     any time: worker -> Progress (a kernel compiled, a warm-up call): it resets the wait limit.
 
     profile:  evaluator -> ProfileJob (first frame) ; worker -> Ready ... Profiled     (sandbox/profiler.py)
+              (wait_for_turn: worker -> Waiting, once the profiled process is up ; evaluator -> Go)
 
     reference (an untrusted task's references, sandbox/reference_worker.py):
               evaluator -> ReferenceJob (first frame) ; worker -> Ready | Fail
@@ -149,6 +150,9 @@ class ProfileJob(_CandidateJob):
     ncu: str = Field(description="The ncu executable.")
     ncu_args: list[str] = Field(description="ncu's options (evaluation/ncu.py), before --log-file and the command.")
     log_name: str = Field(default="ncu.csv", pattern=r"^[A-Za-z0-9_.-]+$", description="ncu's log, in the job directory.")
+    wait_for_turn: bool = Field(default=False, description=(
+        "The profiled process, once up (CUDA context, torch, the task), waits for the evaluator's Go before it "
+        "imports the candidate: its turn on the device (evaluation.overlap)."))
 
 
 class ReferenceJob(_Message):
@@ -188,6 +192,12 @@ class Handover(_Message):
 class Ready(_Message):
     type: Literal["ready"] = "ready"
     setup_s: float
+
+
+class Waiting(_Message):
+    """A profile job's profiled process is up and waits for its turn on the device (ProfileJob.wait_for_turn)."""
+
+    type: Literal["waiting"] = "waiting"
 
 
 class Built(_Message):
@@ -291,7 +301,7 @@ class Profiled(_Message):
 
 
 ReportMessage = (Ready | Built | TritonBuilt | Progress | Output | Checked | Warmed | Tick | Timed | CallOutput | Done | Fail | Prepared
-                 | Ran | Profiled)
+                 | Ran | Profiled | Waiting)
 Report = Annotated[ReportMessage, Field(discriminator="type")]
 
 # --- evaluator -> worker -----------------------------------------------------------------------

@@ -129,7 +129,8 @@ class Evaluator:
     With `overlap`, two evaluations may run at once (from two threads): one's turn on the device
     (DeviceTurn) starts once its worker is ready, before any of its code has run, and ends once its timed
     calls are done; the worker's start-up (fork, CUDA context) and the last outputs' judging happen outside
-    the turn, beside the other's. Re-timing and profiling hold the device throughout."""
+    the turn, beside the other's. Re-timing holds the device throughout; a profile's candidate runs in a turn
+    of its own (evaluation/profiling.py)."""
 
     def __init__(
         self,

@@ -15,6 +15,8 @@
 #           evaluations per evaluator, the next one's worker started while one is timed); then
 #           experiments/triton_builds.py search over them. VARIANTS="screen overlap" compares the last two.
 #   judge   experiments/judge_cost.py: the judge's reference and comparison (full and short path) per TriMul workload
+#   profile experiments/profile_once.py --beside baseline: with overlap, how long a profile of triton_fused stalls
+#           the evaluations that come after it
 # Outputs under $OUT (tarred by the caller's command).
 #   PARTS="tests evals" SITE=.gpubundle_s bash experiments/gpu/h200_triton_builds.sh
 set -uo pipefail
@@ -59,6 +61,9 @@ for part in ${PARTS:-tests evals}; do
       for v in ${VARIANTS:-off screen}; do cp "/tmp/run_$v/events.jsonl" "$OUT/events_$v.jsonl" 2>/dev/null; done ;;
     judge)
       python3 experiments/judge_cost.py --task trimul --device cuda --repeats "${REPEATS:-5}" --json | tee "$OUT/judge.txt" ;;
+    profile)
+      python3 experiments/profile_once.py --task trimul --solutions triton_fused --workloads benchmarks --beside baseline \
+        --beside-count 4 --out "$OUT/profile_once.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/profile.txt" | tail -8 ;;
   esac
 done
 stamp end

@@ -255,3 +255,39 @@ def test_a_hang_in_one_turn_ends_by_its_limit_and_the_waiting_evaluation_then_pa
         assert results["good"].passed and results["good"].stages["queued"] > 1.0  # it waited out the hang
     finally:
         ev.close()
+
+
+@pytest.mark.slow
+def test_a_ray_pool_with_overlap_gets_both_slots_back_when_its_evaluator_dies_mid_evaluation(ray_session, tmp_path):
+    """Both evaluations in flight on the actor are lost with it, run again on its replacement, and the
+    replacement takes two at once again: its two slots are back in the idle queue."""
+    import ray
+    from local_backends import settings
+
+    from ksearch_ray.distributed.pool import RayEvaluatorPool
+
+    toy = Task.load(DATA / "toy")
+    config = settings(task="toy_axpy", task_dirs=[str(DATA)], device="cpu", evaluator_gpus=True, evaluators=1,
+                      overlap=True, run_dir=str(tmp_path / "run"))
+    lost: list[tuple[int, str]] = []
+
+    async def scenario() -> list[tuple[EvalResult, int]]:
+        pool = RayEvaluatorPool(config, "ovl", on_lost=lambda i, s: lost.append((i, s)))
+        try:
+            await pool.describe_all()
+            slow, quick = toy.solution("triton_seed"), toy.solution("good")
+            first = asyncio.ensure_future(pool.evaluate(slow, "benchmarks"))
+            second = asyncio.ensure_future(pool.evaluate(quick, "benchmarks"))
+            while not (pool.in_flight and pool.in_flight_next):  # both on the actor
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            ray.kill(pool.actors[0], no_restart=True)
+            done = await asyncio.gather(first, second)
+            assert pool.idle._queue.qsize() == 2  # both slots back, on the replacement
+            return done
+        finally:
+            pool.release()
+
+    done = asyncio.run(scenario())
+    assert all(result.passed and index == 0 for result, index in done), done
+    assert len(lost) == 2 and {s for _, s in lost} == {toy.solution("triton_seed").id, toy.solution("good").id}

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,7 +127,8 @@ class RayEvaluatorPool:
         self._locks = [asyncio.Semaphore(self.slots) for _ in range(self.size)]
         self.infos: dict[int, EvaluatorInfo] = {}
         self._replacing: dict[int, asyncio.Task[None]] = {}
-        self._parked: set[int] = set()  # out of the idle queue until its replacement runs
+        # Evaluator index -> its slots out of the idle queue until its replacement runs (two with overlap).
+        self._parked: Counter[int] = Counter()
         self._given_up: set[int] = set()
         self._builds: dict[tuple[str, BuildTarget, str | None], _Build] = {}
         self._task: Any = None
@@ -181,8 +183,7 @@ class RayEvaluatorPool:
                 ray.kill(actor)
             self._given_up.add(index)
         else:
-            if index in self._parked:
-                self._parked.discard(index)
+            for _ in range(self._parked.pop(index, 0)):
                 self.idle.put(index)
         finally:
             self._replacing.pop(index, None)
@@ -198,7 +199,7 @@ class RayEvaluatorPool:
                     raise EvaluatorPoolError(f"all {self.size} evaluators were lost and none could be replaced")
             index = getter.result()
             if index in self._replacing or index in self._given_up:
-                self._parked.add(index)  # its replacement puts it back once it runs
+                self._parked[index] += 1  # its replacement puts it back once it runs
                 continue
             return index
 
@@ -321,7 +322,7 @@ class RayEvaluatorPool:
                 losses += 1
                 log.warning("evaluator %d died mid-evaluation of %s; it goes back to the queue (%d/%d)",
                             index, solution.name, losses, ACTOR_RETRIES)
-                self._parked.add(index)
+                self._parked[index] += 1
                 self._lose(index, solution)
                 if losses >= ACTOR_RETRIES:
                     raise EvaluatorPoolError(f"{solution.name}: its evaluator died {ACTOR_RETRIES} times in a row") from None
@@ -336,7 +337,7 @@ class RayEvaluatorPool:
         while (index := self.idle.spare()) is not None:
             if index not in self._replacing and index not in self._given_up:
                 return index
-            self._parked.add(index)  # its replacement puts it back once it runs
+            self._parked[index] += 1  # its replacement puts it back once it runs
         return None
 
     async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
@@ -352,7 +353,7 @@ class RayEvaluatorPool:
             result = await self._on(index, solution, workload_set, record, library, screen)
         except RayActorError:
             log.warning("evaluator %d died mid-evaluation of %s (spare work: not run again)", index, solution.name)
-            self._parked.add(index)
+            self._parked[index] += 1
             self._lose(index, solution)
             return None
         except BaseException:

@@ -275,9 +275,10 @@ def test_a_ray_pool_with_overlap_gets_both_slots_back_when_its_evaluator_dies_mi
         pool = RayEvaluatorPool(config, "ovl", on_lost=lambda i, s: lost.append((i, s)))
         try:
             await pool.describe_all()
-            slow, quick = toy.solution("triton_seed"), toy.solution("good")
+            # Two slow ones (seconds each in Triton's interpreter): whichever has the turn, the other still waits.
+            slow = toy.solution("triton_seed")
             first = asyncio.ensure_future(pool.evaluate(slow, "benchmarks"))
-            second = asyncio.ensure_future(pool.evaluate(quick, "benchmarks"))
+            second = asyncio.ensure_future(pool.evaluate(slow, "benchmarks"))
             while not (pool.in_flight and pool.in_flight_next):  # both on the actor
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.3)
@@ -290,4 +291,4 @@ def test_a_ray_pool_with_overlap_gets_both_slots_back_when_its_evaluator_dies_mi
 
     done = asyncio.run(scenario())
     assert all(result.passed and index == 0 for result, index in done), done
-    assert len(lost) == 2 and {s for _, s in lost} == {toy.solution("triton_seed").id, toy.solution("good").id}
+    assert lost == [(0, toy.solution("triton_seed").id)] * 2

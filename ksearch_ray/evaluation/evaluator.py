@@ -187,6 +187,7 @@ class Evaluator:
         self._ended: deque[tuple[float, float]] = deque(maxlen=64)  # (start, end) of the last evaluations
         self.triton_helper_ahead = triton_helper_ahead and device == "cuda"
         self._triton_helper: bytes | None = None
+        self._helper_lock = threading.Lock()
         self.triton_caches_kept = TRITON_CACHES_KEPT
         self._recent_caches: dict[str, None] = {}  # solution ids whose Triton cache is kept, least recently used first
         if start:
@@ -552,6 +553,10 @@ class Evaluator:
         its cache key is the one a worker computes; None when off or when that fails (one WARNING line)."""
         if not self.triton_helper_ahead:
             return None
+        with self._helper_lock:  # two overlapping evaluations: the second waits for the first's compile
+            return self._compile_triton_helper()
+
+    def _compile_triton_helper(self) -> bytes | None:
         if self._triton_helper is None:
             self._triton_helper = b""
             folder = self.work_root / "triton-helper"

@@ -63,8 +63,10 @@ def _evaluate(ev: Evaluator, task: Task, name: str, lines: list[tuple[float, str
                             progress=lambda line: lines.append((time.time(), line)))
 
 
-def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_until_its_own(tmp_path, toy):
-    ev = Evaluator("cpu", tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=30, total=300),
+def _two_turns(tmp_path: Path, toy: Task, device: str, first_name: str) -> None:
+    """`first_name` evaluated, and the spy started once the first's checks run: their turns, the spy's own clock,
+    the judge's working times and the device seconds, checked."""
+    ev = Evaluator(device, tmp_path, overlap=True, limits=Limits(setup=120, build_python=60, idle=30, total=300),
                    timing=TimingPolicy(max_calls=3, min_calls=3))
     watched = WatchedLock()
     ev._device = watched  # type: ignore[assignment]
@@ -80,12 +82,12 @@ def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_un
 
     ev.judge._judge = watched_judge  # type: ignore[method-assign]
     try:
-        lines: dict[str, list[tuple[float, str]]] = {"triton_seed": [], "clock_spy": []}
+        lines: dict[str, list[tuple[float, str]]] = {first_name: [], "clock_spy": []}
         results: dict[str, EvalResult] = {}
-        first = threading.Thread(target=_evaluate, name="triton_seed", args=(ev, toy, "triton_seed", lines["triton_seed"], results))
+        first = threading.Thread(target=_evaluate, name=first_name, args=(ev, toy, first_name, lines[first_name], results))
         t0 = time.time()
         first.start()
-        while not any(line.startswith("ran ") for _, line in lines["triton_seed"]):  # in its checks: its turn
+        while not any(line.startswith("ran ") for _, line in lines[first_name]):  # in its checks: its turn
             assert first.is_alive(), results
             time.sleep(0.01)
         second = threading.Thread(target=_evaluate, name="clock_spy", args=(ev, toy, "clock_spy", lines["clock_spy"], results))
@@ -96,8 +98,8 @@ def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_un
         assert all(r.status is Status.PASSED for r in results.values()) and len(results) == 2, results
 
         turns = {name: (start, end) for name, start, end in watched.held}
-        assert set(turns) == {"triton_seed", "clock_spy"} and len(watched.held) == 2
-        (a0, a1), (b0, b1) = turns["triton_seed"], turns["clock_spy"]
+        assert set(turns) == {first_name, "clock_spy"} and len(watched.held) == 2
+        (a0, a1), (b0, b1) = turns[first_name], turns["clock_spy"]
         assert a1 <= b0  # one turn at a time: the second began after the first's timed calls were over
         # The second's worker was started inside the first's turn and waited for its own.
         started = next(t for t, line in lines["clock_spy"] if line == "starting the sandbox worker")
@@ -109,20 +111,30 @@ def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_un
         noted = [line.split() for line in (tmp_path / "cache" / spy / "triton" / "clock_spy.log").read_text().splitlines()]
         assert [what for what, _ in noted][:1] == ["import"] and len(noted) > 1
         assert all(b0 <= float(t) <= b1 for _, t in noted), (noted, b0, b1)
-        # Its timed calls (the last 3 of each of its 2 workloads, after 2 checks and 2 warm-up calls each) ran while
-        # the judge was idle: the first's last outputs had been judged before them.
+        # Its timed calls ran while the judge was idle: the first's last outputs had been judged before them. Per
+        # workload (2) come 1 check and 2 warm-up calls, then the timed ones: on the CPU 3 calls; on a GPU the
+        # call captured for the kernel figure (its replays run no Python), an untimed call, then 3 calls.
         calls = [float(t) for what, t in noted if what == "call"]
-        assert len(calls) == 2 + 2 * 2 + 2 * 3, noted
+        assert len(calls) == 2 + 2 * 2 + 2 * (5 if device == "cuda" else 3), noted
         timed_from, timed_to = calls[6], calls[-1]
         assert judged and not [j for j in judged if j[0] < timed_to and j[1] > timed_from], (judged, timed_from, timed_to)
 
         # Busy time counts the overlap once: the device seconds add up to the span of the two, not their sum.
-        device = [results[n].device_seconds or 0.0 for n in ("triton_seed", "clock_spy")]
-        assert device[0] == pytest.approx(results["triton_seed"].seconds, abs=0.01)
-        assert sum(device) <= t1 - t0 + 0.05
-        assert sum(r.seconds for r in results.values()) - sum(device) > 0.05
+        device_s = [results[n].device_seconds or 0.0 for n in (first_name, "clock_spy")]
+        assert device_s[0] == pytest.approx(results[first_name].seconds, abs=0.01)
+        assert sum(device_s) <= t1 - t0 + 0.05
+        assert sum(r.seconds for r in results.values()) - sum(device_s) > 0.05
     finally:
         ev.close()
+
+
+def test_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_until_its_own(tmp_path, toy):
+    _two_turns(tmp_path, toy, "cpu", "triton_seed")  # a Triton kernel in the interpreter: seconds a turn
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_second_worker_starts_during_the_first_ones_turn_and_runs_nothing_until_its_own(tmp_path, toy):
+    _two_turns(tmp_path, toy, "cuda", "slow_call")  # 0.1 s a call on the host: its turn outlasts a CUDA context's start
 
 
 def test_a_local_pool_with_overlap_takes_two_evaluations_per_evaluator_and_counts_busy_time_once(tmp_path, toy):

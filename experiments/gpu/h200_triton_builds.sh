@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Triton builds on CPU workers, on the H200 (issue 40). PARTS picks what runs (default: tests evals):
-#   tests   the CPU-side Triton build tests with this machine's Triton (3.6: the GPU's), and the GPU sandbox tests
+#   tests   the CPU-side Triton build tests with this machine's Triton (3.6: the GPU's), and the GPU sandbox and
+#           overlap tests
 #   evals   experiments/triton_builds.py evals: each TriMul seed's evaluation with the worker's own JIT, with
 #           a build made beforehand on this machine's CPUs and the driver helper compiled ahead, and the same
 #           candidate once more (VARIANTS_E, default jit,helper,again), alternating, in one warm evaluator
@@ -32,7 +33,7 @@ for part in ${PARTS:-tests evals}; do
   case $part in
     tests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_triton_builds.py -k "not pools" 2>&1 | tail -15 | tee "$OUT/tests.log"
-      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sandbox_gpu.py 2>&1 | tail -4 | tee -a "$OUT/tests.log" ;;
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sandbox_gpu.py tests/test_overlap.py 2>&1 | tail -4 | tee -a "$OUT/tests.log" ;;
     evals)
       timeout "${EVAL_S:-400}" python3 experiments/triton_builds.py evals --task trimul --solutions "${SOLUTIONS:-triton_seed,triton_fused}" \
         --variants "${VARIANTS_E:-jit,helper,again}" --repeats "${REPEATS:-3}" --isolation require --out "$OUT/evals.json" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/evals.log" | tail -12 ;;

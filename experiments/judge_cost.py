@@ -52,11 +52,11 @@ def _workload_row(task: Any, workload: Any, device: str, repeats: int) -> dict[s
     full_s, short_s = [], []
     saved = compare._all_finite_pass
     for _ in range(repeats):
-        compare._all_finite_pass = lambda *_a: None  # type: ignore[assignment]
+        compare._all_finite_pass = lambda *_a: None
         try:
             seconds, full = _seconds(device, lambda: compare.compare_outputs(got, expected, specs, tol))
         finally:
-            compare._all_finite_pass = saved  # type: ignore[assignment]
+            compare._all_finite_pass = saved
         full_s.append(seconds)
         seconds, short = _seconds(device, lambda: compare.compare_outputs(got, expected, specs, tol))
         short_s.append(seconds)
@@ -92,4 +92,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ksearch_ray.taskspec.spec import TaskError
+
+    try:
+        main()
+    except TaskError as exc:  # a task or solution name that is not there: one line
+        raise SystemExit(f"error: {exc}") from None

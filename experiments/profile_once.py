@@ -41,17 +41,19 @@ def main() -> None:
     parser.add_argument("--beside-count", type=int, default=3)
     args = parser.parse_args()
     task = find_task(args.task)
+    solutions = [task.solution(name) for name in args.solutions.split(",")]  # a bad name: one line, before any work
+    beside = task.solution(args.beside) if args.beside else None
     rows = []
     with Evaluator(args.device, isolation=Isolation(args.isolation), profiler=ProfilerSettings(),
                    overlap=bool(args.beside)) as ev:
         print("profiler:", ev.profiler_status().model_dump(), flush=True)
         ev.evaluate(task, task.baseline(), workload_set=args.workloads)  # the evaluator learns the task's stage times
         alone = None
-        if args.beside:
-            alone = ev.evaluate(task, task.solution(args.beside), workload_set=args.workloads)
+        if beside is not None:
+            alone = ev.evaluate(task, beside, workload_set=args.workloads)
             print(f"{args.beside} alone: {alone.seconds:.2f} s", flush=True)
-        for name in args.solutions.split(","):
-            solution = task.solution(name)
+        for solution in solutions:
+            name = solution.name
             t0 = time.monotonic()
             result = ev.evaluate(task, solution, workload_set=args.workloads)
             t1 = time.monotonic()
@@ -59,22 +61,22 @@ def main() -> None:
             profiling = threading.Thread(target=lambda s=solution, r=result, n=name, d=done: d.update(profile=ev.profile(
                 task, s, r, copy_logs_to=args.logs / n if args.logs else None), end=time.monotonic()))
             profiling.start()
-            beside = [ev.evaluate(task, task.solution(args.beside), workload_set=args.workloads)
-                      for _ in range(args.beside_count if args.beside else 0)]
+            beside_results = [] if beside is None else [ev.evaluate(task, beside, workload_set=args.workloads)
+                                                         for _ in range(args.beside_count)]
             profiling.join()
             profile, t2 = done["profile"], done["end"]
             rows.append({"solution": name, "status": result.status.value, "score": result.score,
                          "evaluation_s": round(t1 - t0, 2), "profile_s": round(t2 - t1, 2),
                          "profile": profile.model_dump(mode="json"),
                          "beside": [{"seconds": round(b.seconds, 3), "queued": b.stages.get("queued", 0.0),
-                                     "status": b.status.value} for b in beside],
+                                     "status": b.status.value} for b in beside_results],
                          "alone_s": round(alone.seconds, 3) if alone else None})
             print(f"{name}: {result.status.value} score {result.score} (evaluation {t1 - t0:.1f} s); profile "
                   f"{profile.status} in {t2 - t1:.1f} s {profile.message}", flush=True)
-            if beside and alone:
+            if beside_results and alone:
                 print(f"    beside it, {args.beside}: " + ", ".join(f"{b.seconds:.2f} s (queued {b.stages.get('queued', 0):.2f})"
-                                                               for b in beside)
-                      + f"; alone {alone.seconds:.2f} s; the longest stall {max(b.stages.get('queued', 0) for b in beside):.2f} s",
+                                                               for b in beside_results)
+                      + f"; alone {alone.seconds:.2f} s; the longest stall {max(b.stages.get('queued', 0) for b in beside_results):.2f} s",
                       flush=True)
             for line in profile.lines():
                 print("   ", line, flush=True)
@@ -82,4 +84,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ksearch_ray.taskspec.spec import TaskError
+
+    try:
+        main()
+    except TaskError as exc:  # a task or solution name that is not there: one line
+        raise SystemExit(f"error: {exc}") from None

@@ -152,13 +152,21 @@ class Session:
         may do to it) is a CRASHED failure, as when `recv` finds it gone."""
         try:
             self.worker.chan.send(message)
-        except OSError as exc:
-            self.sandbox.kill(self.worker)
-            code, sig = self.sandbox.reap(self.worker)
-            how = f"killed by signal {sig}" if sig else f"exited with code {code}"
-            what = getattr(message, "type", type(message).__name__)
-            raise Failure(Status.CRASHED, f"worker process {how} before it took the evaluator's {what!r} "
-                          f"({type(exc).__name__})", self.logs()) from None
+        except OSError:
+            raise self._gone(f"before it took the evaluator's {getattr(message, 'type', type(message).__name__)!r}") from None
+
+    def _gone(self, when: str) -> Failure:
+        """The worker's end of the channel closed: the failure its exit means (a resource limit it hit, or a
+        crash with its last error line), `when` saying at what point."""
+        self.sandbox.kill(self.worker)
+        code, sig = self.sandbox.reap(self.worker)
+        how = f"killed by signal {sig}" if sig else f"exited with code {code}"
+        logs = self.logs()
+        hit = limit_hit(self.sandbox.resources, code, sig, logs)
+        if hit:
+            return Failure(Status.RESOURCE_LIMIT, f"{hit} {when}", logs)
+        last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
+        return Failure(Status.CRASHED, f"worker process {how} {when}" + (f": {clip(last, 300)}" if last else ""), logs)
 
     def recv(self, stage: str, phase: str, *expect: type[M]) -> M:
         """The next message of one of the types `expect`. Progress reports reset the wait; a Fail
@@ -177,16 +185,7 @@ class Session:
                 raise Failure(Status.TIMEOUT, f"the evaluation ran past its limit of {self.total:.0f} s during {phase}",
                               self.logs()) from None
             except ChannelClosed:
-                self.sandbox.kill(self.worker)
-                code, sig = self.sandbox.reap(self.worker)
-                how = f"killed by signal {sig}" if sig else f"exited with code {code}"
-                logs = self.logs()
-                hit = limit_hit(self.sandbox.resources, code, sig, logs)
-                if hit:
-                    raise Failure(Status.RESOURCE_LIMIT, f"{hit} during {phase}", logs) from None
-                last = next((line.strip() for line in reversed(logs.splitlines()) if "Error" in line), "")
-                raise Failure(Status.CRASHED, f"worker process {how} during {phase}" + (f": {clip(last, 300)}" if last else ""),
-                              logs) from None
+                raise self._gone(f"during {phase}") from None
             except ChannelForgery as exc:
                 raise Failure(Status.INTEGRITY_VIOLATION, f"forged message on the result channel ({exc})") from None
             self.waits[stage] = max(self.waits.get(stage, 0.0), time.monotonic() - t0)

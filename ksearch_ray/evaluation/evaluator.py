@@ -283,8 +283,8 @@ class Evaluator:
         session = Session(self.sandbox, worker, run, self.judge, workdir,
                           lambda s: self._limit(run, set_name, s, session.waits, own_waits, language),
                           t0 + self.limits.total, self.limits.total, say=say, started=t0)
-        timed_stage = TimedStage(policy, self.peaks)
-        timed_stage.timed_done = turn.give_back  # the last outputs are judged beside the next candidate's turn
+        # The last outputs are judged beside the next candidate's turn.
+        timed_stage = TimedStage(policy, self.peaks, timed_done=turn.give_back)
         busy = 0.0
         try:
             busy = self._drive(session, timed, stage if stage is not None else timed_stage, turn)
@@ -554,25 +554,22 @@ class Evaluator:
         if not self.triton_helper_ahead:
             return None
         with self._helper_lock:  # two overlapping evaluations: the second waits for the first's compile
-            return self._compile_triton_helper()
-
-    def _compile_triton_helper(self) -> bytes | None:
-        if self._triton_helper is None:
-            self._triton_helper = b""
-            folder = self.work_root / "triton-helper"
-            env = {**scrubbed_environment("cuda", self.sandbox.visible_gpu, refused=self.sandbox.refused),
-                   "TRITON_CACHE_DIR": str(folder), "HOME": str(self.work_root)}
-            try:
-                subprocess.run([sys.executable, "-c", HELPER_CODE], env=env, cwd=self.work_root, timeout=300, check=True,
-                               capture_output=True)
-                if not any(folder.glob("*/cuda_utils.*")):
-                    raise PackError("Triton wrote no cuda_utils module")
-                self._triton_helper, _ = pack_kernels(folder, kernels_only=False)
-            except (OSError, subprocess.SubprocessError, PackError) as exc:
-                tail = getattr(exc, "stderr", b"") or b""
-                log.warning("Triton's driver helper could not be compiled ahead (%s%s); each worker compiles it",
-                            type(exc).__name__, f": {clip(tail.decode(errors='replace').strip()[-300:], 300)}" if tail else "")
-        return self._triton_helper or None
+            if self._triton_helper is None:
+                self._triton_helper = b""
+                folder = self.work_root / "triton-helper"
+                env = {**scrubbed_environment("cuda", self.sandbox.visible_gpu, refused=self.sandbox.refused),
+                       "TRITON_CACHE_DIR": str(folder), "HOME": str(self.work_root)}
+                try:
+                    subprocess.run([sys.executable, "-c", HELPER_CODE], env=env, cwd=self.work_root, timeout=300, check=True,
+                                   capture_output=True)
+                    if not any(folder.glob("*/cuda_utils.*")):
+                        raise PackError("Triton wrote no cuda_utils module")
+                    self._triton_helper, _ = pack_kernels(folder, kernels_only=False)
+                except (OSError, subprocess.SubprocessError, PackError) as exc:
+                    tail = getattr(exc, "stderr", b"") or b""
+                    log.warning("Triton's driver helper could not be compiled ahead (%s%s); each worker compiles it",
+                                type(exc).__name__, f": {clip(tail.decode(errors='replace').strip()[-300:], 300)}" if tail else "")
+            return self._triton_helper or None
 
     def _workdir(self, solution: Solution, library: bytes | None = None, *, gpumode: bool = False) -> Path:
         workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=gpumode)
@@ -593,7 +590,7 @@ class Evaluator:
             check=[WorkItem(index=i, workload=run.workloads[i], seed=run.check_seeds[i]) for i in run.checks()],
             device_handover=self.device_handover,
             handover_bytes=output_bytes(run.task, run.workloads),
-            wait_after_ready=self.overlap,
+            wait_for_turn=self.overlap,
         )
 
     def _drive(self, session: Session, timed: bool, stage: Stage, turn: DeviceTurn) -> float:

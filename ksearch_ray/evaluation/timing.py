@@ -56,12 +56,13 @@ class TimedStage:
     """The primary timing. The worker was sent `time_command` already, and warms up first; it times
     its calls once this stage says Go (the judge is idle by then)."""
 
-    def __init__(self, policy: TimingPolicy, peaks: DevicePeaks | None):
+    def __init__(self, policy: TimingPolicy, peaks: DevicePeaks | None, *,
+                 timed_done: Callable[[], None] = lambda: None):
+        """`timed_done`: called once the worker's timed calls are over and the last outputs are queued on the
+        judge: the device's next turn may begin (Evaluator, with overlap)."""
         self.policy, self.peaks = policy, peaks
+        self.timed_done = timed_done
         self.timed_seconds = 0.0
-        self.timed_done: Callable[[], None] = lambda: None
-        """Called once the worker's timed calls are over (before the last outputs are judged): the device's next
-        turn may begin (Evaluator, with overlap)."""
 
     def __call__(self, session: Session) -> float:
         run = session.run

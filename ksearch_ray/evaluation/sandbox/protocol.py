@@ -5,7 +5,7 @@ The evaluator parses what the worker sends with `parse_report`: anything that is
 report is an INTEGRITY_VIOLATION, never a KeyError. Statuses travel as `Status`.
 
     evaluator -> Job                                          (first frame: what to run)
-    worker    -> Ready ; (wait_after_ready: evaluator -> Go | StopCmd) ; Built | Fail
+    worker    -> Ready ; (wait_for_turn: evaluator -> Go | StopCmd) ; Built | Fail
     worker    -> Output (one per correctness workload, outputs handed over)   evaluator -> Taken
     worker    -> Checked
     evaluator -> TimeCmd | RetimeCmd | StopCmd
@@ -77,6 +77,10 @@ class _CandidateJob(_Message):
     entry_file: str
     entry_point: str
     prepare: str | None = Field(default=None, description="A trusted baseline's untimed setup function.")
+    wait_for_turn: bool = Field(default=False, description=(
+        "Wait for the evaluator's Go before the candidate is imported: its turn on the device (evaluation.overlap). "
+        "An evaluation's worker waits after Ready (StopCmd instead ends it); a profile's Python, once up (CUDA "
+        "context, torch, the task), says so through the worker (Waiting)."))
 
 
 class Job(_CandidateJob):
@@ -86,8 +90,6 @@ class Job(_CandidateJob):
     prebuilt: Prebuilt | None = None
     check: list[WorkItem]
     device_handover: bool = Field(default=True, description="Hand outputs over in device memory where the driver allows.")
-    wait_after_ready: bool = Field(default=False, description=(
-        "After Ready, wait for Go (or StopCmd) before importing the candidate: its turn on the device."))
     handover_bytes: int | None = Field(default=None, ge=0, description=(
         "The largest outputs to expect (from the task's output shapes): the device buffer is made that size once."))
 
@@ -150,9 +152,6 @@ class ProfileJob(_CandidateJob):
     ncu: str = Field(description="The ncu executable.")
     ncu_args: list[str] = Field(description="ncu's options (evaluation/ncu.py), before --log-file and the command.")
     log_name: str = Field(default="ncu.csv", pattern=r"^[A-Za-z0-9_.-]+$", description="ncu's log, in the job directory.")
-    wait_for_turn: bool = Field(default=False, description=(
-        "The profiled process, once up (CUDA context, torch, the task), waits for the evaluator's Go before it "
-        "imports the candidate: its turn on the device (evaluation.overlap)."))
 
 
 class ReferenceJob(_Message):

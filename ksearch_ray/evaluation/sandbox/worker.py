@@ -127,7 +127,7 @@ def serve(chan: Channel, job: dict[str, Any], clock_fd: int) -> int:
         if worker.cuda:
             worker.report_compiles()
         chan.send(Ready(setup_s=_perf() - t0))
-        if worker.job.wait_after_ready:  # the evaluator's go: this candidate's turn on the device
+        if worker.job.wait_for_turn:  # the evaluator's go: this candidate's turn on the device
             turn = worker.receive()
             if isinstance(turn, StopCmd):
                 return 0

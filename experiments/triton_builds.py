@@ -231,6 +231,8 @@ def search(args: argparse.Namespace) -> None:
         stages: dict[str, list[float]] = {}
         total = timed = 0.0
         prebuilt = compiled = 0
+        spans: list[tuple[float, float, float]] = []  # each evaluation's (start, end, device seconds), wall clock
+        first = last = None  # the first new candidate's start, the last one's end
         for event in events:
             if not isinstance(event, Evaluation):
                 continue
@@ -239,9 +241,13 @@ def search(args: argparse.Namespace) -> None:
             held = result.device_seconds if result.device_seconds is not None else result.seconds
             total += held
             timed += result.timed_seconds
+            if event.evaluator >= 0:
+                spans.append((event.t - result.seconds, event.t, held))
             if event.solution_id in seen or event.evaluator < 0:  # a re-measurement, or a builder's verdict
                 continue
             seen.add(event.solution_id)
+            first = event.t - result.seconds if first is None else min(first, event.t - result.seconds)
+            last = event.t if last is None else max(last, event.t)
             busy.append(held)
             for stage, seconds in result.stages.items():
                 stages.setdefault(stage, []).append(seconds)
@@ -256,6 +262,12 @@ def search(args: argparse.Namespace) -> None:
               f"{3600 / statistics.mean(busy):.0f} candidates per GPU-hour at the mean; kernels timed "
               f"{100 * timed / total:.1f} % of {total:.1f} s busy; Triton kernels built ahead {prebuilt}, "
               f"compiled on the GPU worker {compiled}")
+        if first is not None and last is not None and last > first:
+            # How busy the evaluator was while the search made candidates: what a GPU-hour of the search's wall buys.
+            span = last - first
+            inside = sum(held for start, end, held in spans if start >= first - 1e-6 and end <= last + 1e-6)
+            print(f"  from the first new candidate's start to the last one's end: {span:.1f} s, evaluator busy "
+                  f"{100 * inside / span:.1f} % of it, {3600 * len(busy) / span:.0f} new candidates per hour of it")
         print("  a new candidate's stages, medians (s): " + ", ".join(
             f"{stage} {statistics.median(values):.2f}" for stage, values in stages.items()))
     if empty:

@@ -27,6 +27,7 @@ kernels built ahead and compiled on the GPU worker, and a new candidate's median
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -218,6 +219,7 @@ def builds(args: argparse.Namespace) -> None:
 
 def search(args: argparse.Namespace) -> None:
     from ksearch_ray.events import Evaluation
+    from ksearch_ray.models import EvalResult
     from ksearch_ray.store import RunStore
 
     missing = [d for d in args.run_dirs if not (Path(d) / "events.jsonl").is_file()]
@@ -234,6 +236,11 @@ def search(args: argparse.Namespace) -> None:
         spans: list[tuple[float, float, float]] = []  # each evaluation's (start, end, device seconds), wall clock
         first = last = None  # the first new candidate's start, the last one's end
         for event in events:
+            measured = getattr(event, "result", None)
+            if isinstance(measured, EvalResult) and not isinstance(event, Evaluation) and getattr(event, "evaluator", 0) >= 0:
+                # Baselines, the seed and re-measurements hold the evaluator too (the busy share below).
+                spans.append((event.t - measured.seconds, event.t,
+                              measured.device_seconds if measured.device_seconds is not None else measured.seconds))
             if not isinstance(event, Evaluation):
                 continue
             result = event.result
@@ -263,11 +270,19 @@ def search(args: argparse.Namespace) -> None:
               f"{100 * timed / total:.1f} % of {total:.1f} s busy; Triton kernels built ahead {prebuilt}, "
               f"compiled on the GPU worker {compiled}")
         if first is not None and last is not None and last > first:
-            # How busy the evaluator was while the search made candidates: what a GPU-hour of the search's wall buys.
+            # How busy the evaluator was while the search made candidates (every measurement on it counted): what a
+            # GPU-hour of the search's wall buys.
             span = last - first
             inside = sum(held for start, end, held in spans if start >= first - 1e-6 and end <= last + 1e-6)
             print(f"  from the first new candidate's start to the last one's end: {span:.1f} s, evaluator busy "
                   f"{100 * inside / span:.1f} % of it, {3600 * len(busy) / span:.0f} new candidates per hour of it")
+            # Idle gaps on the evaluator (one evaluator): from one measurement's end to the next one's start.
+            ordered = sorted((start, end) for start, end, _ in spans if start >= first - 1e-6 and end <= last + 1e-6)
+            gaps = [b[0] - a_end for a_end, b in zip(itertools.accumulate((e for _, e in ordered), max), ordered[1:], strict=False)]
+            idle = [g for g in gaps if g > 0]
+            if idle:
+                print(f"  idle gaps between evaluations: {len(idle)} of {len(gaps)}, median {statistics.median(idle):.2f} s, "
+                      f"longest {max(idle):.2f} s, {sum(idle):.1f} s in all")
         print("  a new candidate's stages, medians (s): " + ", ".join(
             f"{stage} {statistics.median(values):.2f}" for stage, values in stages.items()))
     if empty:

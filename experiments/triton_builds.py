@@ -218,7 +218,7 @@ def builds(args: argparse.Namespace) -> None:
 
 
 def search(args: argparse.Namespace) -> None:
-    from ksearch_ray.events import Evaluation
+    from ksearch_ray.events import Evaluation, Retime
     from ksearch_ray.models import EvalResult
     from ksearch_ray.store import RunStore
 
@@ -236,6 +236,8 @@ def search(args: argparse.Namespace) -> None:
         spans: list[tuple[float, float, float]] = []  # each evaluation's (start, end, device seconds), wall clock
         first = last = None  # the first new candidate's start, the last one's end
         for event in events:
+            if isinstance(event, Retime) and event.seconds is not None and event.evaluator >= 0:  # a new best's re-timing
+                spans.append((event.t - event.seconds, event.t, event.seconds))
             measured = getattr(event, "result", None)
             if isinstance(measured, EvalResult) and not isinstance(event, Evaluation) and getattr(event, "evaluator", 0) >= 0:
                 # Baselines, the seed and re-measurements hold the evaluator too (the busy share below).

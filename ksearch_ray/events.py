@@ -349,6 +349,8 @@ class Retime(_Event):
     status: Status
     message: str = ""
     workloads: list[dict[str, Any]] = Field(default_factory=list)
+    seconds: float | None = Field(default=None, description="The re-timing's wall time on its evaluator, its wait "
+                                  "for the device not included; None in records before 2026-12-06.")
 
 
 class Best(_Event):

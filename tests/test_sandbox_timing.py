@@ -112,6 +112,8 @@ def test_retime_confirms_an_honest_measurement_and_refuses_an_inflated_one(evalu
     check = evaluator.retime(toy, honest, primary)
     assert check.agreed, check.message
     assert {w.method for w in check.workloads} == {RetimeMethod.CALLS}
+    # Its seconds on the evaluator (a run's busy time counts them): a fresh worker, checks, and the timed batches.
+    assert check.seconds is not None and sum(w.retimed_ms * w.reps for w in check.workloads) / 1e3 < check.seconds < 120
     # A primary figure 1000x too fast, as a fooled in-process measurement would report it.
     fooled = primary.model_copy(deep=True)
     for w in fooled.workloads:

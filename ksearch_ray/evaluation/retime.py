@@ -90,6 +90,8 @@ class RetimeResult(BaseModel):
     status: Status = Field(description="Of the fresh run itself: PASSED unless the candidate failed in it.")
     message: str = ""
     workloads: list[RetimedWorkload] = Field(default_factory=list)
+    seconds: float | None = Field(default=None, description="Its wall time on the evaluator, from the device's turn "
+                                  "to its end (set by Evaluator.retime).")
 
 
 def retime(evaluate: Callable[..., EvalResult], device: str, task: Task, solution: Solution, primary: EvalResult,

@@ -262,7 +262,8 @@ class Evaluations:
             return True
         check = await self.pool.retime_on(evaluator, self.solution(solution_id), primary)
         self.run.record(Retime(solution_id=solution_id, evaluator=evaluator, agreed=check.agreed, status=check.status,
-                               message=check.message, workloads=[w.model_dump(mode="json") for w in check.workloads]))
+                               message=check.message, workloads=[w.model_dump(mode="json") for w in check.workloads],
+                               seconds=check.seconds))
         if not check.agreed:
             self.run.say(f"not recorded as a best: the independent re-timing disagrees ({clip(check.message, 200)})")
         return check.agreed

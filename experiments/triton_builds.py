@@ -17,9 +17,13 @@ stage waits for). The build's own seconds (CPU, off the GPU) are printed apart.
     python experiments/triton_builds.py builds --task trimul --solutions triton_seed,triton_fused --arch 9.0a
 
 `search`: the figures of issue 40's goal from a run directory's own evaluation records: new
-candidates, median GPU-busy seconds per new candidate (its evaluation's seconds), candidates per
+candidates, median GPU-busy seconds per new candidate (its evaluation's device seconds), candidates per
 GPU-hour at that busy time, the share of the evaluator's busy time spent in timed kernels, the
-kernels built ahead and compiled on the GPU worker, and a new candidate's median seconds per stage.
+kernels built ahead and compiled on the GPU worker, and a new candidate's median seconds per stage. Then
+what a GPU-hour of the search's wall buys: from the first new candidate's start to the last one's end,
+the evaluator's busy share (every measurement on it: baselines, the seed, re-measurements, re-timings)
+and new candidates per hour; the idle gaps between measurements; and the time from the coder's answer to
+its evaluation's start (its build, then its wait for the evaluator).
 
     python experiments/triton_builds.py search RUN_DIR [RUN_DIR ...]
 """
@@ -218,7 +222,7 @@ def builds(args: argparse.Namespace) -> None:
 
 
 def search(args: argparse.Namespace) -> None:
-    from ksearch_ray.events import Evaluation, Retime
+    from ksearch_ray.events import Candidate, Evaluation, Retime
     from ksearch_ray.models import EvalResult
     from ksearch_ray.store import RunStore
 
@@ -235,7 +239,11 @@ def search(args: argparse.Namespace) -> None:
         prebuilt = compiled = 0
         spans: list[tuple[float, float, float]] = []  # each evaluation's (start, end, device seconds), wall clock
         first = last = None  # the first new candidate's start, the last one's end
+        written: dict[str, float] = {}  # when the coder's answer came, per solution
+        lags: list[float] = []  # from then to its evaluation's start: its build, then its wait for the evaluator
         for event in events:
+            if isinstance(event, Candidate) and event.solution_id:
+                written.setdefault(event.solution_id, event.t)
             if isinstance(event, Retime) and event.seconds is not None and event.evaluator >= 0:  # a new best's re-timing
                 spans.append((event.t - event.seconds, event.t, event.seconds))
             measured = getattr(event, "result", None)
@@ -255,6 +263,8 @@ def search(args: argparse.Namespace) -> None:
             if event.solution_id in seen or event.evaluator < 0:  # a re-measurement, or a builder's verdict
                 continue
             seen.add(event.solution_id)
+            if event.solution_id in written:
+                lags.append(event.t - result.seconds - written[event.solution_id])
             first = event.t - result.seconds if first is None else min(first, event.t - result.seconds)
             last = event.t if last is None else max(last, event.t)
             busy.append(held)
@@ -285,6 +295,9 @@ def search(args: argparse.Namespace) -> None:
             if idle:
                 print(f"  idle gaps between evaluations: {len(idle)} of {len(gaps)}, median {statistics.median(idle):.2f} s, "
                       f"longest {max(idle):.2f} s, {sum(idle):.1f} s in all")
+        if lags:
+            print(f"  from the coder's answer to its evaluation's start (its build, then the wait for the evaluator): "
+                  f"median {statistics.median(lags):.2f} s, longest {max(lags):.2f} s")
         print("  a new candidate's stages, medians (s): " + ", ".join(
             f"{stage} {statistics.median(values):.2f}" for stage, values in stages.items()))
     if empty:

@@ -237,7 +237,7 @@ def search(args: argparse.Namespace) -> None:
         stages: dict[str, list[float]] = {}
         total = timed = 0.0
         prebuilt = compiled = 0
-        spans: list[tuple[float, float, float]] = []  # each evaluation's (start, end, device seconds), wall clock
+        spans: list[tuple[float, float, float]] = []  # each measurement on the evaluator: (start, end, device seconds)
         first = last = None  # the first new candidate's start, the last one's end
         written: dict[str, float] = {}  # when the coder's answer came, per solution
         lags: list[float] = []  # from then to its evaluation's start: its build, then its wait for the evaluator
@@ -293,7 +293,7 @@ def search(args: argparse.Namespace) -> None:
             gaps = [b[0] - a_end for a_end, b in zip(itertools.accumulate((e for _, e in ordered), max), ordered[1:], strict=False)]
             idle = [g for g in gaps if g > 0]
             if idle:
-                print(f"  idle gaps between evaluations: {len(idle)} of {len(gaps)}, median {statistics.median(idle):.2f} s, "
+                print(f"  idle gaps between measurements: {len(idle)} of {len(gaps)}, median {statistics.median(idle):.2f} s, "
                       f"longest {max(idle):.2f} s, {sum(idle):.1f} s in all")
         if lags:
             print(f"  from the coder's answer to its evaluation's start (its build, then the wait for the evaluator): "

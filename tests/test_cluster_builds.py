@@ -8,12 +8,17 @@ candidate includes no torch header, so a build takes a second or two, not a minu
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from local_backends import settings
 
+from ksearch_ray.config import RunConfig
+from ksearch_ray.distributed.cluster import local_cpus
 from ksearch_ray.distributed.pool import RayEvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
@@ -188,3 +193,23 @@ def test_a_profile_through_the_ray_pool_waits_for_the_evaluators_measurement_and
     assert order == ["evaluation", "profile"]
     assert result.status == "failed" and result.solution_id == SEED.id
     assert result.message == "the CPU path has no GPU profiler"
+
+
+def test_a_local_ray_declares_cpus_for_an_evaluator_and_a_build_task_together() -> None:
+    defaults = RunConfig(task="toy_axpy_cpp")  # one evaluator of 1 CPU, build tasks of 2
+    assert local_cpus(defaults, 2) == 3 and local_cpus(defaults, 16) == 16
+    wide = RunConfig.model_validate({"task": "t", "evaluation": {"evaluators": 4}, "cluster": {"build_cpus": 8}})
+    assert local_cpus(wide, 4) == 12
+
+
+def test_a_cpp_search_with_the_default_build_cpus_finishes_on_a_two_core_machine(tmp_path: Path) -> None:
+    """On a 2-core machine (CI's, and this project's) a local Ray once declared 2 CPUs: the evaluator held one, a
+    2-CPU build task never started, and the run waited for ever, past its wall budget, at its seed."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "ksearch_ray", "run", "--task", "toy_axpy_cpp", "--task-dir", str(DATA), "--rounds", "2",
+           "--width", "2", "--max-wall-s", "60", "--evaluators", "1", "--run-dir", "run", "--no-progress"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert '"kind": "seed"' in events and '"kind": "evaluation"' in events, done.stdout[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,15 @@ from ksearch_ray.run.errors import SearchError
 def attaching(config: RunConfig) -> bool:
     """Whether `init_ray` will attach to a running cluster rather than start one here."""
     return ray.is_initialized() or bool(config.cluster.address or os.environ.get("RAY_ADDRESS"))
+
+
+def local_cpus(config: RunConfig, cpu_count: int) -> int:
+    """The CPUs a local Ray declares: this machine's, and never fewer than an evaluator and one build task ask
+    for together. On a 2-core machine an evaluator (1 CPU) and a build task (2 CPUs) could otherwise never run
+    at once, and the build would wait for ever; Ray's CPUs are what it schedules by, so the build runs, slower."""
+    evaluators = config.evaluation.evaluators or 1
+    needed = math.ceil(evaluators * config.evaluation.evaluator_cpus + config.cluster.build_cpus)
+    return max(cpu_count, needed)
 
 
 def init_ray(config: RunConfig) -> None:
@@ -39,7 +49,7 @@ def init_ray(config: RunConfig) -> None:
         # Ray another program left running on this machine, and dies with it. Workers' own output goes
         # to Ray's log files, not into the run's output (log_to_driver=False).
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+                 num_cpus=local_cpus(config, os.cpu_count() or 1), runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         # Ray's own start-up and connection failures (a raylet that did not come up, a wrong
         # address, an auth token missing): one line, not Ray's traceback.

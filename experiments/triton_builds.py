@@ -221,9 +221,32 @@ def builds(args: argparse.Namespace) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def search(args: argparse.Namespace) -> None:
-    from ksearch_ray.events import Candidate, Evaluation, Retime
+def _device_seconds(result: Any) -> float:
+    """An evaluation's seconds on the device: overlapping ones (evaluation.overlap) count once; older records have
+    seconds only."""
+    return result.device_seconds if result.device_seconds is not None else result.seconds
+
+
+def _held_evaluator(event: Any) -> tuple[float, float, float] | None:
+    """(start, end, device seconds) of the time `event` held an evaluator: any measurement (a new candidate's, a
+    baseline's, the seed's, a re-measurement) or a new best's re-timing; None for anything else, and for a builder's
+    verdict (evaluator -1)."""
+    from ksearch_ray.events import Retime
     from ksearch_ray.models import EvalResult
+
+    evaluator = getattr(event, "evaluator", None)
+    if isinstance(evaluator, int) and evaluator < 0:
+        return None
+    if isinstance(event, Retime):
+        return None if event.seconds is None else (event.t - event.seconds, event.t, event.seconds)
+    result = getattr(event, "result", None)
+    if not isinstance(result, EvalResult):
+        return None
+    return event.t - result.seconds, event.t, _device_seconds(result)
+
+
+def search(args: argparse.Namespace) -> None:
+    from ksearch_ray.events import Candidate, Evaluation
     from ksearch_ray.store import RunStore
 
     missing = [d for d in args.run_dirs if not (Path(d) / "events.jsonl").is_file()]
@@ -244,22 +267,15 @@ def search(args: argparse.Namespace) -> None:
         for event in events:
             if isinstance(event, Candidate) and event.solution_id:
                 written.setdefault(event.solution_id, event.t)
-            if isinstance(event, Retime) and event.seconds is not None and event.evaluator >= 0:  # a new best's re-timing
-                spans.append((event.t - event.seconds, event.t, event.seconds))
-            measured = getattr(event, "result", None)
-            if isinstance(measured, EvalResult) and not isinstance(event, Evaluation) and getattr(event, "evaluator", 0) >= 0:
-                # Baselines, the seed and re-measurements hold the evaluator too (the busy share below).
-                spans.append((event.t - measured.seconds, event.t,
-                              measured.device_seconds if measured.device_seconds is not None else measured.seconds))
+            span = _held_evaluator(event)
+            if span is not None:
+                spans.append(span)
             if not isinstance(event, Evaluation):
                 continue
             result = event.result
-            # Device seconds: overlapping evaluations (evaluation.overlap) count once; older records have seconds only.
-            held = result.device_seconds if result.device_seconds is not None else result.seconds
+            held = _device_seconds(result)
             total += held
             timed += result.timed_seconds
-            if event.evaluator >= 0:
-                spans.append((event.t - result.seconds, event.t, held))
             if event.solution_id in seen or event.evaluator < 0:  # a re-measurement, or a builder's verdict
                 continue
             seen.add(event.solution_id)

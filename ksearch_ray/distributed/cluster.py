@@ -49,7 +49,8 @@ def init_ray(config: RunConfig) -> None:
         # Ray another program left running on this machine, and dies with it. Workers' own output goes
         # to Ray's log files, not into the run's output (log_to_driver=False).
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                 num_cpus=local_cpus(config, os.cpu_count() or 1), runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+                 num_cpus=local_cpus(config, os.cpu_count() or 1),
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         # Ray's own start-up and connection failures (a raylet that did not come up, a wrong
         # address, an auth token missing): one line, not Ray's traceback.

@@ -271,6 +271,10 @@ class ClusterConfig(_Section):
         "(cluster.yaml's build nodes declare ksearch_build); none: any node with free CPUs.",
     )
     build_timeout_s: float = Field(default=900.0, gt=0, description="A build that gives no result this long is a TIMEOUT.")
+    build_wait_s: float = Field(
+        default=600.0, ge=0, description="While no node of the cluster could ever take a build task (none with "
+        "build_cpus CPUs, or none declaring build_resource), a build waits this long for an autoscaler to add one, "
+        "then the run ends with one line; 0: wait for ever. A local Ray started by the run cannot grow: it ends at once.")
     scratch_dir: str | None = Field(
         default=None,
         description="Node-local working directory on every node (build cache, build sandboxes, remote evaluators' "

@@ -19,7 +19,7 @@ from local_backends import settings
 
 from ksearch_ray.config import RunConfig
 from ksearch_ray.distributed.cluster import local_cpus
-from ksearch_ray.distributed.pool import RayEvaluatorPool
+from ksearch_ray.distributed.pool import EvaluatorPoolError, RayEvaluatorPool
 from ksearch_ray.evaluation.buildcache import BuildTarget, build_key, probe_toolchain
 from ksearch_ray.evaluation.builder import Builder
 from ksearch_ray.evaluation.sandbox.build import build_flags
@@ -146,6 +146,24 @@ def test_a_build_runs_while_its_candidate_waits_for_the_evaluator(ray_session, t
 
 
 @pytest.mark.slow
+def test_on_a_cluster_a_build_no_node_can_take_waits_build_wait_s_for_a_node_then_ends(ray_session, tmp_path: Path) -> None:
+    """A cluster this run attached to (the test's Ray) may grow: the build waits cluster.build_wait_s for a node
+    declaring the build resource, then the pool says which setting asks for what no node has."""
+    async def go() -> float:
+        pool = _pool(tmp_path, build_resource="ksearch_build_nowhere", build_wait_s=4.0)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(EvaluatorPoolError, match=r"resource ksearch_build_nowhere .*no such node came in 4 s"):
+                await pool.evaluate(SEED, "benchmarks")
+            return time.monotonic() - t0
+        finally:
+            pool.release()
+
+    waited = asyncio.run(go())
+    assert 4.0 <= waited < 30.0, waited
+
+
+@pytest.mark.slow
 def test_with_the_build_pool_off_the_evaluator_compiles(ray_session, tmp_path: Path) -> None:
     async def go() -> tuple:
         pool = _pool(tmp_path, build_pool=False)
@@ -213,3 +231,21 @@ def test_a_cpp_search_with_the_default_build_cpus_finishes_on_a_two_core_machine
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert '"kind": "seed"' in events and '"kind": "evaluation"' in events, done.stdout[-2000:]
+
+
+def test_a_build_no_node_can_take_ends_the_run_with_one_line(tmp_path: Path) -> None:
+    """A build resource no node declares (build nodes left unlabelled) once left the run waiting for ever at its seed;
+    a local Ray started by the run cannot grow, so it ends at once, naming the setting."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    (tmp_path / "run.yaml").write_text("cluster:\n  build_resource: ksearch_build\n")
+    cmd = [sys.executable, "-m", "ksearch_ray", "run", "--task", "toy_axpy_cpp", "--task-dir", str(DATA), "--rounds", "2",
+           "--width", "2", "--max-wall-s", "600", "--evaluators", "1", "--config", "run.yaml", "--run-dir", "run",
+           "--no-progress"]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0 and time.monotonic() - t0 < 120, (done.stdout + done.stderr)[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = [x for x in done.stderr.splitlines() if "no node of the cluster" in x]
+    assert len(line) == 1 and "ksearch_build (cluster.build_resource)" in line[0], done.stderr[-3000:]
+    assert "cpp_seed" in line[0]

@@ -70,6 +70,25 @@ def _wait_for_rounds(events: Path, rounds: int, deadline_s: float = 300) -> None
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_stops_a_ray_run_promptly_and_resumably(tmp_path):
+    """`timeout`, Slurm and `kill -- -PGID` signal the driver and its local Ray's processes together. The driver
+    once waited 60 s on a checkpoint from the dead world-model actor, until Ray aborted it with a C++ error and
+    no resume line."""
+    run_dir = tmp_path / "run"
+    p = _cli("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--width", "2", "--rounds", "200",
+             "--no-progress", "--run-dir", str(run_dir))
+    _wait_for_rounds(run_dir / "events.jsonl", 1)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGTERM)
+    out = p.communicate(timeout=120)[0].decode()
+    assert time.monotonic() - t0 < 40, out[-2000:]
+    assert p.returncode == 130 and f"ksearch resume {run_dir}" in out, out[-2000:]
+    assert "Failed to connect to GCS" not in out and "Traceback" not in out, out[-2000:]
+    last = RunStore(run_dir).read_events()[-1]
+    assert last.kind == "stopped" and last.reason == "interrupted", last
+
+
+@pytest.mark.slow
 def test_a_run_killed_then_interrupted_resumes_counting_each_round_once_and_hands_out_a_best_of_its_own_session(tmp_path):
     """kill -9 mid-run, `ksearch resume`, Ctrl-C in that session, `ksearch resume` again as printed (issue 27's
     sequence): nothing lost, nothing counted twice, and each session's bests measured beside its own baseline."""

@@ -15,6 +15,23 @@ from ksearch_ray.distributed.stale_agents import sweep_agents
 from ksearch_ray.distributed.watchdog import guard
 from ksearch_ray.run.errors import SearchError
 
+_STARTED_HERE = False
+
+
+def started_here() -> bool:
+    """Whether this process started the Ray it uses (a local one, which no autoscaler can grow)."""
+    return _STARTED_HERE and ray.is_initialized()
+
+
+def build_fits(build_cpus: float, build_resource: str | None) -> bool:
+    """Whether a node of the cluster, alive now, could ever take a build task (by its total resources, not its
+    free ones: a busy node's builds wait their turn)."""
+    for node in ray.nodes():
+        have = node.get("Resources", {}) if node.get("Alive") else {}
+        if have.get("CPU", 0) >= build_cpus and (not build_resource or have.get(build_resource, 0) > 0):
+            return True
+    return False
+
 
 def attaching(config: RunConfig) -> bool:
     """Whether `init_ray` will attach to a running cluster rather than start one here."""
@@ -32,6 +49,7 @@ def local_cpus(config: RunConfig, cpu_count: int) -> int:
 
 def init_ray(config: RunConfig) -> None:
     """Attach to a cluster (--ray-address, RAY_ADDRESS, or inside `ray job submit`) or start one here."""
+    global _STARTED_HERE
     if ray.is_initialized():
         return
     address = config.cluster.address or os.environ.get("RAY_ADDRESS")
@@ -51,6 +69,7 @@ def init_ray(config: RunConfig) -> None:
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
                  num_cpus=local_cpus(config, os.cpu_count() or 1),
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+        _STARTED_HERE = True
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         # Ray's own start-up and connection failures (a raylet that did not come up, a wrong
         # address, an auth token missing): one line, not Ray's traceback.

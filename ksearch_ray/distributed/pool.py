@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 ACTOR_RETRIES = 3
 CLOSE_GRACE_S = 10.0
+BUILD_CHECK_S = 2.0
+"""How often a build that has not come back checks that a node could take it at all."""
 __all__ = ["EvaluatorPoolError", "RayEvaluatorPool", "evaluator_count"]
 
 
@@ -267,7 +269,7 @@ class RayEvaluatorPool:
         build = self._start_build(solution, target, key[2])
         self.building[solution.id] = time.monotonic()
         try:
-            record: BuildRecord = await build.record
+            record: BuildRecord = await self._await_build(build.record, solution)
         except RayError as exc:
             self._builds.pop(key, None)
             if triton:
@@ -290,6 +292,36 @@ class RayEvaluatorPool:
                             record.status.value, record.message)
                 return None, None
         return record, build.library
+
+    async def _await_build(self, ref: Any, solution: Solution) -> BuildRecord:
+        """`ref`'s record; an error once no node could ever take the build for cluster.build_wait_s (at once on a
+        local Ray started by this run, which nothing can grow), instead of waiting for ever."""
+        from ksearch_ray.distributed.cluster import build_fits, started_here
+
+        cluster, local = self.config.cluster, started_here()
+        future = asyncio.ensure_future(ref)
+        unfit_since: float | None = None
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=BUILD_CHECK_S)
+            if done:
+                return future.result()
+            if build_fits(cluster.build_cpus, cluster.build_resource):
+                unfit_since = None
+                continue
+            unfit_since = unfit_since if unfit_since is not None else time.monotonic()
+            if not local and (cluster.build_wait_s == 0 or time.monotonic() - unfit_since < cluster.build_wait_s):
+                continue
+            future.cancel()
+            with contextlib.suppress(RayError, TypeError, ValueError):
+                ray.cancel(ref)
+            wanted = f"{cluster.build_cpus:g} CPUs (cluster.build_cpus)" + (
+                f" and the resource {cluster.build_resource} (cluster.build_resource)" if cluster.build_resource else "")
+            remedy = (f"give a node the resource {cluster.build_resource} or unset cluster.build_resource"
+                      if cluster.build_resource else "lower cluster.build_cpus or add a node with that many CPUs")
+            raise EvaluatorPoolError(
+                f"no node of the cluster can take the build of {solution.name}: it asks for {wanted}"
+                f"{'' if local else f', and no such node came in {cluster.build_wait_s:.0f} s'}; {remedy}, or set "
+                "cluster.build_pool: false")
 
     def _build_verdict(self, solution: Solution, workload_set: str, record: BuildRecord) -> EvalResult:
         from ksearch_ray.taskspec.task import find_task

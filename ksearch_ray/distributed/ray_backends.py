@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ACTOR_RETRIES = 3
-CLOSE_TIMEOUT_S = 60.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 async def _with_retry(make: Callable[[], Awaitable[T]], what: str, replace: Callable[[], None]) -> T:

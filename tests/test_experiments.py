@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -23,7 +24,7 @@ from ksearch_ray.config import validate_config
 from ksearch_ray.events import Resume, RunEnd
 from ksearch_ray.store import RunStore
 from ksearch_ray.studies.grid import Cell, cells
-from ksearch_ray.studies.launch import CellState, cell_command, cell_state
+from ksearch_ray.studies.launch import CellState, LocalLauncher, cell_command, cell_state, local_cpus_for
 from ksearch_ray.studies.study import grid_from
 
 ROOT = Path(__file__).parent.parent
@@ -159,6 +160,21 @@ def test_a_cell_without_a_normal_end_is_resumed_at_the_grids_budget(tmp_path):
     store.append(Resume(budget={"rounds": 6}))
     store.close()
     assert not read_run(run_dir)[1]["complete"] and cell_state(cell, tmp_path) is CellState.INCOMPLETE
+
+
+def test_a_grids_shared_local_ray_declares_cpus_for_any_cells_evaluators_and_a_build_together(tmp_path):
+    """The grid's cells attach to one local Ray; on a 2-core machine it once declared 2 CPUs, where a C++ cell's
+    evaluator (1 CPU) and its 2-CPU build could never run at once, and the cell waited for ever."""
+    import ray
+
+    small = Cell(task="toy_axpy_cpp", method="ksearch", width=2, seed=1, settings={"task_dirs": [str(DATA)]})
+    wide = Cell(task="toy_axpy_cpp", method="ksearch", width=2, seed=2, settings={
+        "task_dirs": [str(DATA)], "evaluation": {"evaluators": 4}, "cluster": {"build_cpus": 8}})
+    assert local_cpus_for([small]) == max(os.cpu_count() or 1, 3)
+    assert local_cpus_for([small, wide]) == max(os.cpu_count() or 1, 12)
+    with LocalLauncher(tmp_path, lambda _line: None, cpus=local_cpus_for([small, wide])):
+        assert ray.cluster_resources()["CPU"] == max(os.cpu_count() or 1, 12)
+    assert not ray.is_initialized()
 
 
 def test_a_bad_grid_file_is_one_line(tmp_path):

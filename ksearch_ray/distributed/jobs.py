@@ -16,12 +16,13 @@ RAY_START_ATTEMPTS = 3
 """Ray gives its node 30 seconds to start; a loaded machine can take longer now and then."""
 
 
-def start_local_ray(env_vars: dict[str, str], say: Callable[[str], None]) -> str:
-    """A Ray of our own on this machine (never one another program left running); its address."""
+def start_local_ray(env_vars: dict[str, str], say: Callable[[str], None], num_cpus: int | None = None) -> str:
+    """A Ray of our own on this machine (never one another program left running), declaring `num_cpus` (default:
+    the machine's); its address."""
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
-                     runtime_env={"env_vars": env_vars})
+                     runtime_env={"env_vars": env_vars}, num_cpus=num_cpus)
             break
         except Exception as exc:  # noqa: BLE001  (Ray raises a bare Exception when its node starts too slowly)
             ray.shutdown()

@@ -91,6 +91,16 @@ def _prepare(cell: Cell, out: Path, say: Callable[[str], None]) -> Outcome | tup
     return state, run_dir.parent / f"{run_dir.name}.log"
 
 
+def local_cpus_for(cells: Sequence[Cell]) -> int:
+    """The CPUs a local Ray shared by `cells` declares: this machine's, and never fewer than any one cell's
+    evaluators and one of its builds ask for together (distributed/cluster.py, `local_cpus`)."""
+    from ksearch_ray.config import validate_config
+    from ksearch_ray.distributed.cluster import local_cpus
+
+    machine = os.cpu_count() or 1
+    return max([machine, *(local_cpus(validate_config(cell.config(), cell.name), machine) for cell in cells)])
+
+
 def _check(outcome: Outcome, log: Path) -> Outcome:
     if outcome.returncode == 2:  # a usage error: every cell like it would fail the same way
         raise GridError(f"{outcome.cell.name}: {_last_line(log)} (log: {log})")
@@ -102,8 +112,11 @@ class LocalLauncher:
     """Cells as `ksearch` subprocesses, one at a time, on one Ray instance started here (unless no cell
     runs on Ray: `cluster.ray: false`, as CPU cells do)."""
 
-    def __init__(self, out: Path, say: Callable[[str], None], env: dict[str, str] | None = None, *, ray: bool = True):
-        self.out, self.say, self.ray = out, say, ray
+    def __init__(self, out: Path, say: Callable[[str], None], env: dict[str, str] | None = None, *, ray: bool = True,
+                 cpus: int | None = None):
+        """`cpus`: what the shared Ray declares (default: this machine's); `local_cpus` of the cells gives the
+        least that lets each cell's evaluators and a build run together."""
+        self.out, self.say, self.ray, self.cpus = out, say, ray, cpus
         self.env = {**os.environ, **(env or {})}
 
     def __enter__(self) -> LocalLauncher:
@@ -116,7 +129,7 @@ class LocalLauncher:
         os.environ["RAY_AUTH_MODE"] = self.env["RAY_AUTH_MODE"]
         env_vars = {k: v for k, v in self.env.items() if k in ("PYTHONPATH", "RAY_AUTH_MODE")}
         try:
-            self.env["RAY_ADDRESS"] = start_local_ray(env_vars, self.say)
+            self.env["RAY_ADDRESS"] = start_local_ray(env_vars, self.say, self.cpus)
         except SearchError as exc:
             raise GridError(str(exc)) from None
         return self

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from ksearch_ray.config import ConfigError
 from ksearch_ray.studies.grid import Cell, Grid, cells, load_grid
-from ksearch_ray.studies.launch import GridError, JobLauncher, LocalLauncher, Outcome
+from ksearch_ray.studies.launch import GridError, JobLauncher, LocalLauncher, Outcome, local_cpus_for
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def run_grid(grid: Grid, args: argparse.Namespace) -> tuple[list[Cell], list[Out
                 launcher: Any = JobLauncher(args.ray_address, out, say, parallel=args.parallel, working_dir=checkout())
                 return grid_cells, launcher.run(grid_cells)
             on_ray = any(cell.setting("cluster.ray") is not False for cell in grid_cells)
-            with LocalLauncher(out, say, ray=on_ray) as local:
+            with LocalLauncher(out, say, ray=on_ray, cpus=local_cpus_for(grid_cells) if on_ray else None) as local:
                 return grid_cells, local.run(grid_cells)
     except (ConfigError, GridError) as exc:
         fail(str(exc))

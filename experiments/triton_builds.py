@@ -245,6 +245,11 @@ def _held_evaluator(event: Any) -> tuple[float, float, float] | None:
     return event.t - result.seconds, event.t, _device_seconds(result)
 
 
+def _grid(start: float, end: float, step: float = 0.01) -> list[float]:
+    """The instants from `start` to `end`, `step` apart (none when end <= start)."""
+    return [start + i * step for i in range(max(0, int((end - start) / step)))]
+
+
 def search(args: argparse.Namespace) -> None:
     from ksearch_ray.events import Candidate, Evaluation
     from ksearch_ray.store import RunStore
@@ -264,6 +269,7 @@ def search(args: argparse.Namespace) -> None:
         first = last = None  # the first new candidate's start, the last one's end
         written: dict[str, float] = {}  # when the coder's answer came, per solution
         lags: list[float] = []  # from then to its evaluation's start: its build, then its wait for the evaluator
+        pending: list[tuple[float, float]] = []  # (answer, evaluation start) of each new candidate
         for event in events:
             if isinstance(event, Candidate) and event.solution_id:
                 written.setdefault(event.solution_id, event.t)
@@ -281,6 +287,7 @@ def search(args: argparse.Namespace) -> None:
             seen.add(event.solution_id)
             if event.solution_id in written:
                 lags.append(event.t - result.seconds - written[event.solution_id])
+                pending.append((written[event.solution_id], event.t - result.seconds))
             first = event.t - result.seconds if first is None else min(first, event.t - result.seconds)
             last = event.t if last is None else max(last, event.t)
             busy.append(held)
@@ -311,6 +318,18 @@ def search(args: argparse.Namespace) -> None:
             if idle:
                 print(f"  idle gaps between measurements: {len(idle)} of {len(gaps)}, median {statistics.median(idle):.2f} s, "
                       f"longest {max(idle):.2f} s, {sum(idle):.1f} s in all")
+                # What each idle second waited for: a candidate whose code had come and that had not started (its
+                # build, or the dispatch to the evaluator), or nothing at all (planner, coder or world model).
+                ends = list(itertools.accumulate((e for _, e in ordered), max))
+                waiting = nothing = 0.0
+                for a_end, (b_start, _) in zip(ends, ordered[1:], strict=False):
+                    for t0 in _grid(a_end, b_start):
+                        if any(answer <= t0 < start for answer, start in pending):
+                            waiting += 0.01
+                        else:
+                            nothing += 0.01
+                print(f"  of the idle time, {waiting:.1f} s had a written candidate waiting to start (its build), "
+                      f"{nothing:.1f} s had none (the planner, the coder or the world model)")
         if lags:
             print(f"  from the coder's answer to its evaluation's start (its build, then the wait for the evaluator): "
                   f"median {statistics.median(lags):.2f} s, longest {max(lags):.2f} s")

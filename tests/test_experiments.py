@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -239,6 +240,11 @@ def test_the_triton_builds_search_summary_reads_a_runs_own_evaluation_records():
             first.setdefault(e["solution_id"], e["result"])
     timing = statistics.median(r["stages"]["timing"] for r in first.values())
     assert f"timing {timing:.2f}" in out.split("stages, medians (s): ")[1], out
+    # Every idle second is put down to a written candidate that had not started, or to no candidate at all.
+    idle = re.search(r"longest [\d.]+ s, ([\d.]+) s in all", out)
+    split = re.search(r"idle time, ([\d.]+) s had a written candidate waiting .*?, ([\d.]+) s had none", out)
+    assert idle and split, out
+    assert abs(float(split[1]) + float(split[2]) - float(idle[1])) <= 0.2, out
 
 
 def test_the_judge_cost_script_times_both_comparisons_and_finds_them_equal(tmp_path):

@@ -15,12 +15,13 @@ from ksearch_ray.distributed.stale_agents import sweep_agents
 from ksearch_ray.distributed.watchdog import guard
 from ksearch_ray.run.errors import SearchError
 
-_STARTED_HERE = False
+_STARTED_HERE: str | None = None
+"""The node id of the local Ray this process last started (a later ray.init elsewhere in the process may replace it)."""
 
 
 def started_here() -> bool:
-    """Whether this process started the Ray it uses (a local one, which no autoscaler can grow)."""
-    return _STARTED_HERE and ray.is_initialized()
+    """Whether this process started the Ray it uses now (a local one, which no autoscaler can grow)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_node_id() == _STARTED_HERE
 
 
 def build_fits(build_cpus: float, build_resource: str | None) -> bool:
@@ -69,7 +70,7 @@ def init_ray(config: RunConfig) -> None:
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
                  num_cpus=local_cpus(config, os.cpu_count() or 1),
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
-        _STARTED_HERE = True
+        _STARTED_HERE = ray.get_runtime_context().get_node_id()
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         # Ray's own start-up and connection failures (a raylet that did not come up, a wrong
         # address, an auth token missing): one line, not Ray's traceback.

@@ -251,7 +251,7 @@ def _grid(start: float, end: float, step: float = 0.01) -> list[float]:
 
 
 def search(args: argparse.Namespace) -> None:
-    from ksearch_ray.events import Candidate, Evaluation
+    from ksearch_ray.events import Candidate, Evaluation, Tune
     from ksearch_ray.store import RunStore
 
     missing = [d for d in args.run_dirs if not (Path(d) / "events.jsonl").is_file()]
@@ -270,9 +270,11 @@ def search(args: argparse.Namespace) -> None:
         written: dict[str, float] = {}  # when the coder's answer came, per solution
         lags: list[float] = []  # from then to its evaluation's start: its build, then its wait for the evaluator
         pending: list[tuple[float, float]] = []  # (answer, evaluation start) of each new candidate
+        tuned = 0  # variants measured by an evaluator that would have idled (search.tune_when_idle)
         for event in events:
             if isinstance(event, Candidate) and event.solution_id:
                 written.setdefault(event.solution_id, event.t)
+            tuned += isinstance(event, Tune) and event.idle
             span = _held_evaluator(event)
             if span is not None:
                 spans.append(span)
@@ -310,7 +312,8 @@ def search(args: argparse.Namespace) -> None:
             span = last - first
             inside = sum(held for start, end, held in spans if start >= first - 1e-6 and end <= last + 1e-6)
             print(f"  from the first new candidate's start to the last one's end: {span:.1f} s, evaluator busy "
-                  f"{100 * inside / span:.1f} % of it, {3600 * len(busy) / span:.0f} new candidates per hour of it")
+                  f"{100 * inside / span:.1f} % of it, {3600 * len(busy) / span:.0f} new candidates per hour of it"
+                  + (f"; besides them, {tuned} idle-tuning variants measured in the run" if tuned else ""))
             # Idle gaps on the evaluator (one evaluator): from one measurement's end to the next one's start.
             ordered = sorted((start, end) for start, end, _ in spans if start >= first - 1e-6 and end <= last + 1e-6)
             gaps = [b[0] - a_end for a_end, b in zip(itertools.accumulate((e for _, e in ordered), max), ordered[1:], strict=False)]

@@ -13,7 +13,8 @@
 #           and evaluation.screen all off (the defaults before 2026-12-05); on: builds and helper, no screening;
 #           screen: the defaults (builds, helper, each new candidate timed to 1 % in at most 20 calls a workload;
 #           a would-be best is measured again by the full rule); overlap: the defaults and evaluation.overlap (two
-#           evaluations per evaluator, the next one's worker started while one is timed); then
+#           evaluations per evaluator, the next one's worker started while one is timed); idle: the defaults and
+#           search.tune_when_idle (an evaluator that would idle tunes the fastest passed candidates); then
 #           experiments/triton_builds.py search over them. VARIANTS="screen overlap" compares the last two.
 #   judge   experiments/judge_cost.py: the judge's reference and comparison (full and short path) per TriMul workload
 #   profile experiments/profile_once.py --beside baseline: with overlap, how long a profile of triton_fused stalls
@@ -49,6 +50,7 @@ for part in ${PARTS:-tests evals}; do
       printf 'cluster:\n  triton_builds: false\nevaluation:\n  triton_helper_ahead: false\n  screen: null\n' > /tmp/off.yaml
       printf 'evaluation:\n  screen: null\n' > /tmp/on.yaml
       printf 'evaluation:\n  overlap: true\n' > /tmp/overlap.yaml
+      printf 'search:\n  tune_when_idle: true\n' > /tmp/idle.yaml
       for v in ${VARIANTS:-off screen}; do
         rm -rf "/tmp/run_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
         # The run's own wall budget ends it (with its final re-timing); the timeout only guards it.

@@ -52,9 +52,11 @@ for part in ${PARTS:-tests evals}; do
       printf 'evaluation:\n  overlap: true\n' > /tmp/overlap.yaml
       printf 'search:\n  tune_when_idle: true\n' > /tmp/idle.yaml
       for v in ${VARIANTS:-off screen}; do
-        rm -rf "/tmp/run_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
-        # The run's own wall budget ends it (with its final re-timing); the timeout only guards it.
-        ( cd /tmp && timeout "$(( ${SEARCH_S:-270} + 60 ))" python3 -m ksearch_ray run --task trimul --width 4 \
+        rm -rf "/tmp/run_$v" "/tmp/xdg_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
+        # The run's own wall budget ends it (with its final re-timing); the timeout only guards it. Each variant has
+        # a cache folder of its own (the node's build cache is under it): the offline policy writes many of the
+        # same candidates in every run, and a later variant once found their builds made by an earlier one.
+        ( cd /tmp && mkdir -m 700 "/tmp/xdg_$v" && export XDG_CACHE_HOME="/tmp/xdg_$v" && timeout "$(( ${SEARCH_S:-270} + 60 ))" python3 -m ksearch_ray run --task trimul --width 4 \
             --rounds "${ROUNDS:-32}" --max-wall-s "${SEARCH_S:-270}" --confirm-repeats 1 --evaluators 1 --isolation require \
             --run-dir "/tmp/run_$v" --no-progress $extra ) > "$OUT/run_$v.out" 2> "$OUT/run_$v.err"
         echo "run $v exit $?"; tail -4 "$OUT/run_$v.out"

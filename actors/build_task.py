@@ -41,6 +41,17 @@ def _builder(configured: str | None, timeout_s: float, max_jobs: int, isolation:
     return _BUILDERS[key]
 
 
+@ray.remote(max_retries=0)
+def warm_builder(scratch_dir: str | None, timeout_s: float, max_jobs: int, isolation: str = "best-effort") -> tuple[int, float]:
+    """Start this worker process's Builder and its sandbox's zygote (its imports take seconds), so that a build Ray
+    gives this process later finds them ready. (pid, seconds the start took)."""
+    import time
+
+    t0 = time.monotonic()
+    _builder(scratch_dir, timeout_s, max_jobs, isolation).sandbox.ensure_started()
+    return os.getpid(), time.monotonic() - t0
+
+
 @ray.remote(num_returns=2, max_retries=3)
 def build_extension(solution: Solution, target: BuildTarget, scratch_dir: str | None, timeout_s: float,
                     max_jobs: int, isolation: str = "best-effort") -> tuple[BuildRecord, bytes | None]:

@@ -164,6 +164,33 @@ def test_on_a_cluster_a_build_no_node_can_take_waits_build_wait_s_for_a_node_the
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("warm", [True, False])
+def test_the_first_build_starts_the_other_cycles_build_workers_sandboxes(ray_session, tmp_path: Path, warm: bool) -> None:
+    """A cold build worker spends seconds on its zygote's imports before its first build, and a search's first
+    candidates come together: with the session's first build, width - 1 more workers start their sandboxes."""
+    import ray
+
+    async def go() -> tuple:
+        pool = _pool(tmp_path, width=3, warm_builders=warm)
+        try:
+            result, _ = await pool.evaluate(SEED, "benchmarks")
+            return result, [ray.get(ref, timeout=120) for ref in pool.warming if ref is not None]
+        finally:
+            pool.release()
+
+    result, warmed = asyncio.run(go())
+    assert result.passed
+    builders = {int(p.name) for p in (tmp_path / "scratch" / "builders").iterdir()}
+    if not warm:
+        assert warmed == [] and len(builders) == 1
+        return
+    pids = [pid for pid, _ in warmed]
+    assert len(warmed) == 2 and len(set(pids)) == 2, warmed  # two other processes, each with its sandbox started
+    assert all(seconds > 0.05 for _, seconds in warmed), warmed
+    assert set(pids) <= builders and len(builders) == 3, (pids, builders)
+
+
+@pytest.mark.slow
 def test_with_the_build_pool_off_the_evaluator_compiles(ray_session, tmp_path: Path) -> None:
     async def go() -> tuple:
         pool = _pool(tmp_path, build_pool=False)

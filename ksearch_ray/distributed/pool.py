@@ -133,6 +133,7 @@ class RayEvaluatorPool:
         self._parked: Counter[int] = Counter()
         self._given_up: set[int] = set()
         self._builds: dict[tuple[str, BuildTarget, str | None], _Build] = {}
+        self.warming: list[Any] = []  # the build workers' warm-ups (warm_builder), started with the first build
         self._task: Any = None
 
     # --- evaluator actors ------------------------------------------------------------------------
@@ -223,11 +224,11 @@ class RayEvaluatorPool:
             return self._builds[key]
         from ksearch_ray.actors.build_task import build_extension, build_triton
 
-        options: dict[str, Any] = {"num_cpus": self.config.cluster.build_cpus}
-        if self.config.cluster.build_resource:
-            options["resources"] = {self.config.cluster.build_resource: 0.01}
+        options = self._build_options()
         cluster, isolation = self.config.cluster, self.config.evaluation.isolation
         jobs = max(1, round(cluster.build_cpus))
+        if not self.warming:
+            self._warm_builders(jobs)
         if triton_set is not None:
             record, library = build_triton.options(**options).remote(
                 solution, target, self.config.task, self.config.task_dirs, triton_set, cluster.scratch_dir,
@@ -237,6 +238,24 @@ class RayEvaluatorPool:
                 solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)
         self._builds[key] = _Build(record, library)
         return self._builds[key]
+
+    def _build_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.config.cluster.build_cpus}
+        if self.config.cluster.build_resource:
+            options["resources"] = {self.config.cluster.build_resource: 0.01}
+        return options
+
+    def _warm_builders(self, jobs: int) -> None:
+        """With the session's first build, start as many more build workers' sandboxes as the search has cycles
+        besides (cluster.warm_builders): a cold worker spends seconds on its zygote's imports before its first
+        build, and a search's first candidates come together."""
+        from ksearch_ray.actors.build_task import warm_builder
+
+        cluster = self.config.cluster
+        count = max(0, self.config.search.width - 1) if cluster.warm_builders else 0
+        self.warming = [warm_builder.options(**self._build_options()).remote(
+            cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=self.config.evaluation.isolation)
+            for _ in range(count)] or [None]
 
     def _builds_triton(self, solution: Solution) -> bool:
         """Whether `solution` (Python or Triton: any but CUDA/C++, and only code that names Triton: a PyTorch

@@ -95,8 +95,8 @@ def test_cuda_sources_without_a_gpu_target_are_a_compile_error(builder: Builder)
 
 
 def _pool(tmp_path: Path, **overrides: object) -> RayEvaluatorPool:
-    config = settings(task="toy_axpy_cpp", task_dirs=[str(DATA)], device="cpu", evaluators=1, build_cpus=1,
-                      scratch_dir=str(tmp_path / "scratch"), **overrides)
+    config = settings(**{"task": "toy_axpy_cpp", "task_dirs": [str(DATA)], "device": "cpu", "evaluators": 1,
+                         "build_cpus": 1, "scratch_dir": str(tmp_path / "scratch"), **overrides})
     return RayEvaluatorPool(config, f"t{time.time_ns()}")
 
 
@@ -174,7 +174,7 @@ def test_the_first_build_starts_the_other_cycles_build_workers_sandboxes(ray_ses
         pool = _pool(tmp_path, width=3, warm_builders=warm)
         try:
             result, _ = await pool.evaluate(SEED, "benchmarks")
-            return result, [ray.get(ref, timeout=120) for ref in pool.warming if ref is not None]
+            return result, [ray.get(ref, timeout=120) for ref in pool.warming or []]
         finally:
             pool.release()
 
@@ -188,6 +188,20 @@ def test_the_first_build_starts_the_other_cycles_build_workers_sandboxes(ray_ses
     assert len(warmed) == 2 and len(set(pids)) == 2, warmed  # two other processes, each with its sandbox started
     assert all(seconds > 0.05 for _, seconds in warmed), warmed
     assert set(pids) <= builders and len(builders) == 3, (pids, builders)
+
+
+@pytest.mark.slow
+def test_no_build_worker_is_warmed_where_it_would_queue_ahead_of_the_candidates_builds(ray_session, tmp_path: Path) -> None:
+    """The test's Ray has 4 CPUs: an evaluator holds 1 and the first build 2, so no second build fits beside them."""
+    async def go() -> list:
+        pool = _pool(tmp_path, width=4, build_cpus=2)
+        try:
+            assert (await pool.evaluate(SEED, "benchmarks"))[0].passed
+            return pool.warming
+        finally:
+            pool.release()
+
+    assert asyncio.run(go()) == []
 
 
 @pytest.mark.slow

@@ -133,7 +133,8 @@ class RayEvaluatorPool:
         self._parked: Counter[int] = Counter()
         self._given_up: set[int] = set()
         self._builds: dict[tuple[str, BuildTarget, str | None], _Build] = {}
-        self.warming: list[Any] = []  # the build workers' warm-ups (warm_builder), started with the first build
+        self.warming: list[Any] | None = None
+        """The build workers' warm-ups (warm_builder refs), decided with the session's first build (None before)."""
         self._task: Any = None
 
     # --- evaluator actors ------------------------------------------------------------------------
@@ -227,7 +228,7 @@ class RayEvaluatorPool:
         options = self._build_options()
         cluster, isolation = self.config.cluster, self.config.evaluation.isolation
         jobs = max(1, round(cluster.build_cpus))
-        if not self.warming:
+        if self.warming is None:
             self._warm_builders(jobs)
         if triton_set is not None:
             record, library = build_triton.options(**options).remote(
@@ -248,14 +249,17 @@ class RayEvaluatorPool:
     def _warm_builders(self, jobs: int) -> None:
         """With the session's first build, start as many more build workers' sandboxes as the search has cycles
         besides (cluster.warm_builders): a cold worker spends seconds on its zygote's imports before its first
-        build, and a search's first candidates come together."""
+        build, and a search's first candidates come together. Only as many as can run beside the evaluators and
+        that first build now: a warm-up that has to queue would hold up the candidates' builds behind it."""
         from ksearch_ray.actors.build_task import warm_builder
 
         cluster = self.config.cluster
-        count = max(0, self.config.search.width - 1) if cluster.warm_builders else 0
+        spare = ray.cluster_resources().get("CPU", 0) - self.size * self.config.evaluation.evaluator_cpus
+        fits = int(spare // cluster.build_cpus) - 1
+        count = max(0, min(self.config.search.width - 1, fits)) if cluster.warm_builders else 0
         self.warming = [warm_builder.options(**self._build_options()).remote(
             cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=self.config.evaluation.isolation)
-            for _ in range(count)] or [None]
+            for _ in range(count)]
 
     def _builds_triton(self, solution: Solution) -> bool:
         """Whether `solution` (Python or Triton: any but CUDA/C++, and only code that names Triton: a PyTorch

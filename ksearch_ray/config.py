@@ -272,9 +272,9 @@ class ClusterConfig(_Section):
     )
     build_timeout_s: float = Field(default=900.0, gt=0, description="A build that gives no result this long is a TIMEOUT.")
     warm_builders: bool = Field(
-        default=True, description="With a session's first build, start the sandboxes of as many more build workers "
-        "as the search has cycles besides (search.width - 1), so that the first candidates' builds do not each wait "
-        "seconds for a cold worker's imports.")
+        default=True, description="With a session's first build, start the sandboxes of up to search.width - 1 more "
+        "build workers (as many as the cluster's CPUs hold beside the evaluators and that build), so that the first "
+        "candidates' builds do not each wait seconds for a cold worker's imports.")
     build_wait_s: float = Field(
         default=600.0, ge=0, description="While no node of the cluster could ever take a build task (none with "
         "build_cpus CPUs, or none declaring build_resource), a build waits this long for an autoscaler to add one, "

@@ -228,8 +228,6 @@ class RayEvaluatorPool:
         options = self._build_options()
         cluster, isolation = self.config.cluster, self.config.evaluation.isolation
         jobs = max(1, round(cluster.build_cpus))
-        if self.warming is None:
-            self._warm_builders(jobs)
         if triton_set is not None:
             record, library = build_triton.options(**options).remote(
                 solution, target, self.config.task, self.config.task_dirs, triton_set, cluster.scratch_dir,
@@ -238,6 +236,8 @@ class RayEvaluatorPool:
             record, library = build_extension.options(**options).remote(
                 solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)
         self._builds[key] = _Build(record, library)
+        if self.warming is None:  # after the build: Ray starts tasks of one shape in the order they came
+            self._warm_builders(jobs)
         return self._builds[key]
 
     def _build_options(self) -> dict[str, Any]:

@@ -71,9 +71,9 @@ def _wait_for_rounds(events: Path, rounds: int, deadline_s: float = 300) -> None
 
 @pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_stops_a_ray_run_promptly_and_resumably(tmp_path):
-    """`timeout`, Slurm and `kill -- -PGID` signal the driver and its local Ray's processes together. The driver
-    once waited 60 s on a checkpoint from the dead world-model actor, until Ray aborted it with a C++ error and
-    no resume line."""
+    """`timeout`, Slurm and `kill -- -PGID` signal the driver and its local Ray's own processes together. The driver
+    once waited 60 s for the world model's last checkpoint, which never came, until Ray aborted it with a C++ error
+    and no resume line."""
     run_dir = tmp_path / "run"
     p = _cli("run", "--task", "toy_axpy", "--task-dir", str(DATA), "--device", "cpu", "--width", "2", "--rounds", "200",
              "--no-progress", "--run-dir", str(run_dir))

@@ -42,14 +42,19 @@ def _builder(configured: str | None, timeout_s: float, max_jobs: int, isolation:
 
 
 @ray.remote(max_retries=0)
-def warm_builder(scratch_dir: str | None, timeout_s: float, max_jobs: int, isolation: str = "best-effort") -> tuple[int, float]:
+def warm_builder(scratch_dir: str | None, timeout_s: float, max_jobs: int,
+                 isolation: str = "best-effort") -> tuple[int, float, str]:
     """Start this worker process's Builder and its sandbox's zygote (its imports take seconds), so that a build Ray
-    gives this process later finds them ready. (pid, seconds the start took)."""
+    gives this process later finds them ready. (pid, seconds the start took, why it failed or ""). It never raises:
+    nobody waits for it, and a sandbox that cannot start fails the builds themselves, with their verdicts."""
     import time
 
     t0 = time.monotonic()
-    _builder(scratch_dir, timeout_s, max_jobs, isolation).sandbox.ensure_started()
-    return os.getpid(), time.monotonic() - t0
+    try:
+        _builder(scratch_dir, timeout_s, max_jobs, isolation).sandbox.ensure_started()
+    except Exception as exc:  # noqa: BLE001  (reported by the builds, which meet the same sandbox)
+        return os.getpid(), time.monotonic() - t0, f"{type(exc).__name__}: {exc}"[:300]
+    return os.getpid(), time.monotonic() - t0, ""
 
 
 @ray.remote(num_returns=2, max_retries=3)

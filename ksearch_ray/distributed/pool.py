@@ -133,6 +133,7 @@ class RayEvaluatorPool:
         self._parked: Counter[int] = Counter()
         self._given_up: set[int] = set()
         self._builds: dict[tuple[str, BuildTarget, str | None], _Build] = {}
+        self._fit_checked: tuple[float, bool] = (-BUILD_CHECK_S, True)  # (when, whether a node could take a build)
         self.warming: list[Any] | None = None
         """The build workers' warm-ups (warm_builder refs), decided with the session's first build (None before)."""
         self._task: Any = None
@@ -316,10 +317,20 @@ class RayEvaluatorPool:
                 return None, None
         return record, build.library
 
+    def _build_node_exists(self) -> bool:
+        """cluster.build_fits, asked of Ray at most once per BUILD_CHECK_S for all the builds waiting (a blocking call
+        on the driver's loop, and a large cluster's node list is long)."""
+        from ksearch_ray.distributed.cluster import build_fits
+
+        now = time.monotonic()
+        if now - self._fit_checked[0] >= BUILD_CHECK_S:
+            self._fit_checked = (now, build_fits(self.config.cluster.build_cpus, self.config.cluster.build_resource))
+        return self._fit_checked[1]
+
     async def _await_build(self, ref: Any, solution: Solution) -> BuildRecord:
         """`ref`'s record; an error once no node could ever take the build for cluster.build_wait_s (at once on a
         local Ray started by this run, which nothing can grow), instead of waiting for ever."""
-        from ksearch_ray.distributed.cluster import build_fits, started_here
+        from ksearch_ray.distributed.cluster import started_here
 
         cluster, local = self.config.cluster, started_here()
         future = asyncio.ensure_future(ref)
@@ -328,10 +339,11 @@ class RayEvaluatorPool:
             done, _ = await asyncio.wait({future}, timeout=BUILD_CHECK_S)
             if done:
                 return future.result()
-            if build_fits(cluster.build_cpus, cluster.build_resource):
+            if self._build_node_exists():
                 unfit_since = None
                 continue
-            unfit_since = unfit_since if unfit_since is not None else time.monotonic()
+            if unfit_since is None:
+                unfit_since = time.monotonic()
             if not local and (cluster.build_wait_s == 0 or time.monotonic() - unfit_since < cluster.build_wait_s):
                 continue
             future.cancel()

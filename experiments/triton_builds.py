@@ -245,9 +245,14 @@ def _held_evaluator(event: Any) -> tuple[float, float, float] | None:
     return event.t - result.seconds, event.t, _device_seconds(result)
 
 
-def _grid(start: float, end: float, step: float = 0.01) -> list[float]:
-    """The instants from `start` to `end`, `step` apart (none when end <= start)."""
-    return [start + i * step for i in range(max(0, int((end - start) / step)))]
+def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end) inside the union of `intervals`."""
+    total, reach = 0.0, start
+    for a, b in sorted((max(start, a), min(end, b)) for a, b in intervals if a < end and b > start):
+        a = max(a, reach)
+        if b > a:
+            total, reach = total + b - a, b
+    return total
 
 
 def search(args: argparse.Namespace) -> None:
@@ -326,11 +331,9 @@ def search(args: argparse.Namespace) -> None:
                 ends = list(itertools.accumulate((e for _, e in ordered), max))
                 waiting = nothing = 0.0
                 for a_end, (b_start, _) in zip(ends, ordered[1:], strict=False):
-                    for t0 in _grid(a_end, b_start):
-                        if any(answer <= t0 < start for answer, start in pending):
-                            waiting += 0.01
-                        else:
-                            nothing += 0.01
+                    if b_start > a_end:
+                        held_up = _covered(a_end, b_start, pending)
+                        waiting, nothing = waiting + held_up, nothing + (b_start - a_end - held_up)
                 print(f"  of the idle time, {waiting:.1f} s had a written candidate waiting to start (its build), "
                       f"{nothing:.1f} s had none (the planner, the coder or the world model)")
         if lags:

@@ -256,7 +256,7 @@ def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> 
 
 
 def search(args: argparse.Namespace) -> None:
-    from ksearch_ray.events import Candidate, Evaluation, Tune
+    from ksearch_ray.events import Baseline, Candidate, Evaluation, Seed, Tune
     from ksearch_ray.store import RunStore
 
     missing = [d for d in args.run_dirs if not (Path(d) / "events.jsonl").is_file()]
@@ -276,7 +276,13 @@ def search(args: argparse.Namespace) -> None:
         lags: list[float] = []  # from then to its evaluation's start: its build, then its wait for the evaluator
         pending: list[tuple[float, float]] = []  # (answer, evaluation start) of each new candidate
         tuned = 0  # variants measured by an evaluator that would have idled (search.tune_when_idle)
+        baselined: float | None = None  # when the session's last baseline measurement ended
+        seeded: tuple[float, float] | None = None  # the seed's evaluation: (start, end)
         for event in events:
+            if isinstance(event, Baseline) and seeded is None:
+                baselined = event.t
+            if isinstance(event, Seed) and event.result is not None and seeded is None:
+                seeded = (event.t - event.result.seconds, event.t)
             if isinstance(event, Candidate) and event.solution_id:
                 written.setdefault(event.solution_id, event.t)
             tuned += isinstance(event, Tune) and event.idle
@@ -336,6 +342,11 @@ def search(args: argparse.Namespace) -> None:
                         waiting, nothing = waiting + held_up, nothing + (b_start - a_end - held_up)
                 print(f"  of the idle time, {waiting:.1f} s had a written candidate waiting to start (its build), "
                       f"{nothing:.1f} s had none (the planner, the coder or the world model)")
+        if baselined is not None and seeded is not None and events:
+            # The session's start: the seed's build either waited for the baselines or ran beside them (cluster.build_ahead).
+            began = events[0].t
+            print(f"  the session's start: baselines measured by {baselined - began:.1f} s, the seed's evaluation from "
+                  f"{seeded[0] - began:.1f} s to {seeded[1] - began:.1f} s ({seeded[0] - baselined:.1f} s after the baselines)")
         if lags:
             print(f"  from the coder's answer to its evaluation's start (its build, then the wait for the evaluator): "
                   f"median {statistics.median(lags):.2f} s, longest {max(lags):.2f} s")

@@ -275,6 +275,10 @@ class ClusterConfig(_Section):
         default=True, description="With a session's first build, start the sandboxes of up to search.width - 1 more "
         "build workers (as many as the cluster's CPUs hold beside the evaluators and that build), so that the first "
         "candidates' builds do not each wait seconds for a cold worker's imports.")
+    build_ahead: bool | None = Field(
+        default=None, description="Build a session's starting kernel (the seed; on a resume, the bests) while the "
+        "baselines are measured, so that its evaluation does not wait for a cold build after them. Default: on with "
+        "GPU evaluators; off on CPU ones, where the build would share the cores the baselines are timed on.")
     build_wait_s: float = Field(
         default=600.0, ge=0, description="While no node of the cluster could ever take a build task (none with "
         "build_cpus CPUs, or none declaring build_resource), a build waits this long for an autoscaler to add one, "

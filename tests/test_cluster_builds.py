@@ -8,6 +8,7 @@ candidate includes no torch header, so a build takes a second or two, not a minu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -202,6 +203,57 @@ def test_no_build_worker_is_warmed_where_it_would_queue_ahead_of_the_candidates_
             pool.release()
 
     assert asyncio.run(go()) == []
+
+
+@pytest.mark.slow
+def test_a_build_made_ahead_is_joined_by_its_evaluation_not_made_again(ray_session, tmp_path: Path) -> None:
+    """cluster.build_ahead's pool side: the evaluation of a kernel built ahead waits for that build, loads its
+    library, and counts it as the one build it is, not as a cache hit."""
+    async def go() -> tuple:
+        pool = _pool(tmp_path)
+        try:
+            await pool.build_ahead(SEED, "benchmarks")
+            ahead = (pool.builds, pool.build_hits)
+            result, index = await pool.evaluate(SEED, "benchmarks")
+            return ahead, result, index, (pool.builds, pool.build_hits)
+        finally:
+            pool.release()
+
+    ahead, result, index, after = asyncio.run(go())
+    assert ahead == (1, 0) and after == (1, 0), (ahead, after)
+    assert result.passed and index == 0
+    assert result.build_seconds < 1.0  # the evaluator loaded the library; it compiled nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ahead", [True, None])
+def test_the_seed_is_built_while_the_baselines_are_measured(tmp_path: Path, ahead: bool | None) -> None:
+    """cluster.build_ahead: the seed's build, which its evaluation used to start only after the baselines, is done
+    before the last baseline measurement ends; by default only with GPU evaluators (this run's are CPU ones, which
+    the build would slow), so the default builds it after them."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    setting = "" if ahead is None else f"  build_ahead: {str(ahead).lower()}\n"
+    # A warm-up and 8 baseline measurements of 150 timed calls a workload: about 15 s on this 2-core machine, several
+    # times the toy's C++ build (4 s here).
+    (tmp_path / "run.yaml").write_text(
+        f"cluster:\n  build_cpus: 1\n  scratch_dir: {tmp_path / 'scratch'}\n{setting}"
+        "search:\n  noise_repeats: 8\n  noise_budget_s: 120\n  confirm_repeats: 0\n"
+        "evaluation:\n  timing: {min_calls: 150, max_calls: 150, max_total_s: 60}\n")
+    cmd = [sys.executable, "-m", "ksearch_ray", "run", "--task", "toy_axpy_cpp", "--task-dir", str(DATA), "--rounds", "1",
+           "--width", "1", "--max-wall-s", "240", "--evaluators", "1", "--config", "run.yaml", "--run-dir", "run",
+           "--no-progress"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    baselines = [e["t"] for e in events if e["kind"] == "baseline"]
+    seed = [e for e in events if e["kind"] == "seed"]
+    assert len(baselines) == 8 and seed and seed[0]["result"]["status"] == "PASSED", done.stdout[-2000:]
+    built = min(entry.stat().st_mtime for entry in (tmp_path / "scratch" / "build-cache").glob("*/*"))
+    if ahead:
+        assert built < baselines[-1] - 1.0, (built, baselines)
+    else:
+        assert built > baselines[-1], (built, baselines)
 
 
 @pytest.mark.slow

@@ -82,6 +82,8 @@ class _Build:
     library: Any
     """ObjectRef of the library bytes (None for a failed build); stays in the object store."""
     counted: bool = False
+    ahead: bool = False
+    """Started by `build_ahead`: the evaluation that joins it first is no cache hit."""
 
 
 @dataclass
@@ -218,12 +220,16 @@ class RayEvaluatorPool:
                  if info.compute_capability}
         return BuildTarget(archs=tuple(sorted(archs)))
 
-    def _start_build(self, solution: Solution, target: BuildTarget, triton_set: str | None) -> _Build:
+    def _start_build(self, solution: Solution, target: BuildTarget, triton_set: str | None, ahead: bool = False) -> _Build:
         """`triton_set`: compile the Triton kernels of a Python candidate as that workload set launches them."""
         key = (solution.id, target, triton_set)
         if key in self._builds:
-            self.build_hits += 1
-            return self._builds[key]
+            build = self._builds[key]
+            if build.ahead and not ahead:
+                build.ahead = False  # the evaluation it was built ahead for
+            else:
+                self.build_hits += 1
+            return build
         from ksearch_ray.actors.build_task import build_extension, build_triton
 
         options = self._build_options()
@@ -236,7 +242,7 @@ class RayEvaluatorPool:
         else:
             record, library = build_extension.options(**options).remote(
                 solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)
-        self._builds[key] = _Build(record, library)
+        self._builds[key] = _Build(record, library, ahead=ahead)
         if self.warming is None:  # after the build: Ray starts tasks of one shape in the order they came
             self._warm_builders(jobs)
         return self._builds[key]
@@ -272,7 +278,13 @@ class RayEvaluatorPool:
         """GPU evaluators compile Triton kernels; the CPU path's interpret them, and a build is of no use there."""
         return self.device == "cuda"
 
-    async def _built(self, solution: Solution, workload_set: str) -> tuple[BuildRecord | None, Any]:
+    async def build_ahead(self, solution: Solution, workload_set: str) -> None:
+        """Build `solution` now, holding no evaluator, and wait for the build: its evaluation later joins the build
+        instead of starting it (a session's starting kernel, built while the baselines are measured). A failed
+        build's verdict waits for that evaluation."""
+        await self._built(solution, workload_set, ahead=True)
+
+    async def _built(self, solution: Solution, workload_set: str, ahead: bool = False) -> tuple[BuildRecord | None, Any]:
         """For a CUDA/C++ candidate (and, with cluster.triton_builds, a Python one's Triton kernels): start (or
         join) its build now and wait for it, holding no evaluator.
 
@@ -290,7 +302,7 @@ class RayEvaluatorPool:
         if triton and not target.archs:  # no evaluator reported its GPU's compute capability: nothing to build for
             return None, None
         key = (solution.id, target, workload_set if triton else None)
-        build = self._start_build(solution, target, key[2])
+        build = self._start_build(solution, target, key[2], ahead)
         self.building[solution.id] = time.monotonic()
         try:
             record: BuildRecord = await self._await_build(build.record, solution)

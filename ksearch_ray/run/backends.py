@@ -132,6 +132,11 @@ class EvaluatorBackend(Protocol):
         GPU): (the verdict when the build failed, else None; what `evaluate_spare` takes)."""
         ...
 
+    async def build_ahead(self, solution: Solution, workload_set: str) -> None:
+        """Build `solution` before its evaluation asks for it, holding no evaluator (a session's starting kernel, while
+        the baselines are measured); the evaluation then joins that build. Nothing where no build pool builds."""
+        ...
+
     async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any, *,
                              screen: bool = False) -> EvalResult | None:
         """The verdict of evaluator `index` (from `take_spare`), which then goes back to the queue; None if it died

@@ -80,7 +80,13 @@ class Calibration:
                 self.evals.baselines_made[index] = self.evals.baselines_made.get(index, 0) + 1
 
         began = time.monotonic()
-        await asyncio.gather(*(on(i) for i in range(self.evals.pool.size)))
+        ahead = asyncio.ensure_future(self._build_ahead())
+        try:
+            await asyncio.gather(*(on(i) for i in range(self.evals.pool.size)))
+        except BaseException:
+            if not ahead.cancel() and not ahead.cancelled():
+                ahead.exception()  # already ended: the baselines' error is the one to tell
+            raise
         base = self.run.view.session_baselines[0]
         made = sorted(set(self.evals.baselines_made.values()))
         times = f"{made[0]}x" if len(made) == 1 else f"{made[0]}-{made[-1]}x"
@@ -88,6 +94,22 @@ class Calibration:
                      + f"; measured {times} on each of {self.evals.pool.size} evaluator(s)"
                      + (" after a warm-up" if self.config.search.warmup else "")
                      + f" in {time.monotonic() - began:.1f} s")
+        await ahead  # the starting kernel's build, which its evaluation would wait for anyway (and its errors)
+
+    async def _build_ahead(self) -> None:
+        """The build of what this session measures after the baselines (cluster.build_ahead): the seed in the first
+        session, each GPU type's best on a resume. Its evaluation joins the build; a compile error is its verdict."""
+        ahead = self.config.cluster.build_ahead
+        if not (self.config.evaluation.device == "cuda" if ahead is None else ahead):
+            return
+        if self.run.view.seed is None:
+            seed = self._start_solution()
+            solutions = [seed] if seed is not None else []
+        else:
+            ids = {best.solution_id for best in self.run.view.best_by_gpu.values()}
+            solutions = [self.evals.solution(solution_id) for solution_id in sorted(ids)]
+        for solution in solutions:
+            await self.evals.pool.build_ahead(solution, self.evals.workload_set)
 
     def _start_solution(self) -> Solution | None:
         """What the run starts from: --from-solution, else (unless it starts from the specification) the

@@ -133,6 +133,9 @@ class LocalEvaluatorPool:
     async def prepare(self, solution: Solution, workload_set: str) -> tuple[EvalResult | None, Any]:
         return None, None  # each evaluator builds in its own sandbox
 
+    async def build_ahead(self, solution: Solution, workload_set: str) -> None:
+        return None  # each evaluator builds in its own sandbox, when it evaluates
+
     async def evaluate_spare(self, index: int, solution: Solution, workload_set: str, prepared: Any, *,
                              screen: bool = False) -> EvalResult | None:
         """Also the body of `evaluate`, once it has an evaluator: measure on `index`, then give it back."""

@@ -916,7 +916,7 @@ GROUPED_VARIANTS = [(t.name, c) for t in read_tunables(_grouped_source()).values
 def test_grouped_moe_declares_block_warp_stage_and_precision_tunables():
     tunables = read_tunables(_grouped_source())
     assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_WARPS", "NUM_STAGES", "GEMM2_PRECISION", "SPLIT_K1", "SPLIT_K2",
-            "SWAP_AB"} == set(tunables)
+            "SWAP_AB", "DIRECT_LAUNCH"} == set(tunables)
     assert tunables["GEMM2_PRECISION"].value == "tf32"
 
 

@@ -39,6 +39,13 @@ smaller, and index_add on the GPU adds atomically anyway. The order of the adds 
 ~1e-7 relative, so the bf16 result can differ by one bf16 unit (2^-8 relative, within the
 tolerance's 1e-2) from one call to the next.
 
+Host work counts: FlashInfer-Bench times run() as a call, and at a few tokens the host's part of a call
+(Python, allocations and four Triton launches) is longer than the kernels. So run() does plain integer
+arithmetic (no constexpr helpers of Triton's), no autograd context, and after a call key's first
+launches goes to the compiled kernels directly (DIRECT_LAUNCH below), as the attention seeds do.
+Nothing cached depends on the inputs' contents: the key is the sizes, the expert offset and the
+inputs' dtypes, device and 16-byte alignment.
+
 The tunables below are read and rewritten by the offline policy; every choice passes the task's
 tolerance on its own.
 """
@@ -77,6 +84,86 @@ SPLIT_K2 = 2  # tunable: [1, 2, 4]
 # (wgmma m64n16 e4m3 and tf32). Measured slower on the H200 than mma.sync on 16-row tiles
 # (docs/benchmarks.md), so off by default.
 SWAP_AB = False  # tunable: [True, False]
+# Host work per call. True: after a kernel's first launch with a given call key (the sizes, the expert
+# offset, and the inputs' dtypes, device and 16-byte alignment: everything the launches' arguments other
+# than addresses and the scaling factor, and Triton's specialization, follow from), later launches with
+# that key call the compiled kernel directly, skipping Triton's per-launch argument binding,
+# specialization and cache lookup. False: every launch goes through Triton's JIT entry point. Launch
+# hooks (profilers) and Triton's interpreter (the CPU) always do.
+DIRECT_LAUNCH = True  # tunable: [True, False]
+
+_CALL_KEYS: dict[tuple, int] = {}  # a call's key -> a small number standing for it in launch keys
+_COMPILED: dict[tuple, tuple] = {}  # (kernel's name, call key's number) -> (launcher, its fixed arguments)
+
+
+def _call_key(tensors, *values):
+    """A number for everything a call's launches follow from besides the tensors' addresses and
+    contents and the scaling factor; None when launches go through Triton's entry point."""
+    if not DIRECT_LAUNCH or not tensors[0].is_cuda:
+        return None
+    key = (*values, *[t.dtype for t in tensors], *[t.get_device() for t in tensors],
+           *[t.data_ptr() % 16 == 0 for t in tensors])
+    number = _CALL_KEYS.get(key)
+    if number is None:
+        number = _CALL_KEYS[key] = len(_CALL_KEYS)
+    return number
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (Triton's knobs hold an empty HookChain when none is)."""
+    hooks = triton.knobs.runtime
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (hooks.launch_enter_hook, hooks.launch_exit_hook))
+
+
+def _direct(compiled) -> tuple:
+    """(launcher, the arguments it takes between the stream and the kernel's own) of a compiled
+    kernel: Triton 3.6's C launcher where its argument layout is the one this file knows (no
+    scratch, no tensor descriptors), else the compiled kernel's own `run` (its Python wrapper)."""
+    run = compiled.run
+    try:
+        import triton.backends.nvidia.driver as nv
+        layout = getattr(nv, "_BASE_ARGS_FORMAT", None)
+    except ImportError:
+        layout = None
+    launch = getattr(run, "launch", None)
+    if layout == "iiiKKppOOOOOO" and launch is not None and not getattr(run, "global_scratch_size", 1) \
+            and not getattr(run, "profile_scratch_size", 1) \
+            and getattr(launch, "__qualname__", "") != "wrap_handle_tensordesc.<locals>.inner":
+        return launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                        compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _launch(fn, name, programs, call_key, stream, args, **options):
+    """fn[(programs,)](*args, **options): `args` are every parameter of fn in signature order,
+    constexprs included (the compiled kernel takes them so), `options` only launch options (num_warps,
+    num_stages). Directly through the compiled kernel once this call key's first launch through
+    Triton has compiled it."""
+    hit = None if call_key is None else _COMPILED.get((name, call_key))
+    if hit is None or _hooked():
+        compiled = fn[(programs,)](*args, **options)
+        if call_key is not None and hit is None and compiled is not None:
+            _COMPILED[(name, call_key)] = _direct(compiled)
+        return
+    launcher, fixed = hit
+    launcher(programs, 1, 1, stream, *fixed, *args)
+
+
+def _stream(call_key):
+    """The current stream's handle, as Triton launches on it (None on Triton's own path)."""
+    if call_key is None:
+        return None
+    driver = triton.runtime.driver.active
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _cdiv(a: int, b: int) -> int:  # triton.cdiv is a constexpr function: microseconds a call on the host
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:  # triton.next_power_of_2, in plain integers
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -308,7 +395,7 @@ def _group_kernel(ids_ptr, weights_ptr, counts_ptr, cursor_ptr, slot_token_ptr, 
 GROUP_BLOCK_P = 256  # pairs per program of _group_kernel
 
 
-def _route_and_group(logits, bias, offset, local_experts, scaling, block_m):
+def _route_and_group(logits, bias, offset, local_experts, scaling, block_m, key=None, stream=None):
     """Routing and grouping on the device, fixed sizes only: every local pair's slot in expert order
     (the token and routing weight of each slot), each expert's first slot (and, at index E, the end of
     the local slots) and each expert's first tile ([E + 1]); also the ids [T, 8] and weights [T, 8]."""
@@ -318,28 +405,25 @@ def _route_and_group(logits, bias, offset, local_experts, scaling, block_m):
     ids = torch.empty((tokens, TOP_K), dtype=torch.int32, device=device)
     weights = torch.empty((tokens, TOP_K), dtype=torch.float32, device=device)
     counters = torch.zeros(2 * local_experts, dtype=torch.int32, device=device)  # counts, then cursors
-    _route_kernel[(tokens,)](logits, bias, ids, weights, counters, offset, local_experts, scaling,
-                             N_GROUP=N_GROUP, GROUP_SIZE=experts // N_GROUP, TOPK_GROUP=TOPK_GROUP, TOP_K=TOP_K,
-                             INTERPRET=device.type == "cpu", num_warps=1)
+    _launch(_route_kernel, "route", tokens, key, stream, (
+        logits, bias, ids, weights, counters, offset, local_experts, scaling,
+        N_GROUP, experts // N_GROUP, TOPK_GROUP, TOP_K, device.type == "cpu"), num_warps=1)
     slot_token = torch.empty(pairs, dtype=torch.int32, device=device)  # only the first bounds[E] are written
     slot_weight = torch.empty(pairs, dtype=torch.float32, device=device)
     slot_bounds = torch.empty(local_experts + 1, dtype=torch.int32, device=device)
     tile_indptr = torch.empty(local_experts + 1, dtype=torch.int32, device=device)
-    _group_kernel[(triton.cdiv(pairs, GROUP_BLOCK_P),)](
+    _launch(_group_kernel, "group", _cdiv(pairs, GROUP_BLOCK_P), key, stream, (
         ids, weights, counters, counters[local_experts:], slot_token, slot_weight, slot_bounds, tile_indptr,
-        pairs, offset, local_experts,
-        TOP_K=TOP_K, BLOCK_M=block_m, BLOCK_P=GROUP_BLOCK_P, BLOCK_E=triton.next_power_of_2(local_experts),
-        num_warps=4)
+        pairs, offset, local_experts, TOP_K, block_m, GROUP_BLOCK_P, _pow2(local_experts)), num_warps=4)
     return slot_token, slot_weight, slot_bounds, tile_indptr, ids, weights
 
 
 def _k_per_split(k, splits):
     """K of one split: whole 128-wide scale blocks (so also whole BLOCK_K steps); the last split may
     be shorter, or empty."""
-    return triton.cdiv(triton.cdiv(k, QBLOCK), splits) * QBLOCK
+    return _cdiv(_cdiv(k, QBLOCK), splits) * QBLOCK
 
 
-@torch.no_grad()
 def run(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
         gemm2_weights, gemm2_weights_scale, local_expert_offset, routed_scaling_factor):
     device = hidden_states.device
@@ -347,38 +431,40 @@ def run(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_
     local_experts = gemm1_weights.shape[0]
     inter = gemm2_weights.shape[2]
     interpret = device.type == "cpu"  # CPU tensors mean Triton's interpreter
+    offset = int(local_expert_offset)
 
-    slot_token, slot_weight, slot_bounds, tile_indptr, _, _ = _route_and_group(
-        routing_logits.contiguous(), routing_bias.contiguous(), int(local_expert_offset), local_experts,
-        float(routed_scaling_factor), BLOCK_M)
-    pairs = tokens * TOP_K
-    max_tiles = min(pairs, triton.cdiv(pairs, BLOCK_M) + local_experts)  # every expert's last tile may be partial
-    block_e = triton.next_power_of_2(local_experts)
-
+    logits, bias = routing_logits.contiguous(), routing_bias.contiguous()
     a, a_scale = hidden_states.contiguous(), hidden_states_scale.contiguous()
     w13, s13 = gemm1_weights.contiguous(), gemm1_weights_scale.contiguous()
     w2, s2 = gemm2_weights.contiguous(), gemm2_weights_scale.contiguous()
+    tensors = (a, logits, bias, a_scale, w13, s13, w2, s2)
+    key = _call_key(tensors, *logits.shape, hidden, inter, local_experts, offset, *a_scale.shape, *s13.shape,
+                    *s2.shape, *w13.shape, *w2.shape)
+    stream = _stream(key)
+    slot_token, slot_weight, slot_bounds, tile_indptr, _, _ = _route_and_group(
+        logits, bias, offset, local_experts, float(routed_scaling_factor), BLOCK_M, key, stream)
+    pairs = tokens * TOP_K
+    max_tiles = min(pairs, _cdiv(pairs, BLOCK_M) + local_experts)  # every expert's last tile may be partial
+    block_e = _pow2(local_experts)
+
     # Slot rows (only the local ones are written): C, or with K split the up and gate sums.
     if SPLIT_K1 > 1:
         inner = torch.zeros((pairs, 2 * inter), dtype=torch.float32, device=device)
     else:
         inner = torch.empty((pairs, inter), dtype=torch.float32, device=device)
-    slices1 = triton.cdiv(inter, BLOCK_N)
-    _gemm1_swiglu_kernel[(max_tiles * slices1 * SPLIT_K1,)](
+    slices1 = _cdiv(inter, BLOCK_N)
+    _launch(_gemm1_swiglu_kernel, "gemm1", max_tiles * slices1 * SPLIT_K1, key, stream, (
         a, a_scale, w13, s13, inner, tile_indptr, slot_bounds, slot_token,
         tokens, hidden, inter, local_experts, slices1, SPLIT_K1, _k_per_split(hidden, SPLIT_K1),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), inner.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e, SPLIT=SPLIT_K1 > 1,
-        SWAP=SWAP_AB, INTERPRET=interpret, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-    )
+        BLOCK_M, BLOCK_N, BLOCK_K, QBLOCK, block_e, SPLIT_K1 > 1, SWAP_AB, interpret),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     out = torch.zeros((tokens, hidden), dtype=torch.float32, device=device)
-    slices2 = triton.cdiv(hidden, BLOCK_N)
-    _gemm2_kernel[(max_tiles * slices2 * SPLIT_K2,)](
+    slices2 = _cdiv(hidden, BLOCK_N)
+    _launch(_gemm2_kernel, "gemm2", max_tiles * slices2 * SPLIT_K2, key, stream, (
         inner, w2, s2, out, slot_weight, slot_token, tile_indptr, slot_bounds,
         hidden, inter, local_experts, slices2, SPLIT_K2, _k_per_split(inter, SPLIT_K2),
         inner.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, QBLOCK=QBLOCK, BLOCK_E=block_e,
-        SWIGLU=SPLIT_K1 > 1, TF32=GEMM2_PRECISION == "tf32", SWAP=SWAP_AB, INTERPRET=interpret,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-    )
+        BLOCK_M, BLOCK_N, BLOCK_K, QBLOCK, block_e, SPLIT_K1 > 1, GEMM2_PRECISION == "tf32", SWAP_AB, interpret),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out.to(torch.bfloat16)

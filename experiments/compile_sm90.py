@@ -91,13 +91,7 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     run = JITFunction.run
 
     def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        for flag in ("EMULATE", "INTERPRET"):  # the seeds' and the split-KV kernels' interpreter switch
-            if flag in self.arg_names:
-                at = self.arg_names.index(flag)
-                if at < len(args):  # bound by position (a launch that passes every parameter in order)
-                    args = (*args[:at], False, *args[at + 1:])
-                else:
-                    kwargs[flag] = False
+        args, kwargs = as_on_a_gpu(self, args, kwargs)
         row: dict[str, Any] = {"kernel": self.__name__, "num_warps": kwargs.get("num_warps"),
                                "num_stages": kwargs.get("num_stages")}
         try:
@@ -128,6 +122,19 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     with contextlib.suppress(_Stop):  # the failed kernel's row says why
         task.call(entry, inputs)
     return launches
+
+
+def as_on_a_gpu(fn: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A launch's arguments with the constexprs EMULATE and INTERPRET (the seeds' and the split-KV kernels'
+    interpreter switch) set False, as on a GPU."""
+    for flag in ("EMULATE", "INTERPRET"):
+        if flag in fn.arg_names:
+            at = fn.arg_names.index(flag)
+            if at < len(args):  # bound by position (a launch that passes every parameter in order)
+                args = (*args[:at], False, *args[at + 1:])
+            else:
+                kwargs = {**kwargs, flag: False}
+    return args, kwargs
 
 
 class _Stop(Exception):

@@ -26,6 +26,13 @@ and new candidates per hour; the idle gaps between measurements; and the time fr
 its evaluation's start (its build, then its wait for the evaluator).
 
     python experiments/triton_builds.py search RUN_DIR [RUN_DIR ...]
+
+`threads`: whether the compiles of different kernels overlap in threads (whether Triton lets go of the GIL while
+it lowers and assembles): the kernels one call of a solution launches on its first small workload, compiled for
+sm_90 on this machine's CPUs (as `compile_sm90.py` does) from a fresh Triton cache, one after another and in N
+threads, alternating. A build compiles its kernels one after another today.
+
+    python experiments/triton_builds.py threads --task trimul --solution triton_fused --threads 2 --repeats 2
 """
 
 from __future__ import annotations
@@ -221,6 +228,60 @@ def builds(args: argparse.Namespace) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def threads(args: argparse.Namespace) -> None:
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from compile_sm90 import _stand_in_driver, as_on_a_gpu
+    from triton.runtime.jit import JITFunction
+
+    from ksearch_ray.evaluation.sandbox.build import load_entry
+    from ksearch_ray.taskspec.task import find_task
+
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("error: TRITON_INTERPRET is set: unset it, the interpreter compiles nothing")
+    task = find_task(args.task, args.task_dir)
+    solution = task.solution(args.solution)
+    src = Path(tempfile.mkdtemp(prefix="triton-threads-"))
+    for name, text in solution.sources.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    _stand_in_driver()
+    launches: list[tuple[Any, tuple, Any, dict[str, Any]]] = []
+    run = JITFunction.run
+
+    def record(fn: Any, *a: Any, grid: Any, warmup: bool, **kw: Any) -> Any:
+        a, kw = as_on_a_gpu(fn, a, kw)
+        launches.append((fn, a, grid, kw))
+        return run(fn, *a, grid=grid, warmup=True, **kw)
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-threads-cache-")
+    JITFunction.run = record  # type: ignore[method-assign]
+    try:
+        entry = load_entry(src, solution.language, solution.entry_file, solution.entry_point, "threads_candidate")
+        sets = task.definition.workload_sets
+        workload_set = next((s for s in ("smoke", "feedback") if s in sets), next(iter(sets)))
+        task.call(entry, task.generate_inputs(task.workloads(workload_set, "cpu")[0], 0, "cpu"))
+    finally:
+        JITFunction.run = run  # type: ignore[method-assign]
+    print(f"{solution.name}: {len(launches)} launches of {len({id(fn) for fn, *_ in launches})} kernels in one call")
+
+    def compile_all(workers: int) -> float:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-threads-cache-")
+        for fn, *_ in launches:  # and nothing compiled kept in memory
+            for cache in getattr(fn, "device_caches", {}).values():
+                cache[0].clear()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda launch: run(launch[0], *launch[1], grid=launch[2], warmup=True, **launch[3]), launches))
+        return time.perf_counter() - t0
+
+    for _ in range(args.repeats):
+        for workers in (1, args.threads):
+            print(f"  {workers} thread(s): {compile_all(workers):.2f} s", flush=True)
+
+
 def _device_seconds(result: Any) -> float:
     """An evaluation's seconds on the device: overlapping ones (evaluation.overlap) count once; older records have
     seconds only."""
@@ -382,11 +443,17 @@ def main() -> None:
                    "as a pool of evaluators of one GPU kind does.")
     s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")
     s.add_argument("run_dirs", nargs="+")
+    t = sub.add_parser("threads", help="One call's kernels compiled for sm_90 one after another and in threads (CPU).")
+    t.add_argument("--task", default="trimul")
+    t.add_argument("--task-dir", action="append", default=[])
+    t.add_argument("--solution", default="triton_fused")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     from ksearch_ray.taskspec.spec import TaskError
 
     try:
-        {"evals": evals, "builds": builds, "search": search}[args.command](args)
+        {"evals": evals, "builds": builds, "search": search, "threads": threads}[args.command](args)
     except TaskError as exc:  # a task or solution name that is not there: one line
         raise SystemExit(f"error: {exc}") from None
 

@@ -91,3 +91,18 @@ def test_the_flashinfer_triton_seeds_compile_for_sm90(task, solution):
     rc, rows, err = _compile("--task", task, "--solution", solution)
     assert rc == 0, f"{rows}\n{err[-2000:]}"
     assert all("error" not in r and r["shared"] <= 232448 for r in rows), rows
+
+
+def test_a_calls_kernels_are_compiled_again_one_after_another_and_in_threads():
+    """experiments/triton_builds.py threads (issue 40: may a build compile its kernels in parallel?): the seed's
+    four kernels, recorded from one call, compiled twice more from a fresh cache, once per thread count."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "triton_builds.py"), "threads", "--task", "trimul",
+                           "--solution", "triton_fused", "--threads", "2", "--repeats", "1"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "triton_fused: 4 launches of 4 kernels in one call", proc.stdout
+    timings = [line.split() for line in lines[1:]]
+    assert [t[0] for t in timings] == ["1", "2"] and all(float(t[2]) > 0.05 for t in timings), proc.stdout

@@ -357,7 +357,8 @@ class _Launches:
         from triton.runtime.jit import JITFunction
 
         self.count = 0
-        run = JITFunction.run
+        run = self.run = JITFunction.run  # Triton's own: the compiles ahead call it too
+        self.launchers = launchers
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
@@ -370,6 +371,82 @@ class _Launches:
             return kernel
 
         JITFunction.run = compile_only
+
+
+class _Anything:
+    """What a launch returns in the pass ahead, in place of a compiled kernel: any attribute, call, item or
+    arithmetic gives another one, so that a call goes on to its next launch (the seeds read their compiled kernels'
+    launchers, for instance); what the copy computes from it is wrong and is dropped with the copy."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Anything:
+        return self
+
+    def __getitem__(self, key: Any) -> _Anything:
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __int__(self) -> int:
+        return 0
+
+    __index__ = __int__
+
+
+def _cache_kernels(cache_dir: str) -> int:
+    return sum(1 for _ in Path(cache_dir).glob("*/__grp__*.json")) if Path(cache_dir).is_dir() else 0
+
+
+def _compile_ahead(entry: Any, task: Any, spec: TritonBuildJob, launches: _Launches, chan: Any) -> int:
+    """Every kernel the candidate's calls launch, compiled in `spec.compile_threads` threads before those calls run
+    (which then find them in the job's Triton cache): a forked copy of this process calls the candidate on every
+    workload with each launch handed to a thread and answered at once with `_Anything`, so that the call goes on to
+    its next launch. What the copy computes is dropped with it; a call it could not follow leaves its kernels to the
+    calls that follow, which compile whatever is missing themselves. The kernels in the cache afterwards."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime.jit import JITFunction
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return _cache_kernels(spec.triton_cache_dir)
+    try:  # the copy: it never returns
+        lock = threading.Lock()
+        pool = ThreadPoolExecutor(spec.compile_threads)
+
+        def compile_one(fn: Any, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> None:
+            kernel = launches.run(fn, *args, grid=grid, warmup=True, **kwargs)
+            if launches.launchers:
+                getattr(kernel, "run", None)
+            with lock:
+                chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')} ahead"[:120]))
+
+        def ahead(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
+            kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
+            pool.submit(compile_one, fn, args, grid, kwargs)
+            return _Anything()
+
+        JITFunction.run = ahead
+        for workload in spec.workloads:
+            with contextlib.suppress(Exception, SystemExit):
+                given = spec.inputs.get(workload.name) if spec.inputs else None
+                inputs = from_spec(given) if given is not None else meta_inputs(task, workload)
+                with _as_on_the_gpu(spec.gpu):
+                    entry(*task.arguments(inputs))
+        pool.shutdown(wait=True)
+    finally:
+        os._exit(0)
 
 
 def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
@@ -402,6 +479,7 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
             chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=0, built=[],
                                   not_built={w.name: why for w in spec.workloads}))
             return 0
+        ahead = _compile_ahead(entry, task, spec, launches, chan) if spec.compile_threads > 1 else 0
         for workload in spec.workloads:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
@@ -421,7 +499,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
                 not_built[workload.name] = clip(f"{stopped.message}{_where(exc, src)}", 300)
                 continue
             built.append(workload.name)
-        chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built))
+        chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built,
+                              ahead=ahead))
     except CandidateFailure as failure:
         status, message = failure.status, failure.message
         if status.passed:  # the candidate raised the harness's exception with a verdict of its choosing

@@ -188,14 +188,16 @@ def test_in_threads_a_compile_error_is_still_the_verdict_and_host_code_that_need
     assert left.status is Status.PASSED and left.kernels == 0 and set(left.not_built) == {"n1000", "n4096"}
 
 
-def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_cached(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_cached(tmp_path: Path, threads: int) -> None:
     """A build waits for compiles and calls; one that reports neither for `triton_idle_s` ends as a TIMEOUT (the
-    evaluation's worker then judges the hang on the GPU), long before the build's own limit, and is not cached."""
+    evaluation's worker then judges the hang on the GPU), long before the build's own limit, and is not cached.
+    In threads, the hang comes in the copy that compiles ahead, and the worker's whole process group goes."""
     hangs = variant(SEED, "    y = torch.empty_like(x)\n", "    while True:\n        pass\n")
     b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"), triton_idle_s=3.0)
     try:
         t0 = time.monotonic()
-        record, data = b.build_triton(hangs, SM90, TOY, "benchmarks")
+        record, data = b.build_triton(hangs, SM90, TOY, "benchmarks", threads=threads)
         assert record.status is Status.TIMEOUT and data is None and "no progress in 3 s" in record.message
         assert time.monotonic() - t0 < 60
         assert b.cache.get(record.key) is None

@@ -69,9 +69,8 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     _stand_in_driver()
     from triton.runtime.jit import JITFunction
 
-    from ksearch_ray.evaluation.sandbox.build import load_entry
     from ksearch_ray.taskspec.task import find_task, solution_from_file
-    from ksearch_ray.taskspec.tunables import read_tunables, with_values
+    from ksearch_ray.taskspec.tunables import read_tunables
 
     task = find_task(task_name)
     solution = (solution_from_file(Path(solution_arg), task) if Path(solution_arg).exists()
@@ -83,10 +82,6 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
     if unknown:
         raise SystemExit(f"error: {', '.join(unknown)}: not a tunable of {solution.name} "
                          f"(its tunables: {', '.join(sorted(declared)) or 'none'})")
-    src = Path(tempfile.mkdtemp(prefix="sm90-"))
-    for name, text in with_values(solution, values).items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text(text)
     launches: list[dict[str, Any]] = []
     run = JITFunction.run
 
@@ -112,16 +107,29 @@ def compile_solution(task_name: str, solution_arg: str, values: dict[str, Any], 
         return kernel
 
     JITFunction.run = compile_only  # type: ignore[method-assign]
+    entry, inputs = entry_and_inputs(task, solution, values, workload)
+    with contextlib.suppress(_Stop):  # the failed kernel's row says why
+        task.call(entry, inputs)
+    return launches
+
+
+def entry_and_inputs(task: Any, solution: Any, values: dict[str, Any], workload: str = "") -> tuple[Any, Any]:
+    """The solution, its tunables set to `values`, loaded from a folder of its own, and the inputs of the task's
+    first small CPU workload (of `smoke`, else `feedback`), or of the one named `workload`."""
+    from ksearch_ray.evaluation.sandbox.build import load_entry
+    from ksearch_ray.taskspec.tunables import with_values
+
+    src = Path(tempfile.mkdtemp(prefix="sm90-"))
+    for name, text in with_values(solution, values).items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
     entry = load_entry(src, solution.language, solution.entry_file, solution.entry_point, "sm90_candidate")
     sets = task.definition.workload_sets
     workload_set = next((s for s in ("smoke", "feedback") if s in sets), next(iter(sets)))
     chosen = [w for w in task.workloads(workload_set, "cpu") if not workload or w.name == workload]
     if not chosen:
         raise SystemExit(f"no workload {workload!r} in the task's set {workload_set} (its CPU variant)")
-    inputs = task.generate_inputs(chosen[0], 0, "cpu")
-    with contextlib.suppress(_Stop):  # the failed kernel's row says why
-        task.call(entry, inputs)
-    return launches
+    return entry, task.generate_inputs(chosen[0], 0, "cpu")
 
 
 def as_on_a_gpu(fn: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:

@@ -234,20 +234,15 @@ def threads(args: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     sys.path.insert(0, str(ROOT / "experiments"))
-    from compile_sm90 import _stand_in_driver, as_on_a_gpu
+    from compile_sm90 import _stand_in_driver, as_on_a_gpu, entry_and_inputs
     from triton.runtime.jit import JITFunction
 
-    from ksearch_ray.evaluation.sandbox.build import load_entry
     from ksearch_ray.taskspec.task import find_task
 
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("error: TRITON_INTERPRET is set: unset it, the interpreter compiles nothing")
     task = find_task(args.task, args.task_dir)
     solution = task.solution(args.solution)
-    src = Path(tempfile.mkdtemp(prefix="triton-threads-"))
-    for name, text in solution.sources.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text(text)
     _stand_in_driver()
     launches: list[tuple[Any, tuple, Any, dict[str, Any]]] = []
     run = JITFunction.run
@@ -260,10 +255,7 @@ def threads(args: argparse.Namespace) -> None:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-threads-cache-")
     JITFunction.run = record  # type: ignore[method-assign]
     try:
-        entry = load_entry(src, solution.language, solution.entry_file, solution.entry_point, "threads_candidate")
-        sets = task.definition.workload_sets
-        workload_set = next((s for s in ("smoke", "feedback") if s in sets), next(iter(sets)))
-        task.call(entry, task.generate_inputs(task.workloads(workload_set, "cpu")[0], 0, "cpu"))
+        task.call(*entry_and_inputs(task, solution, {}))
     finally:
         JITFunction.run = run  # type: ignore[method-assign]
     print(f"{solution.name}: {len(launches)} launches of {len({id(fn) for fn, *_ in launches})} kernels in one call")

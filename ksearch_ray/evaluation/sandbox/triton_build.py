@@ -354,23 +354,32 @@ class _Launches:
 
     def __init__(self, chan: Any, launchers: bool = False) -> None:
         """`launchers`: each compiled kernel's launcher is built too (the driver's launcher class builds it)."""
+        import threading
+
         from triton.runtime.jit import JITFunction
 
         self.count = 0
-        run = self.run = JITFunction.run  # Triton's own: the compiles ahead call it too
+        self.chan = chan
         self.launchers = launchers
+        self.run = JITFunction.run  # Triton's own
+        self._sending = threading.Lock()  # the compiles ahead report from their threads
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
-            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)  # plain meta
-            kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
-            kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)
-            if launchers:
-                getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
-            chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
-            return kernel
+            return self.compile(fn, args, grid, kwargs)
 
         JITFunction.run = compile_only
+
+    def compile(self, fn: Any, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any], what: str = "compiled") -> Any:
+        """One launch compiled (its tensors plain meta ones), and reported."""
+        args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
+        kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
+        kernel = self.run(fn, *args, grid=grid, warmup=True, **kwargs)
+        if self.launchers:
+            getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
+        with self._sending:
+            self.chan.send(Progress(what=f"{what} {getattr(fn, '__name__', 'a kernel')}"[:120]))
+        return kernel
 
 
 class _Anything:
@@ -399,17 +408,22 @@ class _Anything:
     __index__ = __int__
 
 
+def _inputs(task: Any, spec: TritonBuildJob, workload: Any) -> dict[str, Any]:
+    """A workload's meta inputs: from the shapes the trusted builder worked out, else from the task's generator."""
+    given = spec.inputs.get(workload.name) if spec.inputs else None
+    return from_spec(given) if given is not None else meta_inputs(task, workload)
+
+
 def _cache_kernels(cache_dir: str) -> int:
     return sum(1 for _ in Path(cache_dir).glob("*/__grp__*.json")) if Path(cache_dir).is_dir() else 0
 
 
-def _compile_ahead(entry: Any, task: Any, spec: TritonBuildJob, launches: _Launches, chan: Any) -> int:
+def _compile_ahead(entry: Any, task: Any, spec: TritonBuildJob, launches: _Launches) -> int:
     """Every kernel the candidate's calls launch, compiled in `spec.compile_threads` threads before those calls run
     (which then find them in the job's Triton cache): a forked copy of this process calls the candidate on every
     workload with each launch handed to a thread and answered at once with `_Anything`, so that the call goes on to
     its next launch. What the copy computes is dropped with it; a call it could not follow leaves its kernels to the
     calls that follow, which compile whatever is missing themselves. The kernels in the cache afterwards."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from triton.runtime.jit import JITFunction
@@ -421,27 +435,16 @@ def _compile_ahead(entry: Any, task: Any, spec: TritonBuildJob, launches: _Launc
         os.waitpid(pid, 0)
         return _cache_kernels(spec.triton_cache_dir)
     try:  # the copy: it never returns
-        lock = threading.Lock()
         pool = ThreadPoolExecutor(spec.compile_threads)
 
-        def compile_one(fn: Any, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> None:
-            kernel = launches.run(fn, *args, grid=grid, warmup=True, **kwargs)
-            if launches.launchers:
-                getattr(kernel, "run", None)
-            with lock:
-                chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')} ahead"[:120]))
-
         def ahead(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
-            kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
-            pool.submit(compile_one, fn, args, grid, kwargs)
+            pool.submit(launches.compile, fn, args, grid, kwargs, "compiled ahead")
             return _Anything()
 
         JITFunction.run = ahead
         for workload in spec.workloads:
             with contextlib.suppress(Exception, SystemExit):
-                given = spec.inputs.get(workload.name) if spec.inputs else None
-                inputs = from_spec(given) if given is not None else meta_inputs(task, workload)
+                inputs = _inputs(task, spec, workload)
                 with _as_on_the_gpu(spec.gpu):
                     entry(*task.arguments(inputs))
         pool.shutdown(wait=True)
@@ -479,13 +482,12 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
             chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=0, built=[],
                                   not_built={w.name: why for w in spec.workloads}))
             return 0
-        ahead = _compile_ahead(entry, task, spec, launches, chan) if spec.compile_threads > 1 else 0
+        ahead = _compile_ahead(entry, task, spec, launches) if spec.compile_threads > 1 else 0
         for workload in spec.workloads:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
             try:
-                given = spec.inputs.get(workload.name) if spec.inputs else None
-                inputs = from_spec(given) if given is not None else meta_inputs(task, workload)
+                inputs = _inputs(task, spec, workload)
             except Exception as exc:  # the task's own generator failed here: the GPU worker compiles these
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue

@@ -268,9 +268,9 @@ class ClusterConfig(_Section):
     triton_compile_threads: int = Field(
         default=1, ge=1, le=64, description="Threads a Triton build compiles its kernels in: above 1, a forked copy of "
         "the build's sandboxed worker calls the candidate on every workload first, each launch handed to a thread to "
-        "compile, so that the candidate's own calls find their kernels compiled (on a 2-core CPU machine, 2 threads "
-        "compiled TriMul's seed's kernels 1.4-1.6x faster, and a whole build 1.13x). 1: one after another, as the calls launch them (the default until measured "
-        "on a GPU host).")
+        "compile, so that the candidate's own calls find their kernels compiled. 1 (the default): one after another, as the "
+        "calls launch them. Measured on an H100 host's CPUs, 2 threads made triton_seed's build 1.55-1.6x slower and "
+        "triton_fused's 1.04-1.13x faster, and TriMul searches no faster (docs/benchmarks.md).")
     build_resource: str | None = Field(
         default=None,
         description="A custom Ray resource builds ask a little of, so they run only on nodes declaring it "

@@ -33,9 +33,9 @@ for t in ${TASKS:-gqa mla_decode}; do
     grep -v "^  [0-9a-f]\{8\}" "$OUT/eval_${t}_$set.txt" | tail -12
   done
 done
-if [ -n "${TESTS:-}" ]; then  # TESTS: pytest files; TESTS_K: its -k expression
+if [ -n "${TESTS:-}" ]; then  # TESTS: pytest files; TESTS_K: its -k expression (-rA: a passed test's printout too, e.g. the reproduction check's pooled figure)
   stamp tests
-  ( time timeout "${TESTS_S:-240}" python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $TESTS -k "${TESTS_K:-}" ) > "$OUT/tests.log" 2>&1
+  ( time timeout "${TESTS_S:-240}" python3 -m pytest -q -rA -p no:cacheprovider -m gpu $TESTS -k "${TESTS_K:-}" ) > "$OUT/tests.log" 2>&1
   tail -8 "$OUT/tests.log"
 fi
 stamp end

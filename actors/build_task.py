@@ -68,10 +68,9 @@ def build_extension(solution: Solution, target: BuildTarget, scratch_dir: str | 
 @ray.remote(num_returns=2, max_retries=3)
 def build_triton(solution: Solution, target: BuildTarget, task_name: str, task_dirs: list[str], workload_set: str,
                  scratch_dir: str | None, timeout_s: float, max_jobs: int,
-                 isolation: str = "best-effort", gpu: GpuFacts | None = None,
-                 threads: int = 1) -> tuple[BuildRecord, bytes | None]:
+                 isolation: str = "best-effort", gpu: GpuFacts | None = None) -> tuple[BuildRecord, bytes | None]:
     """A Python candidate's Triton kernels compiled for `target` as `workload_set`'s workloads launch them;
     the second value is the pack of its Triton cache (evaluation/tritoncache.py). `max_jobs`: as for
     build_extension, so that both kinds of build share this process's Builder and its sandbox."""
     return _builder(scratch_dir, timeout_s, max_jobs, isolation).build_triton(
-        solution, target, find_task(task_name, task_dirs), workload_set, gpu, threads)
+        solution, target, find_task(task_name, task_dirs), workload_set, gpu)

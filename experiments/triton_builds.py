@@ -30,7 +30,8 @@ its evaluation's start (its build, then its wait for the evaluator).
 `threads`: whether the compiles of different kernels overlap in threads (whether Triton lets go of the GIL while
 it lowers and assembles): the kernels one call of a solution launches on its first small workload, compiled for
 sm_90 on this machine's CPUs (as `compile_sm90.py` does) from a fresh Triton cache, one after another and in N
-threads, alternating. A build compiles its kernels one after another today.
+threads, alternating. A build compiles its kernels one after another (compiling them in threads ahead of the calls
+was tried and removed: it did not pay on a GPU host's CPUs).
 
     python experiments/triton_builds.py threads --task trimul --solution triton_fused --threads 2 --repeats 2
 """
@@ -213,17 +214,16 @@ def builds(args: argparse.Namespace) -> None:
         t0 = time.monotonic()
         builder.build_triton(throwaway, target, task, workload_set, gpu)
         print(f"zygote start and a first build: {time.monotonic() - t0:.2f} s")
-        counts = [int(t) for t in str(args.threads).split(",")]
-        for name, _, threads in itertools.product(names, range(args.repeats), counts):
-            solution = task.solution(name)
-            fresh = Solution(**{**solution.model_dump(), "sources": {  # a new candidate each time: no cache hit
-                **solution.sources, solution.entry_file: solution.sources[solution.entry_file] + f"\n# {time.time_ns()}\n"}})
-            t0 = time.monotonic()
-            record, _ = builder.build_triton(fresh, target, task, workload_set, gpu, threads)
-            print(f"{name}, {threads} thread(s): {record.status.value} in {time.monotonic() - t0:.2f} s, "
-                  f"{record.kernels} kernels ({record.ahead} compiled ahead) for "
-                  f"{len(task.workloads(workload_set, 'cuda'))} workloads, {record.size} bytes, not built: "
-                  f"{record.not_built or 'none'}", flush=True)
+        for name in names:
+            for _ in range(args.repeats):
+                solution = task.solution(name)
+                fresh = Solution(**{**solution.model_dump(), "sources": {  # a new candidate each time: no cache hit
+                    **solution.sources, solution.entry_file: solution.sources[solution.entry_file] + f"\n# {time.time_ns()}\n"}})
+                t0 = time.monotonic()
+                record, _ = builder.build_triton(fresh, target, task, workload_set, gpu)
+                print(f"{name}: {record.status.value} in {time.monotonic() - t0:.2f} s, {record.kernels} kernels for "
+                      f"{len(task.workloads(workload_set, 'cuda'))} workloads, {record.size} bytes, not built: "
+                      f"{record.not_built or 'none'}", flush=True)
     finally:
         builder.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -432,8 +432,6 @@ def main() -> None:
     b.add_argument("--workloads", default="")
     b.add_argument("--arch", default="9.0a")
     b.add_argument("--repeats", type=int, default=2)
-    b.add_argument("--threads", default="1", help="cluster.triton_compile_threads; comma-separated: each in turn, "
-                   "alternating, every repeat.")
     b.add_argument("--gpu", default="NVIDIA H200:132", help="NAME:SMS the build tells host code ('' for nothing), "
                    "as a pool of evaluators of one GPU kind does.")
     s = sub.add_parser("search", help="Issue 40's figures from run directories' evaluation records.")

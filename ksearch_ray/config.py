@@ -265,12 +265,6 @@ class ClusterConfig(_Section):
         default=True, description="Also compile Python candidates' Triton kernels for the evaluators' GPU in CPU build "
         "tasks, so that a GPU worker only loads them (GPU evaluators, with build_pool).")
     build_cpus: float = Field(default=2.0, gt=0, description="num_cpus of each build task (also its ninja MAX_JOBS).")
-    triton_compile_threads: int = Field(
-        default=1, ge=1, le=64, description="Threads a Triton build compiles its kernels in: above 1, a forked copy of "
-        "the build's sandboxed worker calls the candidate on every workload first, each launch handed to a thread to "
-        "compile, so that the candidate's own calls find their kernels compiled. 1 (the default): one after another, as the "
-        "calls launch them. Measured on an H100 host's CPUs, 2 threads made triton_seed's build 1.55-1.6x slower and "
-        "triton_fused's 1.04-1.13x faster, and TriMul searches no faster (docs/benchmarks.md).")
     build_resource: str | None = Field(
         default=None,
         description="A custom Ray resource builds ask a little of, so they run only on nodes declaring it "

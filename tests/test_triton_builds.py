@@ -119,28 +119,6 @@ def test_trimuls_seed_is_compiled_at_the_gpus_shapes_and_another_worker_finds_ev
     assert again.cached and same == data and time.perf_counter() - t0 < 0.5
 
 
-@pytest.mark.parametrize("name", ["trimul", "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"])
-def test_a_build_in_threads_compiles_every_kernel_ahead_of_the_calls_and_the_same_kernels(builder: Builder,
-                                                                                           name: str) -> None:
-    """cluster.triton_compile_threads: a forked copy calls the seed (which launches through its compiled kernels
-    after their first launch) on every workload, each launch compiled in one of 2 threads; the calls after it find
-    every kernel compiled, and the build holds exactly the kernels of a build without threads."""
-    task = find_task(name)
-    solution = task.solution(task.definition.default_seed or "triton_seed")
-    workload_set = "benchmarks" if "benchmarks" in task.definition.workload_sets else "feedback"
-    one, one_pack = builder.build_triton(solution, SM90, task, workload_set, H200)
-    threaded = variant(solution, solution.sources[solution.entry_file][-40:],
-                       solution.sources[solution.entry_file][-40:] + "\n# built in threads\n")
-    two, two_pack = builder.build_triton(threaded, SM90, task, workload_set, H200, threads=2)
-    assert two.status is Status.PASSED and not two.cached and two.not_built == one.not_built == {}, two.message
-    assert one.ahead == 0 and two.ahead == two.kernels == one.kernels > 0, (one.kernels, two.ahead, two.kernels)
-    assert one_pack is not None and two_pack is not None
-    cache_one, cache_two = builder.work_root / "one", builder.work_root / "two"
-    unpack(one_pack, cache_one)
-    unpack(two_pack, cache_two)
-    assert set(kernel_stamps(cache_one)) == set(kernel_stamps(cache_two))
-
-
 def test_a_gpumode_submission_that_imports_the_harness_task_module_builds(builder: Builder) -> None:
     """GPUMode's template starts `from task import input_t, output_t`: the build worker has that module, as the
     evaluation's worker does, or every such candidate would be a false compile error before any GPU saw it."""
@@ -179,25 +157,14 @@ def test_host_code_that_needs_the_gpu_is_left_to_the_evaluations_worker(builder:
     assert good.not_built == {} and good.kernels == 2  # n1000 and n4096: Triton's divisible-by-16 specialization
 
 
-def test_in_threads_a_compile_error_is_still_the_verdict_and_host_code_that_needs_the_gpu_is_still_left(
-        builder: Builder) -> None:
-    """The threaded pass ahead drops its own failures: the calls after it give the same verdicts as without it."""
-    record, data = builder.build_triton(NOT_A_POWER_OF_TWO, SM90, TOY, "benchmarks", threads=2)
-    assert record.status is Status.COMPILE_ERROR and data is None and record.message.startswith("CompilationError")
-    left, _ = builder.build_triton(NEEDS_A_GPU, SM90, TOY, "benchmarks", threads=2)
-    assert left.status is Status.PASSED and left.kernels == 0 and set(left.not_built) == {"n1000", "n4096"}
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_cached(tmp_path: Path, threads: int) -> None:
+def test_host_code_that_hangs_is_a_build_timeout_after_its_idle_limit_and_not_cached(tmp_path: Path) -> None:
     """A build waits for compiles and calls; one that reports neither for `triton_idle_s` ends as a TIMEOUT (the
-    evaluation's worker then judges the hang on the GPU), long before the build's own limit, and is not cached.
-    In threads, the hang comes in the copy that compiles ahead, and the worker's whole process group goes."""
+    evaluation's worker then judges the hang on the GPU), long before the build's own limit, and is not cached."""
     hangs = variant(SEED, "    y = torch.empty_like(x)\n", "    while True:\n        pass\n")
     b = Builder(tmp_path / "builder", BuildCache(tmp_path / "cache"), triton_idle_s=3.0)
     try:
         t0 = time.monotonic()
-        record, data = b.build_triton(hangs, SM90, TOY, "benchmarks", threads=threads)
+        record, data = b.build_triton(hangs, SM90, TOY, "benchmarks")
         assert record.status is Status.TIMEOUT and data is None and "no progress in 3 s" in record.message
         assert time.monotonic() - t0 < 60
         assert b.cache.get(record.key) is None

@@ -16,8 +16,7 @@
 #           evaluations per evaluator, the next one's worker started while one is timed); idle: the defaults and
 #           search.tune_when_idle (an evaluator that would idle tunes the fastest passed candidates); nowarm: the
 #           defaults without cluster.warm_builders (the first build starts no other build worker's sandbox); behind:
-#           the defaults without cluster.build_ahead (the seed's build starts after the baselines, not beside them);
-#           threads: the defaults and cluster.triton_compile_threads: 2 (a build's kernels compiled in 2 threads); then
+#           the defaults without cluster.build_ahead (the seed's build starts after the baselines, not beside them); then
 #           experiments/triton_builds.py search over them. VARIANTS="screen overlap" compares the last two.
 #   judge   experiments/judge_cost.py: the judge's reference and comparison (full and short path) per TriMul workload
 #   profile experiments/profile_once.py --beside baseline: with overlap, how long a profile of triton_fused stalls
@@ -56,7 +55,6 @@ for part in ${PARTS:-tests evals}; do
       printf 'search:\n  tune_when_idle: true\n' > /tmp/idle.yaml
       printf 'cluster:\n  warm_builders: false\n' > /tmp/nowarm.yaml
       printf 'cluster:\n  build_ahead: false\n' > /tmp/behind.yaml
-      printf 'cluster:\n  triton_compile_threads: 2\n' > /tmp/threads.yaml
       for v in ${VARIANTS:-off screen}; do
         rm -rf "/tmp/run_$v" "/tmp/xdg_$v"; extra=""; [ "$v" != screen ] && extra="--config /tmp/$v.yaml"
         # The run's own wall budget ends it (with its final re-timing); the timeout only guards it. Each variant has

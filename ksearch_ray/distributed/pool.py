@@ -238,8 +238,7 @@ class RayEvaluatorPool:
         if triton_set is not None:
             record, library = build_triton.options(**options).remote(
                 solution, target, self.config.task, self.config.task_dirs, triton_set, cluster.scratch_dir,
-                cluster.build_timeout_s, jobs, isolation=isolation, gpu=gpu_facts(list(self.infos.values())),
-                threads=cluster.triton_compile_threads)
+                cluster.build_timeout_s, jobs, isolation=isolation, gpu=gpu_facts(list(self.infos.values())))
         else:
             record, library = build_extension.options(**options).remote(
                 solution, target, cluster.scratch_dir, cluster.build_timeout_s, jobs, isolation=isolation)

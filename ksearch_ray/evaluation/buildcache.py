@@ -85,9 +85,6 @@ class BuildRecord(BaseModel):
         "cuda: a C++/CUDA extension (the bytes: the library); triton: a Python candidate's Triton kernels "
         "compiled for the evaluators' GPU (the bytes: a pack of its Triton cache, evaluation/tritoncache.py)."))
     kernels: int = Field(default=0, description="Triton builds: the kernels compiled.")
-    ahead: int = Field(default=0, ge=0, description=(
-        "Triton builds with cluster.triton_compile_threads: the kernels compiled in threads before the candidate's "
-        "own calls (as its process reported them)."))
     not_built: dict[str, str] = Field(default_factory=dict, description=(
         "Triton builds: workload -> why its call could not be compiled ahead (the evaluation compiles it)."))
 

@@ -96,12 +96,11 @@ class Builder:
         return record, library
 
     def build_triton(self, solution: Solution, target: BuildTarget, task: Task, workload_set: str,
-                     gpu: GpuFacts | None = None, threads: int = 1) -> tuple[BuildRecord, bytes | None]:
+                     gpu: GpuFacts | None = None) -> tuple[BuildRecord, bytes | None]:
         """The Triton kernels of `solution` (a Python candidate) compiled for `target`'s GPUs, as each
         workload of `workload_set` (its GPU variant) launches them: from this node's cache, or compiled
         now (and cached). The bytes are a pack of the kernels (evaluation/tritoncache.py). `gpu`: the
-        evaluators' GPU, which the candidate's host code is told of when it asks. `threads`: compile the kernels in
-        that many threads ahead of the candidate's own calls (cluster.triton_compile_threads)."""
+        evaluators' GPU, which the candidate's host code is told of when it asks."""
         if not target.archs:
             raise ValueError("a Triton build needs the evaluators' GPU architectures (BuildTarget.archs)")
         workloads = task.workloads(workload_set, "cuda")
@@ -110,7 +109,7 @@ class Builder:
         if hit is not None:
             record, pack = hit
             return record.model_copy(update={"solution_id": solution.id}), pack
-        record, pack = self._compile_triton(solution, target, task, workloads, key, gpu, threads)
+        record, pack = self._compile_triton(solution, target, task, workloads, key, gpu)
         self.cache.put(record, pack)
         return record, pack
 
@@ -135,7 +134,7 @@ class Builder:
         return record, library
 
     def _compile_triton(self, solution: Solution, target: BuildTarget, task: Task, workloads: list[Workload],
-                        key: str, gpu: GpuFacts | None, threads: int = 1) -> tuple[BuildRecord, bytes | None]:
+                        key: str, gpu: GpuFacts | None) -> tuple[BuildRecord, bytes | None]:
         record = BuildRecord(key=key, solution_id=solution.id, status=Status.PASSED, module_name=f"ks_{solution.id}",
                              toolchain=probe_toolchain(), target=target, built_on=self.node, kind="triton")
         workdir = job_dir(self.work_root, solution.id, solution.sources, gpumode=task.definition.interface == "gpumode")
@@ -144,7 +143,7 @@ class Builder:
                                solution_id=solution.id, entry_file=solution.entry_file, entry_point=solution.entry_point,
                                capability=capability, workloads=workloads,
                                gpu=gpu if gpu is not None and gpu.major * 10 + gpu.minor == capability else None,
-                               inputs=inputs or None, compile_threads=threads)
+                               inputs=inputs or None)
                 for capability in sorted({capability_of(arch) for arch in target.archs})]
         pack = None
         try:
@@ -152,7 +151,6 @@ class Builder:
             if isinstance(report, TritonBuilt):
                 names = {w.name for w in workloads}  # the report is the candidate's process's: keep what is plausible
                 record.not_built = {name: self.redact(clip(why, 300)) for name, why in report.not_built.items() if name in names}
-                record.ahead = report.ahead
                 try:
                     pack, record.kernels = pack_kernels(workdir / "triton")
                 except (PackError, OSError) as exc:  # left by the candidate's process: its doing

@@ -138,9 +138,6 @@ class TritonBuildJob(_Message):
     inputs: dict[str, Any] | None = Field(default=None, description=(
         "Workload -> its inputs' shapes (triton_build.input_spec), worked out by the trusted builder for a task of "
         "the package's own; a workload without one has its inputs made by the task's generator in the worker."))
-    compile_threads: int = Field(default=1, ge=1, le=64, description=(
-        "Above 1: before the candidate's own calls, a forked copy of the worker calls it on every workload with each "
-        "launch handed to one of this many threads to compile, so that the calls find their kernels compiled."))
 
 
 class ProfileJob(_CandidateJob):
@@ -216,7 +213,6 @@ class TritonBuilt(_Message):
     launches: int = Field(ge=0, description="Triton launches compiled (one per kernel launch of each call).")
     built: list[str] = Field(description="Workloads whose call ran to its end here.")
     not_built: dict[str, str] = Field(default_factory=dict, description="Workload -> why its call stopped (one line).")
-    ahead: int = Field(default=0, ge=0, description="Kernels in the Triton cache once the threaded pass ahead ended.")
 
 
 class Progress(_Message):

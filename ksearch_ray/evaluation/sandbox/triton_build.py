@@ -354,102 +354,28 @@ class _Launches:
 
     def __init__(self, chan: Any, launchers: bool = False) -> None:
         """`launchers`: each compiled kernel's launcher is built too (the driver's launcher class builds it)."""
-        import threading
-
         from triton.runtime.jit import JITFunction
 
         self.count = 0
-        self.chan = chan
-        self.launchers = launchers
-        self.run = JITFunction.run  # Triton's own
-        self._sending = threading.Lock()  # the compiles ahead report from their threads
+        run = JITFunction.run  # Triton's own
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
-            return self.compile(fn, args, grid, kwargs)
+            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
+            kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
+            kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)  # compiled on plain meta tensors
+            if launchers:
+                getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
+            chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
+            return kernel
 
         JITFunction.run = compile_only
-
-    def compile(self, fn: Any, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any], what: str = "compiled") -> Any:
-        """One launch compiled (its tensors plain meta ones), and reported."""
-        args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
-        kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
-        kernel = self.run(fn, *args, grid=grid, warmup=True, **kwargs)
-        if self.launchers:
-            getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
-        with self._sending:
-            self.chan.send(Progress(what=f"{what} {getattr(fn, '__name__', 'a kernel')}"[:120]))
-        return kernel
-
-
-class _Anything:
-    """What a launch returns in the pass ahead, in place of a compiled kernel: any attribute, call, item or
-    arithmetic gives another one, so that a call goes on to its next launch (the seeds read their compiled kernels'
-    launchers, for instance); what the copy computes from it is wrong and is dropped with the copy."""
-
-    def __getattr__(self, name: str) -> _Anything:
-        return self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> _Anything:
-        return self
-
-    def __getitem__(self, key: Any) -> _Anything:
-        return self
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __int__(self) -> int:
-        return 0
-
-    __index__ = __int__
 
 
 def _inputs(task: Any, spec: TritonBuildJob, workload: Any) -> dict[str, Any]:
     """A workload's meta inputs: from the shapes the trusted builder worked out, else from the task's generator."""
     given = spec.inputs.get(workload.name) if spec.inputs else None
     return from_spec(given) if given is not None else meta_inputs(task, workload)
-
-
-def _cache_kernels(cache_dir: str) -> int:
-    return sum(1 for _ in Path(cache_dir).glob("*/__grp__*.json")) if Path(cache_dir).is_dir() else 0
-
-
-def _compile_ahead(entry: Any, task: Any, spec: TritonBuildJob, launches: _Launches) -> int:
-    """Every kernel the candidate's calls launch, compiled in `spec.compile_threads` threads before those calls run
-    (which then find them in the job's Triton cache): a forked copy of this process calls the candidate on every
-    workload with each launch handed to a thread and answered at once with `_Anything`, so that the call goes on to
-    its next launch. What the copy computes is dropped with it; a call it could not follow leaves its kernels to the
-    calls that follow, which compile whatever is missing themselves. The kernels in the cache afterwards."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from triton.runtime.jit import JITFunction
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return _cache_kernels(spec.triton_cache_dir)
-    try:  # the copy: it never returns
-        pool = ThreadPoolExecutor(spec.compile_threads)
-
-        def ahead(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-            pool.submit(launches.compile, fn, args, grid, kwargs, "compiled ahead")
-            return _Anything()
-
-        JITFunction.run = ahead
-        for workload in spec.workloads:
-            with contextlib.suppress(Exception, SystemExit):
-                inputs = _inputs(task, spec, workload)
-                with _as_on_the_gpu(spec.gpu):
-                    entry(*task.arguments(inputs))
-        pool.shutdown(wait=True)
-    finally:
-        os._exit(0)
 
 
 def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
@@ -482,7 +408,6 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
             chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=0, built=[],
                                   not_built={w.name: why for w in spec.workloads}))
             return 0
-        ahead = _compile_ahead(entry, task, spec, launches) if spec.compile_threads > 1 else 0
         for workload in spec.workloads:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
@@ -501,8 +426,7 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
                 not_built[workload.name] = clip(f"{stopped.message}{_where(exc, src)}", 300)
                 continue
             built.append(workload.name)
-        chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built,
-                              ahead=ahead))
+        chan.send(TritonBuilt(seconds=time.perf_counter() - t0, launches=launches.count, built=built, not_built=not_built))
     except CandidateFailure as failure:
         status, message = failure.status, failure.message
         if status.passed:  # the candidate raised the harness's exception with a verdict of its choosing

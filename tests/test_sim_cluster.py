@@ -41,21 +41,23 @@ def test_a_simulated_cluster_keeps_the_width_at_work_without_a_429(tmp_path: Pat
 
 @pytest.mark.timeout(300)
 def test_on_a_simulated_cluster_evaluators_that_would_idle_tune_and_keep_busy(tmp_path: Path) -> None:
-    """Width 4 on 4 GPUs: replies of 40 s against evaluations of 2.1 s leave the GPUs about 5 % busy on candidates
+    """Width 4 on 4 GPUs: replies of 40 s against evaluations of 6.3 s leave the GPUs about 15 % busy on candidates
     alone. With --tune-when-idle the Ray pool lends each free evaluator to tuning the passed candidates (the stand-in's
-    kernels declare tunables), and the busy share rises several-fold, with every round still a candidate."""
+    kernels declare tunables), and the busy share rises several-fold, with every round still a candidate.
+
+    The evaluations are three times TriMul's 2.1 s so that, time-scaled, one takes 190 ms: at 63 ms, Ray's per-call
+    overhead between two tuning evaluations, which the suite's other worker stretches, was a large part of each, and
+    CI runs measured busy shares of 0.44, 0.21 and 0.24 where runs alone passed 0.6."""
     settings = SimSettings(task_dirs=(str(Path(__file__).parent / "data"),),
                            width=4, gpus=4, nodes=2, rounds=12, time_factor=FACTOR, policy_actors=1,
-                           eval_latency=EvalLatency(time_factor=FACTOR), tune_when_idle=True)
+                           eval_latency=EvalLatency(median_s=6.3, time_factor=FACTOR), tune_when_idle=True)
     figures = simulate(settings, tmp_path / "run")
 
     assert figures["end"] == "rounds" and figures["rounds"] == 12
     shares = figures["measured_shares"]
-    assert shares["idle tuning"] > 0.5 and shares["candidates"] > 0 and shares["tuning"] == 0
-    # Six times the candidates' share. Alone on the machine runs passed a bound of 0.6; beside the suite's other
-    # worker one CI run measured 0.44 (at time factor 0.03 an evaluation is 63 ms, and Ray's per-call overhead,
-    # which load stretches, is a large part of that).
-    assert figures["busy_share"] is not None and figures["busy_share"] >= 0.3
+    assert shares["idle tuning"] > 0.5 and shares["candidates"] > 0 and shares["tuning"] == 0, shares
+    # Three times the candidates' share alone.
+    assert figures["busy_share"] is not None and figures["busy_share"] >= 0.45, (figures["busy_share"], shares)
 
 
 def _prompt(name: str) -> list[dict[str, str]]:

@@ -357,25 +357,19 @@ class _Launches:
         from triton.runtime.jit import JITFunction
 
         self.count = 0
-        run = JITFunction.run  # Triton's own
+        run = JITFunction.run
 
         def compile_only(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
             self.count += 1
-            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)
+            args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, OnTheGpu) else a for a in args)  # plain meta
             kwargs = {k: v.as_subclass(torch.Tensor) if isinstance(v, OnTheGpu) else v for k, v in kwargs.items()}
-            kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)  # compiled on plain meta tensors
+            kernel = run(fn, *args, grid=grid, warmup=True, **kwargs)
             if launchers:
                 getattr(kernel, "run", None)  # a compiled kernel's launcher is made when first asked for: now
             chan.send(Progress(what=f"compiled {getattr(fn, '__name__', 'a kernel')}"[:120]))
             return kernel
 
         JITFunction.run = compile_only
-
-
-def _inputs(task: Any, spec: TritonBuildJob, workload: Any) -> dict[str, Any]:
-    """A workload's meta inputs: from the shapes the trusted builder worked out, else from the task's generator."""
-    given = spec.inputs.get(workload.name) if spec.inputs else None
-    return from_spec(given) if given is not None else meta_inputs(task, workload)
 
 
 def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
@@ -412,7 +406,8 @@ def serve_triton_build(chan: Any, job: dict[str, Any]) -> int:
             current = workload.name
             chan.send(Progress(what=f"calling on {workload.name}"[:120]))
             try:
-                inputs = _inputs(task, spec, workload)
+                given = spec.inputs.get(workload.name) if spec.inputs else None
+                inputs = from_spec(given) if given is not None else meta_inputs(task, workload)
             except Exception as exc:  # the task's own generator failed here: the GPU worker compiles these
                 not_built[workload.name] = clip(f"its inputs could not be made: {type(exc).__name__}: {exc}".splitlines()[0], 300)
                 continue
